@@ -1,0 +1,2 @@
+"""stfast: fast training of spatio-temporal travel-time models (DeepTTE) on GPS trajectories."""
+__version__ = "0.1.0"

@@ -1,0 +1,159 @@
+"""Command line: `stfast train | evaluate | predict | data convert`."""
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import os
+import sys
+
+FORMATS = ("auto", "synthetic", "deeptte", "geolife", "didi", "csv")
+
+
+def _add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--data", required=required, help="file or folder of trajectories (default: synthetic city)")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="input format (auto: recognized by content)")
+    p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
+                   help="bad records: stop with an error naming file and line, or skip and count them")
+    p.add_argument("--modes", default="", help="GeoLife transport modes to keep, e.g. car,taxi,bus")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)")
+    _add_data_args(t)
+    t.add_argument("--n-synthetic", type=int, default=20000, help="trips of the synthetic city")
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--batch-size", type=int, default=64, help="global batch: trips per optimizer step")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--alpha", type=float, default=0.3, help="weight of the local loss")
+    t.add_argument("--compat", default="fixed", choices=("fixed", "original"),
+                   help="original: reproduce faults 1-3 of the original DeepTTE")
+    t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
+    t.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    t.add_argument("--device", default="cpu", help="cpu or cuda")
+    t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--split", default="0.7/0.15/0.15", help="seeded random train/val/test fractions")
+    t.add_argument("--split-by", default="random", choices=("random", "date"),
+                   help="date: last day test, the day before validation, the rest training")
+    t.add_argument("--split-days", default=None, help="explicit TRAIN/VAL/TEST days of month, e.g. 24-28/29/30")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
+    t.add_argument("--out", default="runs/latest", help="output folder")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt (or checkpoint.pt)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
+        e = sub.add_parser(name, help=hlp)
+        e.add_argument("--checkpoint", required=True)
+        _add_data_args(e, required=True)
+        e.add_argument("--device", default="cpu")
+        if name == "predict":
+            e.add_argument("--out", required=True, help="CSV of predictions")
+
+    d = sub.add_parser("data", help="data tools")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines")
+    _add_data_args(c, required=True)
+    c.add_argument("--out", required=True)
+    return ap
+
+
+def _modes(s: str) -> tuple:
+    return tuple(m.strip() for m in s.split(",") if m.strip())
+
+
+def cmd_train(a) -> int:
+    from .parallel.data_parallel import launch, launched_by_torchrun
+    from .train.config import TrainConfig
+    from .train.trainer import train
+
+    cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
+                      modes=_modes(a.modes), epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+                      weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, seed=a.seed, split=a.split,
+                      split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
+                      nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
+                      progress=False if a.no_progress else None)
+    cfg.validate()
+    if a.nproc > 1 and not launched_by_torchrun():
+        return launch(a.nproc, sys.argv[1:])
+    train(cfg)
+    return 0
+
+
+def _load_for_inference(a):
+    import torch
+
+    from .data.dataset import DriverVocab, NormStats, TripDataset
+    from .data.load import load_trips
+    from .models.deeptte import DeepTTE, DeepTTEConfig
+    from .train import checkpoint as ckpt
+
+    state = ckpt.load(a.checkpoint, a.device)
+    model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
+    dtype = next(iter(state["model_state"].values())).dtype
+    model.load_state_dict(state["model_state"])
+    model.to(a.device, dtype)
+    trips = load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None)
+    if len(trips) == 0:
+        raise ValueError(f"{a.data}: no trips left after preprocessing ({trips.dropped})")
+    ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype if dtype.is_floating_point else torch.float32)
+    return model, ds
+
+
+def cmd_evaluate(a) -> int:
+    from .train.trainer import evaluate
+
+    model, ds = _load_for_inference(a)
+    m = evaluate(model, ds, device=a.device, progress=sys.stderr.isatty())
+    print(f"{len(ds)} trips  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
+    return 0
+
+
+def cmd_predict(a) -> int:
+    from .train.trainer import predict
+
+    model, ds = _load_for_inference(a)
+    pred = predict(model, ds, device=a.device, progress=sys.stderr.isatty())
+    tr = ds.trips
+    tmp = f"{a.out}.tmp{os.getpid()}"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trip", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s"])
+        for i in range(len(tr)):
+            w.writerow([i, tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}", f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"])
+    os.replace(tmp, a.out)
+    print(f"wrote {len(tr)} predictions to {a.out}")
+    return 0
+
+
+def cmd_data_convert(a) -> int:
+    from .data.load import load_trips
+
+    trips = load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None)
+    trips.to_jsonl(a.out)
+    drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
+    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    rank0 = os.environ.get("RANK", "0") == "0"
+    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format="stfast: %(message)s")
+    from .data.errors import TrajectoryFormatError
+
+    cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict}
+    fn = cmd_data_convert if a.command == "data" else cmds[a.command]
+    try:
+        return fn(a)
+    except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
+        print(f"stfast: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""TripDataset: trips + normalization statistics + driver vocabulary → padded tensor batches.
+
+Statistics are computed on the training split only, for exactly the quantity they normalize (fault 4
+of the original DeepTTE, see docs: its per-step gap statistics were applied to cumulative values).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .trips import Trips, _gather_points
+
+
+def local_spans(trips: Trips, values: np.ndarray, k: int) -> np.ndarray:
+    """Differences ``values[j + k - 1] - values[j]`` over every window of k points inside each trip.
+
+    Args:
+        trips: T trips, N points.
+        values: [N] float64 cumulative per-point quantity (``time_gap`` in s or ``dist_gap`` in km).
+        k: window (geo-conv kernel size).
+    Returns:
+        [Σ (L_i − k + 1)] float64, trip after trip.
+    """
+    lens = trips.lengths
+    n_win = np.maximum(lens - k + 1, 0)
+    starts = np.repeat(trips.offsets[:-1], n_win) + (
+        np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win))
+    return values[starts + k - 1] - values[starts]
+
+
+@dataclass
+class NormStats:
+    """Means and standard deviations used to normalize model inputs and outputs.
+
+    Units: lng/lat in degrees, dist and local_dist in km, time and local_time in seconds.
+    ``local_*`` describe k-point spans (what the geo-conv's local distance feature and the local
+    estimator's target are), not per-step gaps.
+    """
+
+    lng_mean: float
+    lng_std: float
+    lat_mean: float
+    lat_std: float
+    dist_mean: float
+    dist_std: float
+    time_mean: float
+    time_std: float
+    local_dist_mean: float
+    local_dist_std: float
+    local_time_mean: float
+    local_time_std: float
+    log_speed_mean: float  # mean of log(dist / time) over trips, km/s (the constant-speed prior)
+    kernel_size: int
+
+    @classmethod
+    def from_trips(cls, trips: Trips, kernel_size: int = 3) -> "NormStats":
+        """Statistics of the (training) trips. Raises ValueError on an empty set."""
+        if len(trips) == 0:
+            raise ValueError("cannot compute normalization statistics of an empty training split")
+        ld = local_spans(trips, trips.dist_gap, kernel_size)
+        lt = local_spans(trips, trips.time_gap, kernel_size)
+
+        def ms(a):
+            a = np.asarray(a, dtype=np.float64)
+            s = float(a.std()) if a.size > 1 else 1.0
+            return float(a.mean()), (s if s > 1e-12 else 1.0)
+
+        lm, ls = ms(trips.lng)
+        am, as_ = ms(trips.lat)
+        dm, ds = ms(trips.dist)
+        tm, ts = ms(trips.time)
+        ldm, lds = ms(ld) if ld.size else (0.0, 1.0)
+        ltm, lts = ms(lt) if lt.size else (0.0, 1.0)
+        spd = np.log(np.maximum(trips.dist, 1e-6) / np.maximum(trips.time, 1e-6))
+        return cls(lm, ls, am, as_, dm, ds, tm, ts, ldm, lds, ltm, lts, float(spd.mean()), int(kernel_size))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NormStats":
+        return cls(**d)
+
+
+class DriverVocab:
+    """Driver id (str) → embedding index. Index 0 is reserved for drivers unseen in training."""
+
+    UNKNOWN = 0
+
+    def __init__(self, drivers):
+        uniq = sorted({str(d) for d in drivers})
+        self.index = {d: i + 1 for i, d in enumerate(uniq)}
+
+    def __len__(self) -> int:
+        """Embedding rows needed: known drivers + the unknown index."""
+        return len(self.index) + 1
+
+    def encode(self, drivers) -> np.ndarray:
+        """[T] object str → [T] int64 indices (0 for unknown drivers)."""
+        return np.fromiter((self.index.get(str(d), self.UNKNOWN) for d in drivers), dtype=np.int64,
+                           count=len(drivers))
+
+    def to_list(self) -> list[str]:
+        return sorted(self.index, key=self.index.get)
+
+    @classmethod
+    def from_list(cls, drivers: list[str]) -> "DriverVocab":
+        v = cls([])
+        v.index = {d: i + 1 for i, d in enumerate(drivers)}
+        return v
+
+
+@dataclass
+class TripBatch:
+    """A batch of B trips padded to the longest, L points.
+
+    Point tensors [B, L] (dtype = the batch dtype; zero past each trip's length): ``lng``, ``lat``
+    (degrees), ``state`` (0/1), ``time_gap`` (s, cumulative), ``dist_gap`` (km, cumulative).
+    Trip tensors [B]: ``lengths`` (int64 points), ``dist`` (km), ``time`` (s, the label),
+    ``driver`` (int64 vocabulary index), ``week_id``, ``time_id`` (int64).
+    """
+
+    lng: torch.Tensor
+    lat: torch.Tensor
+    state: torch.Tensor
+    time_gap: torch.Tensor
+    dist_gap: torch.Tensor
+    lengths: torch.Tensor
+    dist: torch.Tensor
+    time: torch.Tensor
+    driver: torch.Tensor
+    week_id: torch.Tensor
+    time_id: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def to(self, device) -> "TripBatch":
+        return TripBatch(**{k: v.to(device, non_blocking=True) for k, v in self.__dict__.items()})
+
+
+class TripDataset:
+    """Trips with their driver indices, ready to batch.
+
+    Args:
+        trips: the trips (any split).
+        vocab: driver vocabulary built on the training split.
+        dtype: floating dtype of the batches (torch.float32 or torch.float64).
+    """
+
+    def __init__(self, trips: Trips, vocab: DriverVocab, dtype: torch.dtype = torch.float32):
+        self.trips = trips
+        self.driver_idx = vocab.encode(trips.driver)
+        self.dtype = dtype
+
+    def __len__(self) -> int:
+        return len(self.trips)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.trips.lengths
+
+    def batch(self, idx) -> TripBatch:
+        """Padded batch of trips ``idx`` ([B] ints, B ≥ 1), in that order."""
+        tr = self.trips
+        idx = np.asarray(idx, dtype=np.int64)
+        pt, off = _gather_points(tr.offsets, idx)
+        lens = np.diff(off)
+        b, lmax = len(idx), int(lens.max()) if len(idx) else 0
+        rows = np.repeat(np.arange(b), lens)
+        cols = np.arange(len(pt)) - np.repeat(off[:-1], lens)
+
+        def pad(a):
+            out = np.zeros((b, lmax), dtype=np.float64)
+            out[rows, cols] = a[pt]
+            return torch.from_numpy(out).to(self.dtype)
+
+        def vec(a, dt):
+            return torch.from_numpy(np.ascontiguousarray(a[idx])).to(dt)
+
+        return TripBatch(
+            lng=pad(tr.lng), lat=pad(tr.lat), state=pad(tr.state.astype(np.float64)),
+            time_gap=pad(tr.time_gap), dist_gap=pad(tr.dist_gap),
+            lengths=torch.from_numpy(lens.astype(np.int64)),
+            dist=vec(tr.dist, self.dtype), time=vec(tr.time, self.dtype),
+            driver=torch.from_numpy(self.driver_idx[idx]),
+            week_id=vec(tr.week_id, torch.int64), time_id=vec(tr.time_id, torch.int64),
+        )

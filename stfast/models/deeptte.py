@@ -1,0 +1,257 @@
+"""DeepTTE in plain PyTorch — the reference every fused kernel is checked and benchmarked against.
+
+Source: Wang, Zhang, Cao, Li, Zheng, "When Will You Arrive? Estimating Travel Time Based on Deep
+Neural Networks", AAAI 2018 (code: UrbComp/DeepTTE). Layer sizes follow the original's defaults
+(see docs DEEPTTE.md); seven faults of the original are fixed, each noted where it is fixed:
+
+1. attention is masked to each trip's valid positions;   2. ``dist`` is normalized once;
+3. the local loss is trained every epoch (trainer);      4. statistics describe the quantity they
+   normalize (NormStats);                                5. B = 1 works (no squeeze);
+6. driver vocabulary sized from data, index 0 = unknown; 7. trips shorter than k are rejected here.
+
+``compat="original"`` reproduces faults 1–3 for side-by-side comparison.
+
+Shapes: B trips, L points (padded), L' = L − k + 1 conv positions, H hidden (128), A = 28 attribute
+values.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from ..data.dataset import NormStats, TripBatch
+
+EPS_LOCAL_S = 10.0  # seconds added to the local label in the local MAPE (the original's EPS)
+
+
+@dataclass
+class DeepTTEConfig:
+    """Hyper-parameters of DeepTTE. Defaults are the original's."""
+
+    n_drivers: int  # embedding rows = known drivers + 1 (index 0 = unknown)
+    driver_dim: int = 16
+    week_dim: int = 3
+    time_dim: int = 8
+    state_dim: int = 2
+    geo_hidden: int = 16
+    conv_channels: int = 32
+    kernel_size: int = 3
+    hidden_size: int = 128
+    num_layers: int = 2
+    local_hidden: tuple = (64, 32)
+    n_residual: int = 3
+    alpha: float = 0.3  # weight of the local loss
+    compat: str = "fixed"  # "fixed" or "original" (reproduces faults 1-3)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["local_hidden"] = list(self.local_hidden)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DeepTTEConfig":
+        d = dict(d)
+        d["local_hidden"] = tuple(d.get("local_hidden", (64, 32)))
+        return cls(**d)
+
+    @property
+    def attr_size(self) -> int:
+        return self.driver_dim + self.week_dim + self.time_dim + 1
+
+
+def _norm_buffers(module: nn.Module, stats: NormStats) -> None:
+    for k, v in stats.to_dict().items():
+        if k != "kernel_size":
+            module.register_buffer(k, torch.tensor(float(v), dtype=torch.float64), persistent=True)
+
+
+class AttrEmbedding(nn.Module):
+    """Trip attributes → [B, A] (A = 16 + 3 + 8 + 1 = 28): driver, weekday and departure-minute
+    embeddings concatenated with the normalized trip distance."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        self.driver = nn.Embedding(cfg.n_drivers, cfg.driver_dim)
+        self.week = nn.Embedding(7, cfg.week_dim)
+        self.time = nn.Embedding(1440, cfg.time_dim)
+
+    def forward(self, driver, week_id, time_id, dist_norm):
+        """driver, week_id, time_id: [B] int64; dist_norm: [B] float (already normalized once)."""
+        return torch.cat([self.driver(driver), self.week(week_id), self.time(time_id),
+                          dist_norm.unsqueeze(-1)], dim=-1)
+
+
+class SpatioTemporal(nn.Module):
+    """Geo-convolution + LSTM: per-point features → [B, L', H] hidden states (zero past each trip's
+    L_i − k + 1 valid positions) and the valid lengths [B]."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        self.k = cfg.kernel_size
+        self.state_em = nn.Embedding(2, cfg.state_dim)
+        self.proj = nn.Linear(2 + cfg.state_dim, cfg.geo_hidden)
+        self.conv = nn.Conv1d(cfg.geo_hidden, cfg.conv_channels, cfg.kernel_size)
+        self.lstm = nn.LSTM(cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers,
+                            batch_first=True)
+
+    def geo_conv(self, lng_n, lat_n, state, local_dist_n):
+        """[B, L] normalized lng/lat, state 0/1, [B, L'] normalized local distance → [B, L', C + 1]."""
+        s = self.state_em(state.long())
+        x = torch.tanh(self.proj(torch.cat([lng_n.unsqueeze(-1), lat_n.unsqueeze(-1), s], dim=-1)))
+        conv = F.elu(self.conv(x.transpose(1, 2))).transpose(1, 2)
+        return torch.cat([conv, local_dist_n.unsqueeze(-1)], dim=-1)
+
+    def forward(self, geo, attr, lengths):
+        """geo: [B, L', C + 1]; attr: [B, A]; lengths: [B] valid positions (≥ 1)."""
+        x = torch.cat([geo, attr.unsqueeze(1).expand(-1, geo.shape[1], -1)], dim=-1)
+        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        h, _ = pad_packed_sequence(out, batch_first=True, total_length=geo.shape[1])
+        return h
+
+
+class AttentionPooling(nn.Module):
+    """Weights ∝ exp(−⟨h_t, tanh(W attr)⟩) over each trip's valid positions; pooled [B, H]."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        self.attr_proj = nn.Linear(cfg.attr_size, cfg.hidden_size)
+        self.masked = cfg.compat != "original"
+
+    def forward(self, h, attr, mask):
+        """h: [B, L', H]; attr: [B, A]; mask: [B, L'] bool valid positions."""
+        a = torch.tanh(self.attr_proj(attr))
+        score = -(h * a.unsqueeze(1)).sum(-1)  # [B, L']
+        if self.masked:  # fault 1 fixed: padded positions get no weight
+            w = torch.softmax(score.masked_fill(~mask, float("-inf")), dim=1)
+        else:  # the original: exp over valid positions, but padded zero states add exp(0) = 1 each
+            e = torch.exp(score) * mask + (~mask).to(h.dtype)
+            w = (torch.exp(score) * mask) / e.sum(1, keepdim=True)
+        return (w.unsqueeze(-1) * h).sum(1)
+
+
+class EntireEstimator(nn.Module):
+    """[B, H + A] → [B] normalized travel time: Linear, leaky ReLU, residual blocks, Linear."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        self.inp = nn.Linear(cfg.hidden_size + cfg.attr_size, cfg.hidden_size)
+        self.res = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(cfg.n_residual))
+        self.out = nn.Linear(cfg.hidden_size, 1)
+
+    def forward(self, x):
+        h = F.leaky_relu(self.inp(x))
+        for lin in self.res:
+            h = h + F.leaky_relu(lin(h))
+        return self.out(h).squeeze(-1)  # squeeze(-1) only: B = 1 stays [1] (fault 5)
+
+
+class LocalEstimator(nn.Module):
+    """[B, L', H] → [B, L'] normalized travel time over each k-point span."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        dims = (cfg.hidden_size, *cfg.local_hidden)
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.out = nn.Linear(dims[-1], 1)
+
+    def forward(self, h):
+        for lin in self.hidden:
+            h = F.leaky_relu(lin(h))
+        return self.out(h).squeeze(-1)
+
+
+@dataclass
+class DeepTTEOutput:
+    """Predictions in seconds: ``time`` [B]; ``local_time`` [B, L'] (valid where ``mask``)."""
+
+    time: torch.Tensor
+    local_time: torch.Tensor
+    mask: torch.Tensor
+
+
+class DeepTTE(nn.Module):
+    """DeepTTE: attribute embedding, spatio-temporal (geo-conv + LSTM), entire and local estimators.
+
+    Normalization statistics live in the module as buffers, so a checkpoint carries them and inputs
+    are raw units (degrees, km, s). Forward takes a :class:`TripBatch`; raises ValueError when a
+    trip has fewer than ``kernel_size`` points (fault 7).
+    """
+
+    def __init__(self, cfg: DeepTTEConfig, stats: NormStats):
+        super().__init__()
+        if stats.kernel_size != cfg.kernel_size:
+            raise ValueError(f"NormStats kernel_size {stats.kernel_size} != model kernel_size {cfg.kernel_size}")
+        self.cfg = cfg
+        _norm_buffers(self, stats)
+        self.attr = AttrEmbedding(cfg)
+        self.spatio_temporal = SpatioTemporal(cfg)
+        self.attention = AttentionPooling(cfg)
+        self.entire = EntireEstimator(cfg)
+        self.local = LocalEstimator(cfg)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights, zero biases (the original's initialization)."""
+        for name, p in self.named_parameters():
+            if "bias" in name:
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                nn.init.xavier_uniform_(p)
+
+    def _n(self, x, name):
+        return (x - getattr(self, name + "_mean").to(x.dtype)) / getattr(self, name + "_std").to(x.dtype)
+
+    def forward(self, b: TripBatch) -> DeepTTEOutput:
+        k = self.cfg.kernel_size
+        if int(b.lengths.min()) < k:
+            bad = int(torch.argmin(b.lengths))
+            raise ValueError(f"trip {bad} of the batch has {int(b.lengths[bad])} points; DeepTTE's geo-conv "
+                             f"needs at least kernel_size={k} (drop such trips in preprocessing)")
+        dist_n = self._n(b.dist, "dist")
+        if self.cfg.compat == "original":  # fault 2 reproduced: normalized a second time
+            dist_n = self._n(dist_n, "dist")
+        attr = self.attr(b.driver, b.week_id, b.time_id, dist_n)
+        local_dist = b.dist_gap[:, k - 1:] - b.dist_gap[:, :-k + 1 or None]
+        lengths = b.lengths - k + 1
+        mask = torch.arange(local_dist.shape[1], device=lengths.device)[None, :] < lengths[:, None]
+        st = self.spatio_temporal
+        geo = st.geo_conv(self._n(b.lng, "lng"), self._n(b.lat, "lat"), b.state,
+                          self._n(local_dist, "local_dist") * mask)
+        h = st(geo, attr, lengths)
+        pooled = self.attention(h, attr, mask)
+        time = self.entire(torch.cat([pooled, attr], dim=-1)) * self.time_std.to(h.dtype) + self.time_mean.to(h.dtype)
+        local = self.local(h) * self.local_time_std.to(h.dtype) + self.local_time_mean.to(h.dtype)
+        return DeepTTEOutput(time=time, local_time=local, mask=mask)
+
+
+@dataclass
+class LossParts:
+    """Per-shard SUMS (not means) so the trainer can divide by the GLOBAL counts."""
+
+    entire_ape_sum: torch.Tensor  # Σ |ŷ − y| / y over trips
+    local_ape_sum: torch.Tensor  # Σ |Δŷ − Δy| / (Δy + ε) over valid positions
+    n_trips: int
+    n_local: int
+
+
+def loss_parts(model: DeepTTE, out: DeepTTEOutput, b: TripBatch) -> LossParts:
+    """The multi-task loss terms of DeepTTE (entire and local MAPE), as sums over this shard."""
+    k = model.cfg.kernel_size
+    ent = ((out.time - b.time).abs() / b.time).sum()
+    local_y = b.time_gap[:, k - 1:] - b.time_gap[:, :-k + 1 or None]
+    loc = ((out.local_time - local_y).abs() / (local_y + EPS_LOCAL_S))[out.mask].sum()
+    return LossParts(ent, loc, len(b), int(out.mask.sum()))
+
+
+def combine_loss(p: LossParts, alpha: float, n_trips_global: int, n_local_global: int,
+                 use_local: bool = True) -> torch.Tensor:
+    """(1 − α)·entire + α·local with both means taken over the GLOBAL batch (exact under unequal shards)."""
+    ent = p.entire_ape_sum / n_trips_global
+    if not use_local:
+        return ent
+    return (1 - alpha) * ent + alpha * p.local_ape_sum / max(n_local_global, 1)

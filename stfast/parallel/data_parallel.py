@@ -1,0 +1,104 @@
+"""Data parallelism through torch.distributed: process-group set-up from the torchrun environment,
+equal-count shards of each global batch, and an exact gradient all-reduce.
+
+Exactness under unequal shards: every rank's loss is its shard's SUM divided by the GLOBAL batch's
+count, so summing (not averaging) the ranks' gradients gives exactly the gradient of the global
+batch's mean loss, whatever the shard sizes (an empty shard contributes zeros).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+@dataclass
+class DistInfo:
+    """rank, world size and local rank of this process (0, 1, 0 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_from_env(device: str, timeout_s: float = 300.0) -> DistInfo:
+    """Join the process group torchrun describes (env:// rendezvous: RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT). Gloo on CPU, NCCL on CUDA. Without torchrun's variables: one process."""
+    if not launched_by_torchrun():
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    if info.world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return info
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def equal_shard(global_batch: np.ndarray, info: DistInfo) -> np.ndarray:
+    """This rank's trips of a global batch: every world_size-th trip starting at rank (counts differ
+    by at most one; a rank may get none when the batch is smaller than the world)."""
+    return global_batch[info.rank::info.world_size]
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
+    """Sum the gradients of ``params`` over all ranks, in one flat buffer. Parameters without a
+    gradient on this rank (for example an empty shard) take part as zeros."""
+    if not info.distributed:
+        return
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    flat = _flatten_dense_tensors(grads)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    for g, r in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        g.copy_(r)
+
+
+def all_reduce_sum(values: np.ndarray, info: DistInfo) -> np.ndarray:
+    """Sum a small float64 vector over ranks (metrics sums, loss totals)."""
+    if not info.distributed:
+        return values
+    t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.numpy()
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Start ``python -m stfast.cli argv`` on ``nproc`` local processes exactly as torchrun does
+    (standalone rendezvous). Returns the exit code."""
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(
+        ["--standalone", "--nproc-per-node", str(nproc), "--module", "stfast.cli", *argv])
+    try:
+        run(args)
+    except Exception as e:  # torchrun raises ChildFailedError with the failing rank's traceback
+        print(f"stfast: distributed run failed: {e}", file=sys.stderr)
+        return 1
+    return 0

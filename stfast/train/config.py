@@ -1,0 +1,64 @@
+"""Configuration of one training run (what `stfast train` parses into)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on. Units: lr per optimizer step, times in seconds."""
+
+    data: str | None = None  # None: the synthetic city
+    format: str = "auto"
+    n_synthetic: int = 20000  # trips of the synthetic city when data is None
+    on_error: str = "raise"  # "raise" or "skip" bad records
+    modes: tuple = ()  # GeoLife transport modes to keep (empty: all)
+    epochs: int = 10
+    batch_size: int = 64  # GLOBAL batch (trips per optimizer step, over all ranks)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    alpha: float = 0.3  # local loss weight
+    compat: str = "fixed"  # "original" reproduces faults 1-3 of the original DeepTTE
+    seed: int = 0
+    split: str = "0.7/0.15/0.15"
+    split_by: str = "random"  # "random" or "date"
+    split_days: str | None = None  # e.g. "24-28/29/30"
+    device: str = "cpu"
+    dtype: str = "float32"  # or "float64"
+    nproc: int = 1
+    threads: int | None = None  # torch intra-op threads per process (default: cores / processes)
+    max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
+    out: str = "runs/latest"
+    resume: bool = False
+    progress: bool | None = None  # None: only on a TTY and rank 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["modes"] = list(self.modes)
+        return d
+
+    def validate(self) -> None:
+        """Reject inconsistent settings before any work. Raises ValueError with one clear line."""
+        if self.epochs < 1:
+            raise ValueError(f"--epochs must be ≥ 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"--batch-size must be ≥ 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.nproc < 1:
+            raise ValueError(f"--nproc must be ≥ 1, got {self.nproc}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"--dtype must be float32 or float64, got {self.dtype}")
+        if self.split_by not in ("random", "date"):
+            raise ValueError(f"--split-by must be random or date, got {self.split_by}")
+        if self.compat not in ("fixed", "original"):
+            raise ValueError(f"--compat must be fixed or original, got {self.compat}")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"--on-error must be raise or skip, got {self.on_error}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--device cuda requested but torch sees no CUDA device")

@@ -1,0 +1,70 @@
+"""Travel-time error metrics over a whole split (not averaged per batch) and the two baselines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ErrorSums:
+    """Running sums from which MAPE, MAE and RMSE of a whole split follow exactly.
+
+    ``ape`` Σ|ŷ − y|/y, ``ae`` Σ|ŷ − y| (s), ``se`` Σ(ŷ − y)² (s²), ``n`` trips.
+    """
+
+    ape: float = 0.0
+    ae: float = 0.0
+    se: float = 0.0
+    n: int = 0
+
+    def add(self, pred: np.ndarray, true: np.ndarray) -> None:
+        """pred, true: [B] float travel times in seconds (true > 0)."""
+        pred, true = np.asarray(pred, np.float64), np.asarray(true, np.float64)
+        err = pred - true
+        self.ape += float(np.sum(np.abs(err) / true))
+        self.ae += float(np.sum(np.abs(err)))
+        self.se += float(np.sum(err * err))
+        self.n += int(true.size)
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.ape, self.ae, self.se, self.n], dtype=np.float64)
+
+    @classmethod
+    def from_array(cls, a) -> "ErrorSums":
+        return cls(float(a[0]), float(a[1]), float(a[2]), int(round(float(a[3]))))
+
+    def metrics(self) -> dict:
+        """{"mape": fraction (0.289 = 28.9 %), "mae": s, "rmse": s}; NaN when empty."""
+        if self.n == 0:
+            return {"mape": float("nan"), "mae": float("nan"), "rmse": float("nan")}
+        return {"mape": self.ape / self.n, "mae": self.ae / self.n, "rmse": float(np.sqrt(self.se / self.n))}
+
+
+def errors(pred, true) -> dict:
+    """MAPE (fraction), MAE (s), RMSE (s) of predictions against true travel times, [T] arrays."""
+    s = ErrorSums()
+    s.add(pred, true)
+    return s.metrics()
+
+
+class ConstantSpeedBaseline:
+    """ŷ = dist / v̂ with v̂ = Σ dist / Σ time over the training trips (km/s): the physics prior."""
+
+    def fit(self, dist: np.ndarray, time: np.ndarray) -> "ConstantSpeedBaseline":
+        self.speed_km_s = float(np.sum(dist) / np.sum(time))
+        return self
+
+    def predict(self, dist: np.ndarray) -> np.ndarray:
+        return np.asarray(dist, np.float64) / self.speed_km_s
+
+
+class MeanTimeBaseline:
+    """ŷ = mean training travel time (s), whatever the trip."""
+
+    def fit(self, dist: np.ndarray, time: np.ndarray) -> "MeanTimeBaseline":
+        self.mean_s = float(np.mean(time))
+        return self
+
+    def predict(self, dist: np.ndarray) -> np.ndarray:
+        return np.full(len(dist), self.mean_s, dtype=np.float64)

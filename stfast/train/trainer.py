@@ -1,0 +1,309 @@
+"""The training loop: data → splits → DeepTTE → data-parallel steps → metrics, checkpoints, summary.
+
+Runs as one process or as one rank of a torch.distributed job (torchrun or `stfast train --nproc`).
+Every rank builds the same trips, splits and global batches from the seed, takes its equal-count
+shard of each global batch, and sums gradients exactly (see stfast.parallel.data_parallel).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..data.dataset import DriverVocab, NormStats, TripDataset
+from ..data.load import load_trips
+from ..data.splits import default_date_split, parse_days, parse_fractions, split_by_days, split_random
+from ..data.trips import Trips
+from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
+from ..parallel import data_parallel as dp
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .metrics import ConstantSpeedBaseline, ErrorSums, MeanTimeBaseline, errors
+
+log = logging.getLogger("stfast.train")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
+
+
+def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
+    """Train/validation/test trips by the configured rule. Raises ValueError on an empty split."""
+    if cfg.split_days or cfg.split_by == "date":
+        days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
+        idx = split_by_days(trips.date_id, days)
+    else:
+        idx = split_random(len(trips), parse_fractions(cfg.split), cfg.seed)
+    parts = tuple(trips.subset(i) for i in idx)
+    for name, p in zip(("training", "validation", "test"), parts):
+        if len(p) == 0:
+            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split/--split-days")
+    return parts  # type: ignore[return-value]
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Global batches of one epoch: a seeded shuffle, sorted by length inside chunks of
+    LENGTH_SORT_CHUNK batches (less padding), batch order shuffled. The same on every rank; the last
+    batch may be smaller."""
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(lengths))
+    chunk = batch_size * LENGTH_SORT_CHUNK
+    batches = []
+    for s in range(0, len(perm), chunk):
+        part = perm[s:s + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+def _progress(iterable, enabled: bool, **kw):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kw)
+
+
+@torch.no_grad()
+def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.DistInfo = dp.DistInfo(),
+            device="cpu", progress: bool = False) -> np.ndarray:
+    """Predicted travel times [T] (s, float64) of every trip of ``ds``; under data parallelism each
+    rank predicts its share and the result is summed over ranks (every rank gets all T)."""
+    was = model.training
+    model.eval()
+    out = np.zeros(len(ds), dtype=np.float64)
+    order = np.argsort(ds.lengths, kind="stable")
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    mine = batches[info.rank::info.world_size]
+    for idx in _progress(mine, progress, desc="evaluate", leave=False, unit="batch"):
+        out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
+    model.train(was)
+    return dp.all_reduce_sum(out, info)
+
+
+def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dict:
+    """MAPE (fraction), MAE and RMSE (s) over the whole split."""
+    pred = predict(model, ds, info=info, device=device, progress=progress)
+    return errors(pred, ds.trips.time)
+
+
+class Trainer:
+    """Trains DeepTTE per a :class:`TrainConfig`, writing into ``cfg.out``:
+
+    metrics.jsonl (one object per epoch), summary.json, checkpoint.pt (best validation MAPE) and
+    last.pt (the latest epoch or step, what ``--resume`` continues from). Both are written atomically.
+    """
+
+    def __init__(self, cfg: TrainConfig):
+        cfg.validate()
+        self.cfg = cfg
+        self.info = dp.init_from_env(cfg.device)
+        if cfg.threads or self.info.distributed:
+            torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.info.world_size))
+        self.device = torch.device(cfg.device if not cfg.device.startswith("cuda") or not self.info.distributed
+                                   else f"cuda:{self.info.local_rank}")
+        self.dtype = DTYPES[cfg.dtype]
+        self.out = Path(cfg.out)
+        self.show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+        self.show = self.show and self.info.is_main
+
+    def say(self, msg: str) -> None:
+        if self.info.is_main:
+            print(msg, flush=True)
+
+    # ---------------------------------------------------------------- set-up
+    def setup(self) -> None:
+        cfg = self.cfg
+        trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
+                           n_synthetic=cfg.n_synthetic, seed=cfg.seed)
+        self.dropped = dict(trips.dropped)
+        self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
+        resume = self._resume_state()
+        if resume is not None:
+            self.stats = NormStats.from_dict(resume["norm_stats"])
+            self.vocab = DriverVocab.from_list(resume["drivers"])
+            mcfg = DeepTTEConfig.from_dict(resume["model_config"])
+        else:
+            mcfg0 = DeepTTEConfig(n_drivers=1, alpha=cfg.alpha, compat=cfg.compat)
+            self.stats = NormStats.from_trips(self.train_trips, mcfg0.kernel_size)
+            self.vocab = DriverVocab(self.train_trips.driver)
+            mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat)
+        self.train_ds, self.val_ds, self.test_ds = (TripDataset(t, self.vocab, self.dtype) for t in
+                                                    (self.train_trips, self.val_trips, self.test_trips))
+        torch.manual_seed(cfg.seed)
+        self.model = DeepTTE(mcfg, self.stats).to(self.device, self.dtype)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.epoch, self.step, self.best = 0, 0, math.inf
+        self.epoch_batch = 0  # batches of self.epoch already done (set when stopped at max_steps)
+        if resume is not None:
+            self.model.load_state_dict(resume["model_state"])
+            self.opt.load_state_dict(resume["optimizer_state"])
+            self.epoch, self.step, self.best = resume["epoch"], resume["step"], resume["best_val_mape"]
+            self.epoch_batch = resume.get("epoch_batch", 0)
+            ckpt.set_rng_state(resume["rng"])
+            self.say(f"resumed from {self._resume_path} at epoch {self.epoch}, step {self.step}")
+        self.say(f"stfast {__version__}: {len(trips)} trips → train {len(self.train_trips)}, "
+                 f"val {len(self.val_trips)}, test {len(self.test_trips)}; "
+                 f"{sum(p.numel() for p in self.model.parameters()):,} parameters; "
+                 f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
+        if self.dropped:
+            self.say("dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())))
+
+    def _resume_state(self):
+        self._resume_path = None
+        if not self.cfg.resume:
+            return None
+        for name in ("last.pt", "checkpoint.pt"):
+            p = self.out / name
+            if p.is_file():
+                self._resume_path = p
+                state = ckpt.load(p)
+                if state.get("stfast_version") != __version__:
+                    raise ValueError(f"{p} was written by stfast {state.get('stfast_version')}, this is {__version__}")
+                return state
+        raise FileNotFoundError(f"--resume: no last.pt or checkpoint.pt in {self.out}")
+
+    # ---------------------------------------------------------------- state
+    def state(self) -> dict:
+        return {
+            "stfast_version": __version__,
+            "model_config": self.model.cfg.to_dict(),
+            "norm_stats": self.stats.to_dict(),
+            "drivers": self.vocab.to_list(),
+            "model_state": self.model.state_dict(),
+            "optimizer_state": self.opt.state_dict(),
+            "rng": ckpt.rng_state(),
+            "epoch": self.epoch,
+            "epoch_batch": self.epoch_batch,
+            "step": self.step,
+            "best_val_mape": self.best,
+            "train_config": self.cfg.to_dict(),
+        }
+
+    # ---------------------------------------------------------------- training
+    def train_step(self, gb: np.ndarray, use_local: bool) -> float:
+        """One optimizer step on global batch ``gb``; returns the global batch's loss."""
+        k = self.model.cfg.kernel_size
+        shard = dp.equal_shard(gb, self.info)
+        n_local = int(np.maximum(self.train_ds.lengths[gb] - k + 1, 0).sum())
+        self.opt.zero_grad(set_to_none=True)
+        loss_val = 0.0
+        if len(shard):
+            b = self.train_ds.batch(shard).to(self.device)
+            parts = loss_parts(self.model, self.model(b), b)
+            loss = combine_loss(parts, self.model.cfg.alpha, len(gb), n_local, use_local)
+            loss.backward()
+            loss_val = float(loss.detach())
+        dp.all_reduce_gradients(list(self.model.parameters()), self.info)
+        self.opt.step()
+        self.step += 1
+        return loss_val
+
+    def _step_limit(self) -> bool:
+        return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
+
+    def fit(self) -> dict:
+        cfg = self.cfg
+        self.setup()
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        t_start = time.perf_counter()
+        stopped = False
+        while self.epoch < cfg.epochs and not stopped and not self._step_limit():
+            self.model.train()  # fault 3 fixed: back to training mode every epoch
+            use_local = cfg.compat != "original" or self.epoch == 0
+            batches = epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, self.epoch)
+            t0, loss_sum, n_done, trips_done = time.perf_counter(), 0.0, 0, 0
+            it = _progress(range(self.epoch_batch, len(batches)), self.show, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+                           unit="batch", leave=False)
+            for bi in it:
+                loss_sum += self.train_step(batches[bi], use_local)
+                n_done += 1
+                trips_done += len(batches[bi])
+                if self._step_limit():
+                    self.epoch_batch = bi + 1
+                    stopped = self.epoch_batch < len(batches)
+                    break
+            if stopped:
+                break
+            self.epoch_batch = 0
+            wall = time.perf_counter() - t0
+            train_loss = float(dp.all_reduce_sum(np.array([loss_sum]), self.info)[0]) / max(n_done, 1)
+            val = evaluate(self.model, self.val_ds, self.info, self.device, self.show)
+            self.model.train()
+            self.epoch += 1
+            rec = {"epoch": self.epoch, "step": self.step, "train_loss": train_loss, "val_mape": val["mape"],
+                   "val_mae": val["mae"], "val_rmse": val["rmse"], "samples_per_s": trips_done / wall,
+                   "wall_s": time.perf_counter() - t_start}
+            improved = val["mape"] < self.best
+            if improved:
+                self.best = val["mape"]
+            if self.info.is_main:
+                with open(self.out / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                st = self.state()
+                if improved:
+                    ckpt.save_atomic(st, self.out / "checkpoint.pt")
+                ckpt.save_atomic(st, self.out / "last.pt")
+            self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
+                     f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {rec['samples_per_s']:.0f} trips/s"
+                     + ("  *" if improved else ""))
+        if stopped:
+            if self.info.is_main:
+                ckpt.save_atomic(self.state(), self.out / "last.pt")
+            self.say(f"stopped after {self.step} steps (--max-steps); state in {self.out / 'last.pt'}")
+        return self.finish()
+
+    def finish(self) -> dict:
+        """Score the best checkpoint (or the current model) and both baselines on the test split."""
+        best = self.out / "checkpoint.pt"
+        if self.info.distributed:
+            torch.distributed.barrier()
+        if best.is_file():
+            self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
+        test = evaluate(self.model, self.test_ds, self.info, self.device, self.show)
+        tr, te = self.train_trips, self.test_trips
+        cs = errors(ConstantSpeedBaseline().fit(tr.dist, tr.time).predict(te.dist), te.time)
+        mt = errors(MeanTimeBaseline().fit(tr.dist, tr.time).predict(te.dist), te.time)
+        summary = {
+            "test_mape": test["mape"], "test_mae": test["mae"], "test_rmse": test["rmse"],
+            "baseline_const_speed_mape": cs["mape"], "baseline_const_speed_mae": cs["mae"],
+            "baseline_const_speed_rmse": cs["rmse"],
+            "baseline_mean_time_mape": mt["mape"], "baseline_mean_time_mae": mt["mae"],
+            "baseline_mean_time_rmse": mt["rmse"],
+            "best_val_mape": self.best, "epochs": self.epoch, "steps": self.step,
+            "n_train": len(tr), "n_val": len(self.val_trips), "n_test": len(te),
+            "dropped": self.dropped, "world_size": self.info.world_size, "stfast_version": __version__,
+        }
+        if self.info.is_main:
+            tmp = self.out / ".summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, self.out / "summary.json")
+            self.say("\n" + format_summary(summary) + f"\nwrote {self.out}/summary.json, metrics.jsonl, checkpoint.pt")
+        return summary
+
+
+def format_summary(s: dict) -> str:
+    rows = [("DeepTTE (stfast)", s["test_mape"], s["test_mae"], s["test_rmse"]),
+            ("constant speed", s["baseline_const_speed_mape"], s["baseline_const_speed_mae"],
+             s["baseline_const_speed_rmse"]),
+            ("mean travel time", s["baseline_mean_time_mape"], s["baseline_mean_time_mae"],
+             s["baseline_mean_time_rmse"])]
+    lines = [f"test split ({s['n_test']} trips)      MAPE       MAE      RMSE"]
+    lines += [f"  {n:<24}{100 * a:7.2f} %{b:8.1f} s{c:8.1f} s" for n, a, b, c in rows]
+    return "\n".join(lines)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train per ``cfg`` in this process (a rank of a job when torchrun's variables are set)."""
+    try:
+        return Trainer(cfg).fit()
+    finally:
+        dp.shutdown()
