@@ -16,8 +16,6 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
     ``seed``. ``modes`` (set of GeoLife transport modes) keeps only trips those labels cover.
     Raises TrajectoryFormatError on bad input (see the readers).
     """
-    from .preprocess import PreprocessConfig, preprocess
-
     if data is None or fmt == "synthetic":
         from .synthetic import synthetic_trips
 
@@ -26,6 +24,8 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
 
     got = read_any(data, fmt, on_error=on_error)
     if isinstance(got, Trajectories):
+        from .preprocess import PreprocessConfig, preprocess
+
         cfg = preprocess_config or PreprocessConfig()
         if modes:
             cfg.modes = set(modes)

@@ -94,8 +94,9 @@ def launch(nproc: int, argv: list[str]) -> int:
     (standalone rendezvous). Returns the exit code."""
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(
-        ["--standalone", "--nproc-per-node", str(nproc), "--module", "stfast.cli", *argv])
+    # our own flags are attached after parsing: argparse would otherwise match them against torchrun's
+    args = get_args_parser().parse_args(["--standalone", "--nproc-per-node", str(nproc), "--module", "stfast.cli"])
+    args.training_script_args = list(argv)
     try:
         run(args)
     except Exception as e:  # torchrun raises ChildFailedError with the failing rank's traceback

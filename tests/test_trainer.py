@@ -1,0 +1,130 @@
+"""Training loop: data parallel exactness, resume, the last smaller batch, fault 3 (local loss every epoch)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import random_trips
+from stfast.train import checkpoint as ckpt
+from stfast.train.config import TrainConfig
+from stfast.train.trainer import Trainer, epoch_batches
+
+
+@pytest.fixture(scope="module")
+def trips_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "trips.jsonl"
+    random_trips(120, seed=21, max_len=25).to_jsonl(path)
+    return str(path)
+
+
+def cfg(trips_file, out, **kw):
+    base = dict(data=trips_file, format="deeptte", epochs=1, batch_size=16, seed=3, out=str(out),
+                progress=False, threads=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def params(path):
+    return ckpt.load(path)["model_state"]
+
+
+def test_epoch_batches_cover_every_trip_once_with_a_smaller_last_batch():
+    lengths = np.random.default_rng(0).integers(3, 50, 37)
+    batches = epoch_batches(lengths, 8, seed=1, epoch=0)
+    sizes = sorted(len(b) for b in batches)
+    assert sizes == [5, 8, 8, 8, 8]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(37))
+    again = epoch_batches(lengths, 8, seed=1, epoch=0)
+    assert all((a == b).all() for a, b in zip(batches, again))
+    assert any((a != b).any() for a, b in zip(batches, epoch_batches(lengths, 8, seed=1, epoch=1)) if len(a) == len(b))
+
+
+def test_train_writes_metrics_summary_and_checkpoint(trips_file, tmp_path):
+    s = Trainer(cfg(trips_file, tmp_path, epochs=2, batch_size=1000)).fit()  # one batch, B = whole split
+    rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert set(rows[0]) >= {"epoch", "train_loss", "val_mape", "val_mae", "val_rmse", "samples_per_s", "wall_s"}
+    summ = json.load(open(tmp_path / "summary.json"))
+    for k in ("test_mape", "test_mae", "test_rmse", "baseline_const_speed_mape", "baseline_mean_time_mape",
+              "n_train", "n_val", "n_test", "dropped"):
+        assert k in summ
+    assert summ["n_train"] + summ["n_val"] + summ["n_test"] == 120
+    st = ckpt.load(tmp_path / "checkpoint.pt")
+    assert st["best_val_mape"] == pytest.approx(min(r["val_mape"] for r in rows))
+    assert {"model_config", "norm_stats", "drivers", "optimizer_state", "rng"} <= set(st)
+    assert s["test_mape"] > 0
+
+
+def test_batch_of_one_trains(trips_file, tmp_path):
+    Trainer(cfg(trips_file, tmp_path, batch_size=1, max_steps=5)).fit()
+    assert ckpt.load(tmp_path / "last.pt")["step"] == 5
+
+
+@pytest.mark.parametrize("compat", ["fixed", "original"])
+def test_fault3_local_loss_trained_every_epoch(trips_file, tmp_path, compat):
+    tr = Trainer(cfg(trips_file, tmp_path, epochs=2, compat=compat))
+    local_grads = []
+    orig = tr.train_step
+
+    def spy(gb, use_local):
+        loss = orig(gb, use_local)
+        g = tr.model.local.out.weight.grad
+        local_grads.append((tr.epoch, 0.0 if g is None else g.abs().sum().item()))
+        return loss
+
+    tr.train_step = spy
+    tr.fit()
+    epoch2 = [g for e, g in local_grads if e == 1]
+    assert epoch2 and all(g > 0 for g in epoch2) == (compat == "fixed")
+
+
+def test_resume_continues_where_it_stopped(trips_file, tmp_path):
+    kw = dict(dtype="float64", epochs=3)
+    Trainer(cfg(trips_file, tmp_path / "full", **kw)).fit()
+    Trainer(cfg(trips_file, tmp_path / "part", max_steps=9, **kw)).fit()  # stops mid-epoch 2
+    assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == 9
+    Trainer(cfg(trips_file, tmp_path / "part", resume=True, **kw)).fit()
+    a, b = params(tmp_path / "full" / "last.pt"), params(tmp_path / "part" / "last.pt")
+    assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == ckpt.load(tmp_path / "full" / "last.pt")["step"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = [json.loads(l)["epoch"] for l in open(tmp_path / "part" / "metrics.jsonl")]
+    assert rows == [1, 2, 3]
+
+
+def _cli(args, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "stfast.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_data_parallel_two_gloo_ranks_equal_one_process(trips_file, tmp_path):
+    common = ["train", "--data", trips_file, "--format", "deeptte", "--dtype", "float64", "--batch-size", "9",
+              "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress"]
+    r1 = _cli(common + ["--out", str(tmp_path / "one")])
+    assert r1.returncode == 0, r1.stderr
+    r2 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2"])
+    assert r2.returncode == 0, r2.stderr + r2.stdout
+    assert "world size 2" in r2.stdout
+    a, b = ckpt.load(tmp_path / "one" / "last.pt"), ckpt.load(tmp_path / "two" / "last.pt")
+    assert a["step"] == b["step"] == 10
+    for k, v in a["model_state"].items():
+        diff = (v - b["model_state"][k]).abs().max().item() if v.is_floating_point() else 0
+        assert diff < 1e-9, (k, diff)
+    # and training moved the parameters (the comparison is not between two untouched models)
+    fresh = Trainer(cfg(trips_file, tmp_path / "init", dtype="float64", seed=5))
+    fresh.setup()
+    init = fresh.model.state_dict()["entire.out.weight"]
+    assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4
+
+
+def test_cli_rejects_bad_arguments_with_one_line(trips_file, tmp_path):
+    r = _cli(["train", "--data", trips_file, "--batch-size", "0", "--out", str(tmp_path)])
+    assert r.returncode == 2 and "--batch-size must be ≥ 1" in r.stderr
+    r = _cli(["train", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)])
+    assert r.returncode == 2 and "missing.jsonl" in r.stderr
