@@ -1,0 +1,345 @@
+"""GeoLife GPS Trajectories 1.3 (Microsoft Research Asia) reader.
+
+Format (GeoLife User Guide 1.3, "Trajectory Data"): ``Data/<user>/Trajectory/<YYYYMMDDhhmmss>.plt``,
+one trajectory per file, CRLF line endings. Lines 1–6 are a fixed header (ignored). Every further
+line is one point with 7 comma-separated fields::
+
+    lat, lng, 0, altitude (feet, -777 = invalid), days since 1899-12-30 (float), date, time
+    39.984702,116.318417,0,492,39744.1201851852,2008-10-23,02:53:04
+
+Date and time are GMT. Labelled users have ``Data/<user>/labels.txt``: a header line
+``Start Time<TAB>End Time<TAB>Transportation Mode`` then rows
+``2007/06/26 11:32:29<TAB>2007/06/26 11:40:29<TAB>bus`` (GMT).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import os
+from array import array
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from stfast.data.errors import TrajectoryFormatError
+from stfast.data.readers import _BadField, _iter_lines, _Problems, _require_file
+from stfast.data.trips import Trajectories, lengths_to_offsets
+
+log = logging.getLogger("stfast.data")
+
+GEOLIFE_EPOCH = _dt.datetime(1899, 12, 30, tzinfo=_dt.timezone.utc)
+"""Day 0 of the PLT "days" field (field 5), as in Excel/OLE Automation dates."""
+GEOLIFE_HEADER_LINES = 6
+"""Number of header lines at the top of every .plt file (ignored)."""
+GEOLIFE_ALTITUDE_MISSING = -777.0
+"""Altitude value (feet) that marks an invalid altitude."""
+GEOLIFE_FIELDS = ("lat", "lng", "zero", "altitude", "days", "date", "time")
+"""Names used in error messages for the 7 fields of a .plt point line."""
+
+_UNIX_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+
+
+def _day_seconds(y: int, m: int, d: int, field: str) -> int:
+    """Unix seconds of 00:00 UTC on the civil date y-m-d; _BadField if no such date."""
+    try:
+        return (_dt.date(y, m, d).toordinal() - _UNIX_EPOCH_ORDINAL) * 86400
+    except ValueError as e:
+        raise _BadField(field, f"invalid date: {e}") from None
+
+
+def _clock_seconds(text: str, field: str) -> float:
+    """Seconds since midnight of ``H:M:S`` (no zero padding needed; seconds may be fractional)."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise _BadField(field, f"expected H:M:S, got {text!r}")
+    try:
+        h, mi, s = int(parts[0]), int(parts[1]), float(parts[2])
+    except ValueError:
+        raise _BadField(field, f"expected H:M:S, got {text!r}") from None
+    if not (0 <= h < 24 and 0 <= mi < 60 and 0.0 <= s < 60.0):
+        raise _BadField(field, f"time out of range: {text!r}")
+    return h * 3600 + mi * 60 + s
+
+
+def _parse_date(text: str, sep: str, field: str, cache: dict) -> int:
+    v = cache.get(text)
+    if v is None:
+        parts = text.split(sep)
+        if len(parts) != 3:
+            raise _BadField(field, f"expected Y{sep}M{sep}D, got {text!r}")
+        try:
+            y, m, d = (int(x) for x in parts)
+        except ValueError:
+            raise _BadField(field, f"expected Y{sep}M{sep}D, got {text!r}") from None
+        v = cache[text] = _day_seconds(y, m, d, field)
+    return v
+
+
+def _number(text: str, field: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise _BadField(field, f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise _BadField(field, f"not a finite number: {text!r}")
+    return v
+
+
+_isfinite = math.isfinite
+
+
+def _parse_point(line: str, date_cache: dict) -> tuple[float, float, float]:
+    """(lat, lng, unix seconds) of one .plt point line; _BadField on any problem."""
+    f = line.split(",")
+    # fast path for well-formed lines; anything unusual goes to the checked path below for the message
+    try:
+        if len(f) == 7:
+            lat, lng, alt, days = float(f[0]), float(f[1]), float(f[3]), float(f[4])
+            day = date_cache[f[5]]
+            h, mi, sec = f[6].split(":")
+            h, mi, sec = int(h), int(mi), float(sec)
+            if (
+                -90.0 <= lat <= 90.0
+                and -180.0 <= lng <= 180.0
+                and _isfinite(alt)
+                and _isfinite(days)
+                and 0 <= h < 24
+                and 0 <= mi < 60
+                and 0.0 <= sec < 60.0
+            ):
+                return lat, lng, day + h * 3600 + mi * 60 + sec
+    except (ValueError, KeyError):
+        pass
+    return _parse_point_checked(f, date_cache)
+
+
+def _parse_point_checked(f: list[str], date_cache: dict) -> tuple[float, float, float]:
+    if len(f) != 7:
+        raise _BadField(None, f"expected 7 comma-separated fields, got {len(f)}")
+    lat = _number(f[0], "lat")
+    lng = _number(f[1], "lng")
+    if not -90.0 <= lat <= 90.0:
+        raise _BadField("lat", f"latitude {lat} outside [-90, 90]")
+    if not -180.0 <= lng <= 180.0:
+        raise _BadField("lng", f"longitude {lng} outside [-180, 180]")
+    _number(f[3], "altitude")  # -777 (missing) is a valid number
+    _number(f[4], "days")
+    t = _parse_date(f[5].strip(), "-", "date", date_cache) + _clock_seconds(f[6].strip(), "time")
+    return lat, lng, t
+
+
+def _read_plt(path: Path, probs: _Problems, date_cache: dict) -> tuple[array, array, array, bool]:
+    """Points of one file as array('d') lat, lng, t; the flag says whether any data line existed."""
+    lat, lng, t = array("d"), array("d"), array("d")
+    any_data = False
+    for no, line in _iter_lines(path):
+        if no <= GEOLIFE_HEADER_LINES:
+            continue
+        if line is None:
+            any_data = True
+            probs.bad(path, no, None, "line is not valid UTF-8 text")
+            continue
+        if not line.strip():
+            continue
+        any_data = True
+        try:
+            a, b, c = _parse_point(line, date_cache)
+        except _BadField as e:
+            probs.bad(path, no, e.field, e.reason)
+            continue
+        lat.append(a)
+        lng.append(b)
+        t.append(c)
+    return lat, lng, t, any_data
+
+
+def _parse_label_time(text: str, field: str, cache: dict) -> float:
+    parts = text.strip().split()
+    if len(parts) != 2:
+        raise _BadField(field, f"expected 'YYYY/MM/DD HH:MM:SS', got {text!r}")
+    return _parse_date(parts[0], "/", field, cache) + _clock_seconds(parts[1], field)
+
+
+def read_geolife_labels(path: str | os.PathLike, *, on_error: str = "raise", _probs=None):
+    """Read a GeoLife ``labels.txt``.
+
+    Returns ``(start, end, mode)``: [L] float64 Unix seconds UTC (inclusive interval), [L] float64,
+    [L] object str transport mode, in file order. The header line (starting with ``Start Time``) is
+    skipped; blank lines are ignored.
+
+    Raises:
+        TrajectoryFormatError: a row without 3 tab-separated fields, a bad time, end before start, an
+        empty mode (with the labels file's line number; skipped and counted under
+        ``"bad_label_line"`` with ``on_error="skip"``).
+    """
+    probs = _probs if _probs is not None else _Problems(on_error)
+    path = _require_file(path)
+    starts, ends, modes = array("d"), array("d"), []
+    cache: dict = {}
+    for no, line in _iter_lines(path):
+        if line is None:
+            probs.bad(path, no, None, "line is not valid UTF-8 text", "bad_label_line")
+            continue
+        if not line.strip():
+            continue
+        if no == 1 and line.lstrip().lower().startswith("start time"):
+            continue
+        f = line.split("\t")
+        try:
+            if len(f) != 3:
+                raise _BadField(None, f"expected 3 tab-separated fields, got {len(f)}")
+            s = _parse_label_time(f[0], "Start Time", cache)
+            e = _parse_label_time(f[1], "End Time", cache)
+            mode = f[2].strip()
+            if e < s:
+                raise _BadField("End Time", "end time before start time")
+            if not mode:
+                raise _BadField("Transportation Mode", "empty mode")
+        except _BadField as err:
+            probs.bad(path, no, err.field, err.reason, "bad_label_line")
+            continue
+        starts.append(s)
+        ends.append(e)
+        modes.append(mode)
+    if _probs is None:
+        probs.warn(path)
+    return np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64), np.array(modes, dtype=object)
+
+
+def _user_id(u) -> str:
+    return f"{u:03d}" if isinstance(u, int) else str(u)
+
+
+def _plt_files(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.suffix.lower() == ".plt" and p.is_file())
+
+
+def _collect(root: Path, users) -> list[tuple[str, Path | None, list[Path]]]:
+    """[(user, user folder or None, sorted .plt files)] for every layout ``root`` may have."""
+    if root.is_file():
+        traj = root.parent
+        udir = traj.parent if traj.name.lower() == "trajectory" else traj
+        return [(udir.name, udir, [root])]
+    if (root / "Data").is_dir():
+        root = root / "Data"
+    if (root / "Trajectory").is_dir():  # one user folder
+        return [(root.name, root, _plt_files(root / "Trajectory"))]
+    if _plt_files(root):  # a Trajectory folder (or any folder of .plt files)
+        udir = root.parent if root.name.lower() == "trajectory" else root
+        return [(udir.name, udir, _plt_files(root))]
+    out = []
+    for udir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if (udir / "Trajectory").is_dir():
+            out.append((udir.name, udir, _plt_files(udir / "Trajectory")))
+    return out
+
+
+def read_geolife(
+    root: str | os.PathLike,
+    *,
+    on_error: str = "raise",
+    users: Iterable[str | int] | None = None,
+) -> Trajectories:
+    """Read GeoLife 1.3 ``.plt`` trajectories (one trajectory per file).
+
+    Args:
+        root: the folder holding ``Data/``, the ``Data/`` folder, one user folder (holding
+            ``Trajectory/``), a ``Trajectory`` folder, or a single ``.plt`` file.
+        on_error: ``"raise"`` or ``"skip"`` (skip bad point lines / label lines, counted in
+            ``dropped["bad_line"]`` / ``dropped["bad_label_line"]``, one warning).
+        users: only these user ids (``"010"`` or ``10``); default all.
+
+    Returns:
+        :class:`~stfast.data.trips.Trajectories`, users in sorted order, files in name (= start time)
+        order: ``lng``, ``lat`` [N] float64 degrees WGS-84; ``t`` [N] float64 Unix seconds UTC from the
+        date and time fields (GMT; non-zero-padded values such as ``2008-1-2``, ``7:0:57`` accepted;
+        field 5 is only checked to be a number); ``state`` [N] float32 zeros; ``driver`` [T] the user
+        folder name; ``source`` [T] the file path; ``mode`` [N] object str transport mode from
+        ``<user>/labels.txt`` ("" where no interval covers the point or the user has no labels), or
+        None when no selected user has a labels file. Points keep file order (duplicate timestamps
+        are kept). Empty or header-only files are left out, counted in ``dropped["empty_file"]`` and
+        reported in one warning; a file whose every line was skipped counts as
+        ``dropped["no_valid_points"]``.
+
+    Raises:
+        TrajectoryFormatError: missing root, no ``.plt`` files, unknown ``users``, a point line
+            without 7 fields, a non-finite/non-numeric lat/lng/altitude/days, lat outside [-90, 90],
+            lng outside [-180, 180], a bad date or time (field names ``lat``, ``lng``, ``altitude``,
+            ``days``, ``date``, ``time``; line numbers count the header), or a bad labels.txt row.
+    """
+    probs = _Problems(on_error)
+    rootp = _require_file(root)
+    groups = _collect(rootp, users)
+    if users is not None:
+        if isinstance(users, (str, int)):
+            users = [users]
+        wanted = {_user_id(u) for u in users}
+        missing = wanted - {g[0] for g in groups}
+        if missing:
+            raise TrajectoryFormatError(root, None, None, f"user(s) not found: {', '.join(sorted(missing))}")
+        groups = [g for g in groups if g[0] in wanted]
+    if not any(files for _, _, files in groups):
+        raise TrajectoryFormatError(root, None, None, "no .plt files found")
+
+    date_cache: dict = {}
+    lats, lngs, ts, lens, drivers, sources, user_of_traj = [], [], [], [], [], [], []
+    labels: dict[int, tuple] = {}
+    empty: list[Path] = []
+    for gi, (user, udir, files) in enumerate(groups):
+        for f in files:
+            la, ln, t, any_data = _read_plt(f, probs, date_cache)
+            if not la:
+                if any_data:
+                    probs.count("no_valid_points")
+                else:
+                    empty.append(f)
+                continue
+            lats.append(la)
+            lngs.append(ln)
+            ts.append(t)
+            lens.append(len(la))
+            drivers.append(user)
+            sources.append(str(f))
+            user_of_traj.append(gi)
+        lab = udir / "labels.txt" if udir is not None else None
+        if lab is not None and lab.is_file():
+            labels[gi] = read_geolife_labels(lab, _probs=probs)
+
+    if empty:
+        probs.count("empty_file", len(empty))
+        log.warning("skipped %d empty or header-only .plt file(s) (first: %s)", len(empty), empty[0])
+    probs.warn(root)
+
+    lengths = np.array(lens, dtype=np.int64)
+    offsets = lengths_to_offsets(lengths)
+    cat = lambda parts: np.concatenate([np.frombuffer(p, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    lat, lng, t = cat(lats), cat(lngs), cat(ts)
+    mode = None
+    if labels:
+        mode = np.full(len(t), "", dtype=object)
+        traj_user = np.array(user_of_traj, dtype=np.int64)
+        for gi, (start, end, modes) in labels.items():
+            tr = np.flatnonzero(traj_user == gi)
+            if len(tr) == 0 or len(start) == 0:
+                continue
+            pts = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in tr])
+            order = np.argsort(t[pts], kind="stable")
+            st = t[pts][order]
+            lo = np.searchsorted(st, start, side="left")
+            hi = np.searchsorted(st, end, side="right")
+            for a, b, m in zip(lo, hi, modes):  # later intervals win where intervals overlap
+                if b > a:
+                    mode[pts[order[a:b]]] = m
+    return Trajectories(
+        offsets=offsets,
+        lng=lng,
+        lat=lat,
+        t=t,
+        state=np.zeros(len(t), dtype=np.float32),
+        driver=np.array(drivers, dtype=object),
+        source=np.array(sources, dtype=object),
+        mode=mode,
+        dropped=dict(probs.dropped),
+    )
