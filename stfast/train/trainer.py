@@ -26,7 +26,7 @@ from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .metrics import ConstantSpeedBaseline, ErrorSums, MeanTimeBaseline, errors
+from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
 
 log = logging.getLogger("stfast.train")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

@@ -22,95 +22,17 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Iterator
 
 from stfast.data.errors import TrajectoryFormatError
+from stfast.data.readers._common import _check_on_error, _is_didi_data_file, _require_file
+from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points
+from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, read_deeptte_jsonl
+from stfast.data.readers.didi_gaia import read_didi_gaia
+from stfast.data.readers.geolife import GEOLIFE_EPOCH, GEOLIFE_HEADER_LINES, read_geolife
 
 log = logging.getLogger("stfast.data")
 
 FORMATS = ("deeptte", "geolife", "didi", "csv")
-
-
-# ---------------------------------------------------------------------------------------------------
-# helpers shared by the reader modules (defined before they are imported below)
-
-
-def _check_on_error(on_error: str) -> bool:
-    """True for "skip", False for "raise"; anything else is a programming error (ValueError)."""
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-    return on_error == "skip"
-
-
-class _Problems:
-    """Raise (on_error="raise") or count (on_error="skip") bad records; one summary warning at the end."""
-
-    def __init__(self, on_error: str):
-        self.skip = _check_on_error(on_error)
-        self.dropped: dict[str, int] = {}
-        self.first: TrajectoryFormatError | None = None
-
-    def bad(self, path, line: int | None, field: str | None, reason: str, kind: str = "bad_line") -> None:
-        err = TrajectoryFormatError(path, line, field, reason)
-        if not self.skip:
-            raise err
-        self.dropped[kind] = self.dropped.get(kind, 0) + 1
-        if self.first is None:
-            self.first = err
-
-    def count(self, kind: str, n: int = 1) -> None:
-        self.dropped[kind] = self.dropped.get(kind, 0) + n
-
-    def warn(self, where) -> None:
-        """Log one warning summarising the skipped bad records (not other counts)."""
-        if self.first is not None:
-            what = ", ".join(f"{v} {k}" for k, v in sorted(self.dropped.items()))
-            log.warning("%s: skipped %s (first: %s)", where, what, self.first)
-
-
-class _BadField(Exception):
-    """Internal: a record is bad; carries the field name and the reason (never escapes a reader)."""
-
-    def __init__(self, field: str | None, reason: str):
-        super().__init__(reason)
-        self.field = field
-        self.reason = reason
-
-
-def _require_file(path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise TrajectoryFormatError(path, None, None, "no such file")
-    return p
-
-
-def _iter_lines(path: Path) -> Iterator[tuple[int, str | None]]:
-    """(1-based line number, text without line ending) for every line; text None if not UTF-8.
-
-    Reads in binary so CRLF and LF give identical text and a bad byte spoils only its own line.
-    """
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise TrajectoryFormatError(path, None, None, f"cannot open: {e.strerror or e}") from None
-    with f:
-        for i, raw in enumerate(f, 1):
-            try:
-                yield i, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError:
-                yield i, None
-
-
-def _is_didi_data_file(p: Path) -> bool:
-    """A DiDi GAIA point file name: gps_* with no extension (or .csv/.txt), so gps_*.sha256 is not one."""
-    return p.name.startswith("gps_") and p.suffix.lower() in ("", ".csv", ".txt") and p.is_file()
-
-
-# reader modules (import after the helpers above, which they use)
-from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points  # noqa: E402
-from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, read_deeptte_jsonl  # noqa: E402
-from stfast.data.readers.didi_gaia import read_didi_gaia  # noqa: E402
-from stfast.data.readers.geolife import GEOLIFE_EPOCH, GEOLIFE_HEADER_LINES, read_geolife  # noqa: E402
 
 _DIDI_LINE = re.compile(r"[^,]+,[^,]+,\d{10},[^,]+,[^,]+")
 

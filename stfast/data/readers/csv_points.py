@@ -21,7 +21,7 @@ from array import array
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers import _BadField, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 CSV_REQUIRED = ("trip_id", "timestamp", "lng", "lat")

@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers import _BadField, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trips, lengths_to_offsets
 
 DEEPTTE_LIST_KEYS = ("lngs", "lats", "states", "time_gap", "dist_gap")

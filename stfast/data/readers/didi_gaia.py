@@ -20,7 +20,7 @@ import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.geo import gcj02_to_wgs84
-from stfast.data.readers import _BadField, _is_didi_data_file, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _is_didi_data_file, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 DIDI_FIELDS = ("driver_id", "order_id", "unix_ts", "lng", "lat")

@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers import _BadField, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
