@@ -1,0 +1,61 @@
+"""The CLI end to end on small real and random data: train, evaluate, predict, data convert."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from conftest import random_trips
+from stfast.cli import main
+from stfast.data.readers import read_deeptte_jsonl
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    data = d / "trips.jsonl"
+    random_trips(90, seed=31, max_len=20).to_jsonl(data)
+    rc = main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "32", "--out", str(d / "run"),
+               "--no-progress", "--threads", "1"])
+    assert rc == 0
+    return d, data
+
+
+def test_train_prints_and_writes_summary(trained, capsys):
+    d, _ = trained
+    s = json.load(open(d / "run" / "summary.json"))
+    assert 0 < s["test_mape"] < 10 and (s["n_train"], s["n_val"], s["n_test"]) == (63, 14, 13)
+
+
+def test_evaluate_and_predict_agree(trained, capsys):
+    d, data = trained
+    assert main(["evaluate", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    mape = float(line.split("MAPE")[1].split("%")[0])
+    out = d / "preds.csv"
+    assert main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data),
+                 "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert len(rows) == 90
+    true = np.array([float(r["true_time_s"]) for r in rows])
+    pred = np.array([float(r["pred_time_s"]) for r in rows])
+    assert 100 * np.mean(np.abs(pred - true) / true) == pytest.approx(mape, abs=0.01)
+
+
+def test_data_convert_round_trips(trained, tmp_path):
+    _, data = trained
+    out = tmp_path / "conv.jsonl"
+    assert main(["data", "convert", "--data", str(data), "--out", str(out)]) == 0
+    a, b = read_deeptte_jsonl(data), read_deeptte_jsonl(out)
+    assert len(a) == len(b) == 90 and np.array_equal(a.time_gap, b.time_gap) and list(a.driver) == list(b.driver)
+
+
+def test_bad_input_gives_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    rec = random_trips(2, seed=1).record(0)
+    good = json.dumps(rec)
+    del rec["time_gap"]
+    bad.write_text(good + "\n" + json.dumps(rec) + "\n")
+    assert main(["train", "--data", str(bad), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2" in err and "time_gap" in err
