@@ -1,6 +1,7 @@
 """One entry point from a path (or nothing: the synthetic city) to preprocessed trips."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from .trips import Trajectories, Trips
@@ -28,6 +29,6 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
 
         cfg = preprocess_config or PreprocessConfig()
         if modes:
-            cfg.modes = set(modes)
+            cfg = dataclasses.replace(cfg, modes=set(modes))
         got = preprocess(got, cfg)
     return got

@@ -1,0 +1,537 @@
+"""Raw GPS trajectories → DeepTTE trips: clean, split, resample, derive the DeepTTE fields.
+
+:func:`preprocess` turns :class:`~stfast.data.trips.Trajectories` (absolute timestamps) into
+:class:`~stfast.data.trips.Trips` (cumulative ``time_gap``/``dist_gap``, label ``time``, weekID/timeID/
+dateID). Every step is vectorized over the flat CSR arrays; the few rules whose outcome depends on the
+previous *kept* point (speed outliers, resampling) run in rounds over all trajectories at once, so the
+number of Python iterations grows with the worst trajectory, not with the number of points.
+
+Steps, in order (the ``dropped`` key of each is given in quotes):
+
+1. points with a non-finite lng/lat/t are dropped ("nonfinite_point");
+2. exact duplicates (same lng, lat and t as an earlier point of the same trajectory) are dropped
+   ("duplicate_point"), then every point whose time is not strictly after the previous kept point's
+   ("nonpositive_time_gap"; out of order or repeated timestamps);
+3. speed outliers: a point that implies a speed above ``max_speed_kmh`` from the previous *kept* point
+   is dropped ("speed_outlier"). The filter trusts the first point of a trajectory;
+4. trajectories are cut into trips at time gaps above ``gap_s`` and at stays; stay points are dropped
+   ("stay_point"). With ``modes``, trips also break where the transport mode changes, and trips whose
+   mode is not in ``modes`` are dropped ("mode_filtered", counted in trips);
+5. optional resampling to ``min_spacing_km`` ("resampled");
+6. cumulative ``time_gap`` / ``dist_gap``, ``time``, ``dist`` and the departure's calendar ids;
+7. trip filters, first failing rule wins: fewer than ``min_points`` points ("too_short"), ``time`` below
+   ``min_time_s`` ("too_short_time"), ``dist`` below ``min_dist_km`` ("too_short_dist"), more than
+   ``max_points`` points ("too_long") — each counted in trips.
+
+Keys counted in points: nonfinite_point, duplicate_point, nonpositive_time_gap, speed_outlier,
+stay_point, resampled, and ``points_of_dropped_trips`` (all points of trips dropped in steps 4 and 7).
+Keys counted in trips: mode_filtered, too_short, too_short_time, too_short_dist, too_long. So
+``trips.n_points + sum(point keys) == traj.n_points`` always holds. Counts of the input's own
+``dropped`` dict (reader skips) are added in.
+
+Stay definition (after Li et al., "Mining user similarity based on location history", GIS 2008, the
+stay-point detection used with GeoLife): point ``i`` anchors a stay when every point from ``i`` to the
+first point at least ``stay_min_s`` later lies within ``stay_radius_m`` (haversine) of point ``i``.
+Stay points are the union of all anchored windows. Unlike Li et al.'s greedy scan this union does not
+depend on where the scan starts, and it covers the whole stay (the last ``stay_min_s`` of a long stay
+are covered by windows anchored earlier). A trajectory that ends less than ``stay_min_s`` after a point
+has no window there: a stop at the very end is not a stay.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from stfast.data.geo import haversine_km
+from stfast.data.trips import Trajectories, Trips, lengths_to_offsets
+
+log = logging.getLogger("stfast.data")
+
+#: dropped-dict keys that count points (the others count trips)
+POINT_KEYS = (
+    "nonfinite_point",
+    "duplicate_point",
+    "nonpositive_time_gap",
+    "speed_outlier",
+    "stay_point",
+    "resampled",
+    "points_of_dropped_trips",
+)
+#: dropped-dict keys that count trips
+TRIP_KEYS = ("mode_filtered", "too_short", "too_short_time", "too_short_dist", "too_long")
+
+_SECONDS_PER_DAY = 86400.0
+
+
+@dataclass
+class PreprocessConfig:
+    """Settings of :func:`preprocess` (all optional; the defaults suit taxi GPS such as Chengdu/DiDi).
+
+    Attributes:
+        max_speed_kmh: a point implying more than this speed (km/h) from the previous kept point is a
+            speed outlier. None: no speed filter. Default 200.
+        gap_s: a time gap above this (seconds) between consecutive points splits the trip. Default 1200
+            (20 min).
+        stay_radius_m: radius (metres) of a stay. Default 100 m: above urban GPS noise (10–30 m) and a
+            parking manoeuvre, below one city block, so a vehicle in slow traffic that moves a block in
+            ``stay_min_s`` is not taken for staying.
+        stay_min_s: minimum duration (seconds) of a stay. None: no stay detection. Default 600 (10 min).
+        modes: transport modes to keep (GeoLife labels such as {"car", "taxi"}); when given and the
+            trajectories carry a ``mode`` array, trips also break where the mode changes and trips of
+            other modes (including unlabelled "") are dropped. Ignored, with a warning, when the input
+            has no modes. Any iterable of str (a single str is one mode); stored as a frozenset.
+        min_spacing_km: when set, resample: keep a point only if it is at least this far (haversine, km)
+            from the last kept point; the trip's last point is always kept. DeepTTE's Chengdu samples
+            are about 0.2–0.4 km apart; 0.2 is a typical choice. Default None (off).
+        tz_offset_h: offset of local time from UTC in hours, for weekID/timeID/dateID. Default 8.0
+            (Beijing/Chengdu: GeoLife and DiDi are UTC+8 local).
+        min_points: fewer points than this drops the trip ("too_short"). Default 3, DeepTTE's
+            geo-conv kernel size (shorter trips have no conv output).
+        min_time_s: a trip shorter than this (seconds) is dropped ("too_short_time"). Default 60.
+        min_dist_km: a trip shorter than this (km) is dropped ("too_short_dist"). Default 0.5.
+        max_points: when set, a trip with more points is dropped ("too_long"). Default None.
+
+    Raises:
+        ValueError: a value out of range (negative durations or distances, min_points < 1,
+            max_points < min_points), at construction and again in :func:`preprocess` (the
+            dataclass is mutable, so fields set later are checked there).
+    """
+
+    max_speed_kmh: float | None = 200.0
+    gap_s: float = 1200.0
+    stay_radius_m: float = 100.0
+    stay_min_s: float | None = 600.0
+    modes: frozenset | None = None
+    min_spacing_km: float | None = None
+    tz_offset_h: float = 8.0
+    min_points: int = 3
+    min_time_s: float = 60.0
+    min_dist_km: float = 0.5
+    max_points: int | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Normalise ``modes`` to a frozenset and check every value (ValueError when out of range)."""
+        if self.modes is not None:
+            self.modes = frozenset([self.modes] if isinstance(self.modes, str) else self.modes)
+        if self.max_speed_kmh is not None and not self.max_speed_kmh > 0:
+            raise ValueError(f"max_speed_kmh must be > 0 or None, not {self.max_speed_kmh}")
+        if not self.gap_s > 0:
+            raise ValueError(f"gap_s must be > 0, not {self.gap_s}")
+        if not self.stay_radius_m >= 0:
+            raise ValueError(f"stay_radius_m must be >= 0, not {self.stay_radius_m}")
+        if self.stay_min_s is not None and not self.stay_min_s > 0:
+            raise ValueError(f"stay_min_s must be > 0 or None, not {self.stay_min_s}")
+        if self.min_spacing_km is not None and not self.min_spacing_km > 0:
+            raise ValueError(f"min_spacing_km must be > 0 or None, not {self.min_spacing_km}")
+        if not -24.0 <= self.tz_offset_h <= 24.0:
+            raise ValueError(f"tz_offset_h must be within [-24, 24], not {self.tz_offset_h}")
+        if int(self.min_points) != self.min_points or self.min_points < 1:
+            raise ValueError(f"min_points must be an integer >= 1, not {self.min_points}")
+        if not self.min_time_s >= 0 or not self.min_dist_km >= 0:
+            raise ValueError("min_time_s and min_dist_km must be >= 0")
+        if self.max_points is not None and self.max_points < self.min_points:
+            raise ValueError(f"max_points ({self.max_points}) must be >= min_points ({self.min_points})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# small CSR helpers over "group ids": a non-decreasing int array naming each point's trajectory/trip
+
+
+def _first_mask(gid: np.ndarray) -> np.ndarray:
+    """[n] bool: True where a point is the first of its group."""
+    f = np.ones(len(gid), dtype=bool)
+    f[1:] = gid[1:] != gid[:-1]
+    return f
+
+
+def _group_bounds(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per point: index of its group's first point and one past its group's last point."""
+    n = len(first)
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], n)
+    g = np.cumsum(first) - 1
+    return starts[g], ends[g]
+
+
+def _hav_idx(lng, lat, a, b) -> np.ndarray:
+    """Haversine km between points a and b (index arrays into lng/lat)."""
+    return haversine_km(lng[a], lat[a], lng[b], lat[b])
+
+
+def _add(d: dict, key: str, n) -> None:
+    n = int(n)
+    if n:
+        d[key] = d.get(key, 0) + n
+
+
+# ---------------------------------------------------------------------------------------------------
+# the steps; each takes the current point arrays and returns a keep mask (or new ids)
+
+
+def _order_and_duplicates(t, lng, lat, gid, dropped) -> np.ndarray:
+    """Keep mask dropping exact duplicates, then points not strictly after the previous kept point."""
+    n = len(t)
+    first = _first_mask(gid)
+    if n == 0 or np.all(first[1:] | (t[1:] > t[:-1])):
+        return np.ones(n, dtype=bool)
+    # exact integer key ordering (group, time): the rank of t among all times, offset per group
+    _, rank = np.unique(t, return_inverse=True)
+    rank = rank.reshape(-1).astype(np.int64)
+    key = gid.astype(np.int64) * (int(rank.max()) + 1) + rank
+    # duplicates: same (group, t, lng, lat) as an earlier point; only points sharing a key can be
+    order = np.argsort(key, kind="stable")
+    eq = key[order][1:] == key[order][:-1]
+    tied = np.sort(order[np.r_[eq, False] | np.r_[False, eq]])
+    dup = np.zeros(n, dtype=bool)
+    if tied.size:
+        o = tied[np.lexsort((tied, lat[tied], lng[tied], key[tied]))]
+        same = (key[o][1:] == key[o][:-1]) & (lng[o][1:] == lng[o][:-1]) & (lat[o][1:] == lat[o][:-1])
+        dup[o[1:][same]] = True
+    _add(dropped, "duplicate_point", dup.sum())
+    keep = ~dup
+    # strictly after the running maximum of the earlier (kept) points of the same group. Keys of a
+    # later group exceed all keys of earlier groups, so the running maximum restarts at each group.
+    k2 = key[keep]
+    ok = np.ones(len(k2), dtype=bool)
+    if len(k2) > 1:
+        runmax = np.maximum.accumulate(k2)
+        ok[1:] = k2[1:] > runmax[:-1]
+    _add(dropped, "nonpositive_time_gap", (~ok).sum())
+    keep[np.flatnonzero(keep)[~ok]] = False
+    return keep
+
+
+def _speed_outliers(t, lng, lat, gid, vmax_kmh, dropped) -> np.ndarray:
+    """Keep mask dropping points whose speed from the previous kept point exceeds vmax_kmh.
+
+    Exact sequential semantics, run in rounds over all trajectories at once: between two flagged
+    points the adjacent speeds are valid (both ends kept), so each round resolves one candidate per
+    affected trajectory and then jumps to the next adjacent flag.
+    """
+    n = len(t)
+    keep = np.ones(n, dtype=bool)
+    if n < 2:
+        return keep
+    first = _first_mask(gid)
+    speed = np.zeros(n)
+    with np.errstate(divide="ignore", invalid="ignore"):  # t may repeat across a trajectory boundary
+        speed[1:] = _hav_idx(lng, lat, np.arange(n - 1), np.arange(1, n)) / np.diff(t) * 3600.0
+    flagged = np.flatnonzero((speed > vmax_kmh) & ~first)
+    if flagged.size == 0:
+        return keep
+    _, gend = _group_bounds(first)
+    fg = gid[flagged]
+    c = flagged[np.r_[True, fg[1:] != fg[:-1]]]  # first flag of each trajectory
+    lk = c - 1
+    while c.size:
+        v = _hav_idx(lng, lat, lk, c) / (t[c] - t[lk]) * 3600.0
+        ok = v <= vmax_kmh
+        keep[c[~ok]] = False
+        # ok: c is kept and adjacent speeds hold up to the next flag of the same trajectory
+        pos = np.searchsorted(flagged, c, side="right")
+        nxt = flagged[np.minimum(pos, flagged.size - 1)]
+        has_next = (pos < flagged.size) & (nxt < gend[c])
+        new_c = np.where(ok, np.where(has_next, nxt, gend[c]), c + 1)
+        new_lk = np.where(ok, new_c - 1, lk)
+        alive = new_c < gend[c]
+        c, lk = new_c[alive], new_lk[alive]
+    _add(dropped, "speed_outlier", (~keep).sum())
+    return keep
+
+
+def _stays(t, lng, lat, gid, radius_km, min_s) -> np.ndarray:
+    """[n] bool: stay points (see the module docstring for the definition)."""
+    n = len(t)
+    stay = np.zeros(n, dtype=bool)
+    if n < 2:
+        return stay
+    first = _first_mask(gid)
+    gstart, gend = _group_bounds(first)
+    # j[i] = first index of the same group with t[j] >= t[i] + min_s (gend[i] when none). Search a
+    # monotone float key (group-relative time plus a per-group base), then fix ±1 with exact times.
+    trel = t - t[gstart]
+    starts = np.flatnonzero(first)
+    span = trel[np.append(starts[1:], n) - 1]
+    base = np.concatenate(([0.0], np.cumsum(span + min_s + 1.0)[:-1]))
+    key = base[np.cumsum(first) - 1] + trel
+    j = np.searchsorted(key, key + min_s * (1 - 1e-12), side="left")
+    j = np.clip(j, np.arange(n) + 1, gend)
+    ar = np.arange(n)
+    for _ in range(64):  # exactness fix-up (the key is exact to ~1e-7 s; one pass is normally enough)
+        jj = np.minimum(j, gend - 1)
+        fwd = (j < gend) & (t[jj] - t < min_s)
+        back = (j - 1 > ar) & (t[j - 1] - t >= min_s)
+        if not (fwd.any() or back.any()):
+            break
+        j = j + fwd - back
+    has = j < gend
+    cand = np.flatnonzero(has)
+    cand = cand[_hav_idx(lng, lat, cand, j[cand]) <= radius_km]
+    if cand.size == 0:
+        return stay
+    # every point of each candidate window i..j[i] must lie within the radius; chunk the pairs
+    w = j[cand] - cand + 1
+    anchors = []
+    lo = 0
+    budget = 4_000_000
+    while lo < cand.size:
+        cs = np.cumsum(w[lo:])
+        hi = lo + max(1, int(np.searchsorted(cs, budget, side="right")))
+        ci, wi = cand[lo:hi], w[lo:hi]
+        off = lengths_to_offsets(wi)
+        pts = np.repeat(ci - off[:-1], wi) + np.arange(off[-1])
+        anc = np.repeat(ci, wi)
+        outside = (_hav_idx(lng, lat, anc, pts) > radius_km).astype(np.int64)
+        bad = np.add.reduceat(outside, off[:-1])
+        anchors.append(ci[bad == 0])
+        lo = hi
+    a = np.concatenate(anchors)
+    if a.size:
+        cover = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(cover, a, 1)
+        np.add.at(cover, j[a] + 1, -1)
+        stay = np.cumsum(cover[:-1]) > 0
+    return stay
+
+
+def _next_far_point(lng, lat, lk, j, end, s_km) -> np.ndarray:
+    """Per row: first index in [j, end) at least s_km from point lk, or -1 when there is none."""
+    out = np.full(lk.shape, -1, dtype=np.int64)
+    rows = np.arange(lk.size)
+    width = 8
+    while rows.size:
+        idx = j[rows, None] + np.arange(width)[None, :]
+        valid = idx < end[rows, None]
+        idxc = np.where(valid, idx, lk[rows, None])
+        d = haversine_km(lng[lk[rows], None], lat[lk[rows], None], lng[idxc], lat[idxc])
+        hit = valid & (d >= s_km)
+        found = hit.any(axis=1)
+        out[rows[found]] = idx[found, hit[found].argmax(axis=1)]
+        more = ~found & valid[:, -1]  # window lies fully inside the trip: scan further
+        j = j.copy()
+        j[rows[more]] += width
+        rows = rows[more]
+        width = min(width * 2, 256)
+    return out
+
+
+def _resample(lng, lat, gid, s_km) -> np.ndarray:
+    """Keep mask: each kept point at least s_km (haversine) from the previous kept; last point kept.
+
+    Sequential rule, run in rounds over all trips at once. Path length bounds haversine distance from
+    above, so the search for the next kept point starts at the first point s_km of path away.
+    """
+    n = len(lng)
+    keep = np.zeros(n, dtype=bool)
+    if n == 0:
+        return keep
+    first = _first_mask(gid)
+    starts = np.flatnonzero(first)
+    ends = np.append(starts[1:], n)
+    keep[starts] = True
+    keep[ends - 1] = True
+    adj = np.zeros(n)
+    adj[1:] = _hav_idx(lng, lat, np.arange(n - 1), np.arange(1, n))
+    adj[first] = 0.0
+    cum = np.cumsum(adj)
+    live = ends - starts > 2
+    lk, end = starts[live], ends[live]
+    while lk.size:
+        target = cum[lk] + s_km * (1 - 1e-9) - 1e-12
+        j = np.maximum(np.searchsorted(cum, target, side="left"), lk + 1)
+        j = np.minimum(j, end)
+        nxt = _next_far_point(lng, lat, lk, j, end, s_km)
+        ok = nxt >= 0
+        keep[nxt[ok]] = True
+        alive = ok & (nxt < end - 2)  # the last point is kept anyway; stop one before it
+        lk, end = nxt[alive], end[alive]
+    return keep
+
+
+def _calendar_ids(t0: np.ndarray, tz_offset_h: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unix seconds UTC → (week_id Monday=0, time_id minute of day, date_id day of month), local time."""
+    local = np.asarray(t0, dtype=np.float64) + tz_offset_h * 3600.0
+    days = np.floor(local / _SECONDS_PER_DAY).astype(np.int64)
+    sec = local - days * _SECONDS_PER_DAY
+    time_id = np.clip(np.floor(sec / 60.0).astype(np.int64), 0, 1439)
+    week_id = (days + 3) % 7  # 1970-01-01 was a Thursday
+    d = days.astype("datetime64[D]")
+    date_id = (d - d.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64) + 1
+    return week_id, time_id, date_id
+
+
+def _empty_trips(dropped: dict) -> Trips:
+    f, i = np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
+    return Trips(
+        offsets=np.zeros(1, dtype=np.int64), lng=f, lat=f.copy(), state=np.zeros(0, dtype=np.float32),
+        time_gap=f.copy(), dist_gap=f.copy(), dist=f.copy(), time=f.copy(),
+        driver=np.zeros(0, dtype=object), week_id=i, time_id=i.copy(), date_id=i.copy(), dropped=dropped,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Trips:
+    """Clean raw GPS trajectories and cut them into DeepTTE trips (steps in the module docstring).
+
+    Args:
+        traj: T raw trajectories, N points in all (lng/lat float64 degrees, t float64 Unix seconds UTC,
+            state float32, optional mode). Points are expected in time order within a trajectory
+            (readers sort); out-of-order points are dropped, not reordered.
+        config: the rules' parameters, see :class:`PreprocessConfig` (None: the defaults).
+
+    Returns:
+        :class:`~stfast.data.trips.Trips` with T' trips and N' <= N points: lng/lat float64 degrees,
+        state float32, time_gap float64 s (0 first, strictly increasing), dist_gap float64 km
+        (cumulative haversine, R = 6371 km, 0 first), time = time_gap[-1] s, dist = dist_gap[-1] km,
+        driver (the trajectory's), week_id (0..6, Monday = 0), time_id (minute of day 0..1439) and
+        date_id (day of month) of the first point in UTC + ``tz_offset_h``. Trips keep the order of
+        their trajectories and of time. ``dropped`` holds the counts (keys in the module docstring)
+        plus ``traj.dropped``; one INFO line on the ``stfast.data`` logger summarises them.
+
+    Raises:
+        TypeError: ``traj`` is not a Trajectories or ``config`` not a PreprocessConfig.
+        ValueError: a config value out of range (see :class:`PreprocessConfig`).
+    """
+    if not isinstance(traj, Trajectories):
+        raise TypeError(f"preprocess expects Trajectories, got {type(traj).__name__}")
+    if config is None:
+        config = PreprocessConfig()
+    if not isinstance(config, PreprocessConfig):
+        raise TypeError(f"config must be a PreprocessConfig, got {type(config).__name__}")
+    config.validate()
+    cfg = config
+    dropped: dict[str, int] = {}
+    n_in = traj.n_points
+
+    lng_all = np.asarray(traj.lng, dtype=np.float64)
+    lat_all = np.asarray(traj.lat, dtype=np.float64)
+    t_all = np.asarray(traj.t, dtype=np.float64)
+    idx = np.arange(n_in, dtype=np.int64)
+    gid = np.repeat(np.arange(len(traj), dtype=np.int64), traj.lengths)
+
+    def compact(mask):
+        nonlocal idx, gid
+        idx, gid = idx[mask], gid[mask]
+
+    # 1. non-finite values
+    finite = np.isfinite(lng_all) & np.isfinite(lat_all) & np.isfinite(t_all)
+    _add(dropped, "nonfinite_point", (~finite).sum())
+    compact(finite)
+
+    # 2. duplicates and non-positive time gaps
+    compact(_order_and_duplicates(t_all[idx], lng_all[idx], lat_all[idx], gid, dropped))
+
+    # 3. speed outliers
+    if cfg.max_speed_kmh is not None:
+        compact(_speed_outliers(t_all[idx], lng_all[idx], lat_all[idx], gid, cfg.max_speed_kmh, dropped))
+
+    # 4. split into trips at gaps, stays and mode changes
+    t, lng, lat = t_all[idx], lng_all[idx], lat_all[idx]
+    if cfg.stay_min_s is not None:
+        stay = _stays(t, lng, lat, gid, cfg.stay_radius_m / 1000.0, cfg.stay_min_s)
+    else:
+        stay = np.zeros(len(idx), dtype=bool)
+    start = _first_mask(gid)
+    if len(idx) > 1:
+        start[1:] |= stay[:-1] | (np.diff(t) > cfg.gap_s)
+    use_modes = cfg.modes is not None and traj.mode is not None
+    if cfg.modes is not None and traj.mode is None:
+        log.warning("preprocess: modes=%s given but the trajectories carry no mode labels; not filtering",
+                    sorted(cfg.modes))
+    if use_modes and len(idx) > 1:
+        m = traj.mode[idx]
+        start[1:] |= m[1:] != m[:-1]
+    _add(dropped, "stay_point", stay.sum())
+    keep = ~stay
+    start = start[keep]
+    compact(keep)
+    tid = np.cumsum(start) - 1  # trip id per point
+    trip_traj = gid[start]  # source trajectory of each trip
+
+    if use_modes and len(idx):
+        trip_mode = traj.mode[idx[start]]
+        ok = np.fromiter((mm in cfg.modes for mm in trip_mode), dtype=bool, count=len(trip_mode))
+        _add(dropped, "mode_filtered", (~ok).sum())
+        pmask = ok[tid]
+        _add(dropped, "points_of_dropped_trips", (~pmask).sum())
+        compact(pmask)
+        tid = np.cumsum(_first_mask(tid[pmask])) - 1
+        trip_traj = trip_traj[ok]
+
+    # 5. resampling
+    if cfg.min_spacing_km is not None and len(idx):
+        keep = _resample(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km)
+        _add(dropped, "resampled", (~keep).sum())
+        compact(keep)
+        tid = tid[keep]  # trips keep their first and last point, so no trip vanishes
+
+    n = len(idx)
+    if n == 0:
+        return _finish(_empty_trips(dropped), traj, n_in, dropped)
+
+    # 6. DeepTTE fields
+    t, lng, lat = t_all[idx], lng_all[idx], lat_all[idx]
+    first = _first_mask(tid)
+    starts = np.flatnonzero(first)
+    lengths = np.diff(np.append(starts, n))
+    offsets = lengths_to_offsets(lengths)
+    tg = np.repeat(np.arange(len(starts)), lengths)
+    adj = np.zeros(n)
+    adj[1:] = haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:])
+    adj[first] = 0.0
+    cum = np.cumsum(adj)
+    dist_gap = cum - cum[starts][tg]
+    time_gap = t - t[starts][tg]
+    last = offsets[1:] - 1
+    time, dist = time_gap[last], dist_gap[last]
+
+    # 7. trip filters (first failing rule wins)
+    reason = np.full(len(starts), -1)
+    rules = [
+        ("too_short", lengths < cfg.min_points),
+        ("too_short_time", time < cfg.min_time_s),
+        ("too_short_dist", dist < cfg.min_dist_km),
+    ]
+    if cfg.max_points is not None:
+        rules.append(("too_long", lengths > cfg.max_points))
+    for r, (name, bad) in enumerate(rules):
+        hit = bad & (reason < 0)
+        reason[hit] = r
+        _add(dropped, name, hit.sum())
+    ok = reason < 0
+    _add(dropped, "points_of_dropped_trips", lengths[~ok].sum())
+    pmask = ok[tg]
+
+    week_id, time_id, date_id = _calendar_ids(t[starts[ok]], cfg.tz_offset_h)
+    pidx = idx[pmask]
+    state = np.asarray(traj.state)[pidx].astype(np.float32)
+    trips = Trips(
+        offsets=lengths_to_offsets(lengths[ok]),
+        lng=lng[pmask], lat=lat[pmask], state=state,
+        time_gap=time_gap[pmask], dist_gap=dist_gap[pmask],
+        dist=dist[ok], time=time[ok],
+        driver=np.asarray(traj.driver, dtype=object)[trip_traj[ok]],
+        week_id=week_id, time_id=time_id, date_id=date_id,
+        dropped=dropped,
+    )
+    return _finish(trips, traj, n_in, dropped)
+
+
+def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict) -> Trips:
+    merged = dict(traj.dropped or {})
+    for k, v in dropped.items():
+        merged[k] = merged.get(k, 0) + v
+    trips.dropped = merged
+    log.info(
+        "preprocess: %d trajectories (%d points) -> %d trips (%d points); dropped %s",
+        len(traj), n_in, len(trips), trips.n_points,
+        ", ".join(f"{k}={v}" for k, v in sorted(merged.items())) or "nothing",
+    )
+    return trips
