@@ -17,7 +17,7 @@ $(VENV)/.stfast-installed: pyproject.toml setup.py
 setup: $(VENV)/.stfast-installed
 
 demo: setup
-	$(VENV)/bin/stfast train --out runs/demo
+	$(VENV)/bin/stfast train --epochs 6 --out runs/demo
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -16,6 +16,9 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                    help="bad records: stop with an error naming file and line, or skip and count them")
     p.add_argument("--modes", default="", help="GeoLife transport modes to keep, e.g. car,taxi,bus")
+    p.add_argument("--min-spacing-km", type=float, default=0.2,
+                   help="raw traces: resample to points at least this far apart (0: keep every point)")
+    p.add_argument("--gap-min", type=float, default=20.0, help="raw traces: split trips at time gaps above this")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,13 +69,20 @@ def _modes(s: str) -> tuple:
     return tuple(m.strip() for m in s.split(",") if m.strip())
 
 
+def _load(a):
+    from .data.load import load_trips
+
+    return load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None,
+                      min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min)
+
+
 def cmd_train(a) -> int:
     from .parallel.data_parallel import launch, launched_by_torchrun
     from .train.config import TrainConfig
     from .train.trainer import train
 
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
-                      modes=_modes(a.modes), epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+                      modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
                       weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, seed=a.seed, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
@@ -88,7 +98,6 @@ def _load_for_inference(a):
     import torch
 
     from .data.dataset import DriverVocab, NormStats, TripDataset
-    from .data.load import load_trips
     from .models.deeptte import DeepTTE, DeepTTEConfig
     from .train import checkpoint as ckpt
 
@@ -97,7 +106,7 @@ def _load_for_inference(a):
     dtype = next(iter(state["model_state"].values())).dtype
     model.load_state_dict(state["model_state"])
     model.to(a.device, dtype)
-    trips = load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None)
+    trips = _load(a)
     if len(trips) == 0:
         raise ValueError(f"{a.data}: no trips left after preprocessing ({trips.dropped})")
     ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype if dtype.is_floating_point else torch.float32)
@@ -131,9 +140,7 @@ def cmd_predict(a) -> int:
 
 
 def cmd_data_convert(a) -> int:
-    from .data.load import load_trips
-
-    trips = load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None)
+    trips = _load(a)
     trips.to_jsonl(a.out)
     drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")

@@ -13,6 +13,8 @@ class TrainConfig:
     n_synthetic: int = 20000  # trips of the synthetic city when data is None
     on_error: str = "raise"  # "raise" or "skip" bad records
     modes: tuple = ()  # GeoLife transport modes to keep (empty: all)
+    min_spacing_km: float = 0.2  # raw traces: resampling distance (0: keep every point)
+    gap_s: float = 1200.0  # raw traces: split trips at longer time gaps
     epochs: int = 10
     batch_size: int = 64  # GLOBAL batch (trips per optimizer step, over all ranks)
     lr: float = 1e-3

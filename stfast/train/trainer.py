@@ -122,7 +122,7 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                           n_synthetic=cfg.n_synthetic, seed=cfg.seed)
+                           min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic, seed=cfg.seed)
         self.dropped = dict(trips.dropped)
         self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
         resume = self._resume_state()
