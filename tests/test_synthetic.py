@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -154,14 +153,6 @@ def test_linear_fit_beats_constant_speed(sim5k):
     const = mape(trips.dist[test] / v, trips.time[test])
     linear = mape(pred, trips.time[test])
     assert linear <= 0.7 * const, (linear, const)
-
-
-def test_generation_speed():
-    t0 = time.perf_counter()
-    tr = generate_city(20_000, seed=0)
-    elapsed = time.perf_counter() - t0
-    assert len(tr) == 20_000
-    assert elapsed < 10.0, f"20,000 trips took {elapsed:.1f} s"
 
 
 def test_small_and_empty():
