@@ -85,28 +85,46 @@ class AttrEmbedding(nn.Module):
                           dist_norm.unsqueeze(-1)], dim=-1)
 
 
-class SpatioTemporal(nn.Module):
-    """Geo-convolution + LSTM: per-point features → [B, L', H] hidden states (zero past each trip's
-    L_i − k + 1 valid positions) and the valid lengths [B]."""
+class GeoConv(nn.Module):
+    """DeepTTE's geo-convolution, plain PyTorch (the reference of the fused op).
+
+    Per point: [normalized lng, lat, Embedding(2, 2)(state)] (F_in = 4) → Linear(4 → 16) → tanh;
+    Conv1d(16 → 32, k, no padding) → ELU over each trip; the normalized distance covered by each
+    output position's k points is appended as one more channel.
+
+    Parameters: ``state_em.weight`` [2, 2], ``proj.weight`` [16, 4], ``proj.bias`` [16],
+    ``conv.weight`` [32, 16, k], ``conv.bias`` [32] (the fused ``stfast.nn.GeoConv`` uses the same names).
+    """
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
-        self.k = cfg.kernel_size
+        self.kernel_size = cfg.kernel_size
         self.state_em = nn.Embedding(2, cfg.state_dim)
         self.proj = nn.Linear(2 + cfg.state_dim, cfg.geo_hidden)
         self.conv = nn.Conv1d(cfg.geo_hidden, cfg.conv_channels, cfg.kernel_size)
-        self.lstm = nn.LSTM(cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers,
-                            batch_first=True)
 
-    def geo_conv(self, lng_n, lat_n, state, local_dist_n):
-        """[B, L] normalized lng/lat, state 0/1, [B, L'] normalized local distance → [B, L', C + 1]."""
+    def forward(self, lng_n, lat_n, state, local_dist_n):
+        """lng_n, lat_n: [B, L] normalized coordinates; state: [B, L] 0/1; local_dist_n: [B, L']
+        normalized k-point distances (L' = L − k + 1). Returns [B, L', C + 1] (C = 32); positions past
+        a trip's own L_i − k + 1 hold values computed from padding and must be masked by the caller."""
         s = self.state_em(state.long())
         x = torch.tanh(self.proj(torch.cat([lng_n.unsqueeze(-1), lat_n.unsqueeze(-1), s], dim=-1)))
         conv = F.elu(self.conv(x.transpose(1, 2))).transpose(1, 2)
         return torch.cat([conv, local_dist_n.unsqueeze(-1)], dim=-1)
 
+
+class SpatioTemporal(nn.Module):
+    """Geo-convolution + LSTM: per-point features → [B, L', H] hidden states (zero past each trip's
+    L_i − k + 1 valid positions)."""
+
+    def __init__(self, cfg: DeepTTEConfig):
+        super().__init__()
+        self.geo_conv = GeoConv(cfg)
+        self.lstm = nn.LSTM(cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers,
+                            batch_first=True)
+
     def forward(self, geo, attr, lengths):
-        """geo: [B, L', C + 1]; attr: [B, A]; lengths: [B] valid positions (≥ 1)."""
+        """geo: [B, L', C + 1] geo-conv output; attr: [B, A]; lengths: [B] valid positions (≥ 1)."""
         x = torch.cat([geo, attr.unsqueeze(1).expand(-1, geo.shape[1], -1)], dim=-1)
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
