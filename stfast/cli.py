@@ -35,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--alpha", type=float, default=0.3, help="weight of the local loss")
     t.add_argument("--compat", default="fixed", choices=("fixed", "original"),
                    help="original: reproduce faults 1-3 of the original DeepTTE")
+    t.add_argument("--head", default="paper", choices=("paper", "prior"),
+                   help="paper: DeepTTE's normalized-time head; prior: correction to distance / mean speed")
+    t.add_argument("--loss", default="mape", choices=("mape", "log", "mae"), help="loss of the entire estimate")
+    t.add_argument("--dropout", type=float, default=0.0)
+    t.add_argument("--driver-dim", type=int, default=16, help="driver embedding size (0: no driver id)")
+    t.add_argument("--patience", type=int, default=None, help="early stop after N epochs without improvement")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -83,7 +89,8 @@ def cmd_train(a) -> int:
 
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
                       modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
-                      weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, seed=a.seed, split=a.split,
+                      weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
+                      driver_dim=a.driver_dim, patience=a.patience, seed=a.seed, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None)

@@ -51,7 +51,7 @@ class NormStats:
     local_dist_std: float
     local_time_mean: float
     local_time_std: float
-    log_speed_mean: float  # mean of log(dist / time) over trips, km/s (the constant-speed prior)
+    speed_km_s: float  # Σ dist / Σ time over the trips: the constant-speed baseline's speed (km/s)
     kernel_size: int
 
     @classmethod
@@ -73,8 +73,8 @@ class NormStats:
         tm, ts = ms(trips.time)
         ldm, lds = ms(ld) if ld.size else (0.0, 1.0)
         ltm, lts = ms(lt) if lt.size else (0.0, 1.0)
-        spd = np.log(np.maximum(trips.dist, 1e-6) / np.maximum(trips.time, 1e-6))
-        return cls(lm, ls, am, as_, dm, ds, tm, ts, ldm, lds, ltm, lts, float(spd.mean()), int(kernel_size))
+        speed = float(np.sum(trips.dist) / max(float(np.sum(trips.time)), 1e-9))
+        return cls(lm, ls, am, as_, dm, ds, tm, ts, ldm, lds, ltm, lts, speed, int(kernel_size))
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -46,6 +46,17 @@ class DeepTTEConfig:
     n_residual: int = 3
     alpha: float = 0.3  # weight of the local loss
     compat: str = "fixed"  # "fixed" or "original" (reproduces faults 1-3)
+    head: str = "paper"  # "paper": normalized time; "prior": log-correction of the constant-speed time
+    loss: str = "mape"  # entire-estimate loss: "mape" (paper), "log" |log ŷ − log y|, "mae" (in mean times)
+    dropout: float = 0.0  # on the entire estimator's input and hidden layers
+
+    def __post_init__(self):
+        if self.head not in ("paper", "prior"):
+            raise ValueError(f"head must be paper or prior, got {self.head!r}")
+        if self.loss not in ("mape", "log", "mae"):
+            raise ValueError(f"loss must be mape, log or mae, got {self.loss!r}")
+        if self.compat not in ("fixed", "original"):
+            raise ValueError(f"compat must be fixed or original, got {self.compat!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,14 +86,17 @@ class AttrEmbedding(nn.Module):
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
-        self.driver = nn.Embedding(cfg.n_drivers, cfg.driver_dim)
+        # driver_dim = 0 drops the driver id (useful when most test drivers are unseen)
+        self.driver = nn.Embedding(cfg.n_drivers, cfg.driver_dim) if cfg.driver_dim > 0 else None
         self.week = nn.Embedding(7, cfg.week_dim)
         self.time = nn.Embedding(1440, cfg.time_dim)
 
     def forward(self, driver, week_id, time_id, dist_norm):
         """driver, week_id, time_id: [B] int64; dist_norm: [B] float (already normalized once)."""
-        return torch.cat([self.driver(driver), self.week(week_id), self.time(time_id),
-                          dist_norm.unsqueeze(-1)], dim=-1)
+        parts = [self.week(week_id), self.time(time_id), dist_norm.unsqueeze(-1)]
+        if self.driver is not None:
+            parts.insert(0, self.driver(driver))
+        return torch.cat(parts, dim=-1)
 
 
 class GeoConv(nn.Module):
@@ -153,18 +167,20 @@ class AttentionPooling(nn.Module):
 
 
 class EntireEstimator(nn.Module):
-    """[B, H + A] → [B] normalized travel time: Linear, leaky ReLU, residual blocks, Linear."""
+    """[B, H + A] → [B] one number per trip (normalized time for the paper's head, log-correction of
+    the constant-speed time for the prior head): Linear, leaky ReLU, residual blocks, Linear."""
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
         self.inp = nn.Linear(cfg.hidden_size + cfg.attr_size, cfg.hidden_size)
         self.res = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(cfg.n_residual))
         self.out = nn.Linear(cfg.hidden_size, 1)
+        self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        h = F.leaky_relu(self.inp(x))
+        h = F.leaky_relu(self.inp(self.drop(x)))
         for lin in self.res:
-            h = h + F.leaky_relu(lin(h))
+            h = h + F.leaky_relu(lin(self.drop(h)))
         return self.out(h).squeeze(-1)  # squeeze(-1) only: B = 1 stays [1] (fault 5)
 
 
@@ -214,12 +230,16 @@ class DeepTTE(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform weights, zero biases (the original's initialization)."""
+        """Xavier-uniform weights, zero biases (the original's initialization). With the prior head the
+        entire estimator's last layer starts at zero, so the untrained model IS the constant-speed
+        baseline and training learns a correction to it."""
         for name, p in self.named_parameters():
             if "bias" in name:
                 nn.init.zeros_(p)
             elif p.dim() >= 2:
                 nn.init.xavier_uniform_(p)
+        if self.cfg.head == "prior":
+            nn.init.zeros_(self.entire.out.weight)
 
     def _n(self, x, name):
         return (x - getattr(self, name + "_mean").to(x.dtype)) / getattr(self, name + "_std").to(x.dtype)
@@ -242,7 +262,11 @@ class DeepTTE(nn.Module):
                           self._n(local_dist, "local_dist") * mask)
         h = st(geo, attr, lengths)
         pooled = self.attention(h, attr, mask)
-        time = self.entire(torch.cat([pooled, attr], dim=-1)) * self.time_std.to(h.dtype) + self.time_mean.to(h.dtype)
+        est = self.entire(torch.cat([pooled, attr], dim=-1))
+        if self.cfg.head == "prior":  # t = dist / v̂ · exp(correction); clamped so early steps cannot overflow
+            time = b.dist / self.speed_km_s.to(h.dtype) * torch.exp(est.clamp(-6.0, 6.0))
+        else:
+            time = est * self.time_std.to(h.dtype) + self.time_mean.to(h.dtype)
         local = self.local(h) * self.local_time_std.to(h.dtype) + self.local_time_mean.to(h.dtype)
         return DeepTTEOutput(time=time, local_time=local, mask=mask)
 
@@ -251,16 +275,23 @@ class DeepTTE(nn.Module):
 class LossParts:
     """Per-shard SUMS (not means) so the trainer can divide by the GLOBAL counts."""
 
-    entire_ape_sum: torch.Tensor  # Σ |ŷ − y| / y over trips
+    entire_ape_sum: torch.Tensor  # Σ over trips of the entire loss (|ŷ − y| / y for the paper's MAPE)
     local_ape_sum: torch.Tensor  # Σ |Δŷ − Δy| / (Δy + ε) over valid positions
     n_trips: int
     n_local: int
 
 
 def loss_parts(model: DeepTTE, out: DeepTTEOutput, b: TripBatch) -> LossParts:
-    """The multi-task loss terms of DeepTTE (entire and local MAPE), as sums over this shard."""
+    """The multi-task loss terms of DeepTTE (entire per ``cfg.loss`` and local MAPE), as sums over this
+    shard. Entire losses: mape |ŷ − y|/y (the paper's; rewards under-prediction), log |log ŷ − log y|
+    (symmetric in ratio), mae |ŷ − y| / mean training time."""
     k = model.cfg.kernel_size
-    ent = ((out.time - b.time).abs() / b.time).sum()
+    if model.cfg.loss == "mape":
+        ent = ((out.time - b.time).abs() / b.time).sum()
+    elif model.cfg.loss == "log":
+        ent = (torch.log(out.time.clamp_min(1.0)) - torch.log(b.time)).abs().sum()
+    else:
+        ent = ((out.time - b.time).abs() / model.time_mean.to(b.time.dtype)).sum()
     local_y = b.time_gap[:, k - 1:] - b.time_gap[:, :-k + 1 or None]
     loc = ((out.local_time - local_y).abs() / (local_y + EPS_LOCAL_S))[out.mask].sum()
     return LossParts(ent, loc, len(b), int(out.mask.sum()))

@@ -21,6 +21,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     alpha: float = 0.3  # local loss weight
     compat: str = "fixed"  # "original" reproduces faults 1-3 of the original DeepTTE
+    head: str = "paper"  # "paper" or "prior" (see DeepTTEConfig)
+    loss: str = "mape"  # entire-estimate loss: mape, log or mae
+    dropout: float = 0.0
+    driver_dim: int = 16  # 0 drops the driver id
+    patience: int | None = None  # stop after this many epochs without a better validation MAPE
     seed: int = 0
     split: str = "0.7/0.15/0.15"
     split_by: str = "random"  # "random" or "date"
@@ -57,6 +62,16 @@ class TrainConfig:
             raise ValueError(f"--compat must be fixed or original, got {self.compat}")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"--on-error must be raise or skip, got {self.on_error}")
+        if self.head not in ("paper", "prior"):
+            raise ValueError(f"--head must be paper or prior, got {self.head}")
+        if self.loss not in ("mape", "log", "mae"):
+            raise ValueError(f"--loss must be mape, log or mae, got {self.loss}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.driver_dim < 0:
+            raise ValueError(f"--driver-dim must be ≥ 0, got {self.driver_dim}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"--patience must be ≥ 1, got {self.patience}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
         if self.device.startswith("cuda"):

@@ -131,10 +131,10 @@ class Trainer:
             self.vocab = DriverVocab.from_list(resume["drivers"])
             mcfg = DeepTTEConfig.from_dict(resume["model_config"])
         else:
-            mcfg0 = DeepTTEConfig(n_drivers=1, alpha=cfg.alpha, compat=cfg.compat)
-            self.stats = NormStats.from_trips(self.train_trips, mcfg0.kernel_size)
             self.vocab = DriverVocab(self.train_trips.driver)
-            mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat)
+            mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat, head=cfg.head,
+                                 loss=cfg.loss, dropout=cfg.dropout, driver_dim=cfg.driver_dim)
+            self.stats = NormStats.from_trips(self.train_trips, mcfg.kernel_size)
         self.train_ds, self.val_ds, self.test_ds = (TripDataset(t, self.vocab, self.dtype) for t in
                                                     (self.train_trips, self.val_trips, self.test_trips))
         torch.manual_seed(cfg.seed)
@@ -216,6 +216,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         t_start = time.perf_counter()
         stopped = False
+        stale = 0  # epochs since the best validation MAPE (early stopping)
         while self.epoch < cfg.epochs and not stopped and not self._step_limit():
             self.model.train()  # fault 3 fixed: back to training mode every epoch
             use_local = cfg.compat != "original" or self.epoch == 0
@@ -245,6 +246,7 @@ class Trainer:
             improved = val["mape"] < self.best
             if improved:
                 self.best = val["mape"]
+            stale = 0 if improved else stale + 1
             if self.info.is_main:
                 with open(self.out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(rec) + "\n")
@@ -255,6 +257,9 @@ class Trainer:
             self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
                      f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {rec['samples_per_s']:.0f} trips/s"
                      + ("  *" if improved else ""))
+            if cfg.patience is not None and stale >= cfg.patience:
+                self.say(f"early stop: no better validation MAPE for {stale} epochs")
+                break
         if stopped:
             if self.info.is_main:
                 ckpt.save_atomic(self.state(), self.out / "last.pt")
@@ -286,8 +291,35 @@ class Trainer:
             tmp = self.out / ".summary.json.tmp"
             tmp.write_text(json.dumps(summary, indent=2))
             os.replace(tmp, self.out / "summary.json")
+            plot_learning_curve(self.out / "metrics.jsonl", self.out / "learning_curve.png", summary)
             self.say("\n" + format_summary(summary) + f"\nwrote {self.out}/summary.json, metrics.jsonl, checkpoint.pt")
         return summary
+
+
+def plot_learning_curve(metrics_path: Path, png_path: Path, summary: dict) -> None:
+    """Validation MAPE and training loss per epoch, with both baselines' test MAPE as lines."""
+    if not metrics_path.is_file():
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(metrics_path)]
+    ep = [r["epoch"] for r in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax[0].plot(ep, [100 * r["val_mape"] for r in rows], "o-", label="DeepTTE validation")
+    ax[0].axhline(100 * summary["baseline_const_speed_mape"], color="tab:orange", ls="--", label="constant speed (test)")
+    ax[0].axhline(100 * summary["baseline_mean_time_mape"], color="tab:gray", ls=":", label="mean time (test)")
+    ax[0].set(xlabel="epoch", ylabel="MAPE (%)", title="validation MAPE")
+    ax[0].legend()
+    ax[1].plot(ep, [r["train_loss"] for r in rows], "o-")
+    ax[1].set(xlabel="epoch", ylabel="loss", title="training loss")
+    fig.tight_layout()
+    tmp = png_path.with_name(".tmp_" + png_path.name)
+    fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png_path)
 
 
 def format_summary(s: dict) -> str:
