@@ -49,6 +49,7 @@ class DeepTTEConfig:
     head: str = "paper"  # "paper": normalized time; "prior": log-correction of the constant-speed time
     loss: str = "mape"  # entire-estimate loss: "mape" (paper), "log" |log ŷ − log y|, "mae" (in mean times)
     dropout: float = 0.0  # on the entire estimator's input and hidden layers
+    time_bin_min: int = 1  # departure-time embedding per bin of this many minutes (1: per minute, the paper)
 
     def __post_init__(self):
         if self.head not in ("paper", "prior"):
@@ -57,6 +58,8 @@ class DeepTTEConfig:
             raise ValueError(f"loss must be mape, log or mae, got {self.loss!r}")
         if self.compat not in ("fixed", "original"):
             raise ValueError(f"compat must be fixed or original, got {self.compat!r}")
+        if not 1 <= self.time_bin_min <= 1440:
+            raise ValueError(f"time_bin_min must be in 1..1440, got {self.time_bin_min}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -89,11 +92,13 @@ class AttrEmbedding(nn.Module):
         # driver_dim = 0 drops the driver id (useful when most test drivers are unseen)
         self.driver = nn.Embedding(cfg.n_drivers, cfg.driver_dim) if cfg.driver_dim > 0 else None
         self.week = nn.Embedding(7, cfg.week_dim)
-        self.time = nn.Embedding(1440, cfg.time_dim)
+        # coarser bins share rows: 1,440 per-minute rows are mostly unseen in a thousand trips
+        self.time_bin = cfg.time_bin_min
+        self.time = nn.Embedding(-(-1440 // cfg.time_bin_min), cfg.time_dim)
 
     def forward(self, driver, week_id, time_id, dist_norm):
         """driver, week_id, time_id: [B] int64; dist_norm: [B] float (already normalized once)."""
-        parts = [self.week(week_id), self.time(time_id), dist_norm.unsqueeze(-1)]
+        parts = [self.week(week_id), self.time(time_id // self.time_bin), dist_norm.unsqueeze(-1)]
         if self.driver is not None:
             parts.insert(0, self.driver(driver))
         return torch.cat(parts, dim=-1)

@@ -25,6 +25,7 @@ class TrainConfig:
     loss: str = "mape"  # entire-estimate loss: mape, log or mae
     dropout: float = 0.0
     driver_dim: int = 16  # 0 drops the driver id
+    time_bin_min: int = 1  # departure-time embedding bin (minutes)
     patience: int | None = None  # stop after this many epochs without a better validation MAPE
     seed: int = 0
     split: str = "0.7/0.15/0.15"

@@ -133,7 +133,8 @@ class Trainer:
         else:
             self.vocab = DriverVocab(self.train_trips.driver)
             mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat, head=cfg.head,
-                                 loss=cfg.loss, dropout=cfg.dropout, driver_dim=cfg.driver_dim)
+                                 loss=cfg.loss, dropout=cfg.dropout, driver_dim=cfg.driver_dim,
+                                 time_bin_min=cfg.time_bin_min)
             self.stats = NormStats.from_trips(self.train_trips, mcfg.kernel_size)
         self.train_ds, self.val_ds, self.test_ds = (TripDataset(t, self.vocab, self.dtype) for t in
                                                     (self.train_trips, self.val_trips, self.test_trips))
