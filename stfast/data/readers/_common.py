@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -51,6 +52,27 @@ class _BadField(Exception):
         super().__init__(reason)
         self.field = field
         self.reason = reason
+
+
+def _finite(text: str, field: str) -> float:
+    """Parse a finite float from one text field; _BadField naming the field otherwise."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise _BadField(field, f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise _BadField(field, f"not a finite number: {text!r}")
+    return v
+
+
+def _lng_lat(lng_text: str, lat_text: str) -> tuple[float, float]:
+    """Parse and range-check one coordinate pair (degrees); _BadField naming lng or lat otherwise."""
+    x, y = _finite(lng_text, "lng"), _finite(lat_text, "lat")
+    if not -180.0 <= x <= 180.0:
+        raise _BadField("lng", f"longitude {x} outside [-180, 180]")
+    if not -90.0 <= y <= 90.0:
+        raise _BadField("lat", f"latitude {y} outside [-90, 90]")
+    return x, y
 
 
 def _require_file(path) -> Path:

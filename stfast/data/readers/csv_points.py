@@ -21,7 +21,7 @@ from array import array
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _finite, _lng_lat, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 CSV_REQUIRED = ("trip_id", "timestamp", "lng", "lat")
@@ -31,15 +31,6 @@ CSV_OPTIONAL = ("driver_id", "state")
 
 _UTC = _dt.timezone.utc
 
-
-def _float(text: str, field: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise _BadField(field, f"not a number: {text!r}") from None
-    if not math.isfinite(v):
-        raise _BadField(field, f"not a finite number: {text!r}")
-    return v
 
 
 def parse_timestamp(text: str, field: str = "timestamp") -> float:
@@ -143,13 +134,8 @@ def read_csv_points(path: str | os.PathLike, *, on_error: str = "raise") -> Traj
                 if not trip:
                     raise _BadField("trip_id", "empty")
                 ts = parse_timestamp(row[i_ts])
-                x = _float(row[i_lng], "lng")
-                y = _float(row[i_lat], "lat")
-                if not -180.0 <= x <= 180.0:
-                    raise _BadField("lng", f"longitude {x} outside [-180, 180]")
-                if not -90.0 <= y <= 90.0:
-                    raise _BadField("lat", f"latitude {y} outside [-90, 90]")
-                s = _float(row[i_state], "state") if i_state is not None else 0.0
+                x, y = _lng_lat(row[i_lng], row[i_lat])
+                s = _finite(row[i_state], "state") if i_state is not None else 0.0
                 drv = row[i_drv].strip() if i_drv is not None else ""
                 c = trips.get(trip)
                 if c is None:

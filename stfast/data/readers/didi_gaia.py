@@ -12,7 +12,6 @@ Points are GPS fixes during paid orders, so every point is an occupied taxi (sta
 from __future__ import annotations
 
 import logging
-import math
 import os
 from array import array
 
@@ -20,20 +19,11 @@ import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.geo import gcj02_to_wgs84
-from stfast.data.readers._common import _BadField, _is_didi_data_file, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _finite, _lng_lat, _is_didi_data_file, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 DIDI_FIELDS = ("driver_id", "order_id", "unix_ts", "lng", "lat")
 
-
-def _num(text: str, field: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise _BadField(field, f"not a number: {text!r}") from None
-    if not math.isfinite(v):
-        raise _BadField(field, f"not a finite number: {text!r}")
-    return v
 
 
 def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Trajectories:
@@ -92,13 +82,8 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
                     raise _BadField("driver_id", "empty")
                 if not order:
                     raise _BadField("order_id", "empty")
-                ts = _num(parts[2], "unix_ts")
-                x = _num(parts[3], "lng")
-                y = _num(parts[4], "lat")
-                if not -180.0 <= x <= 180.0:
-                    raise _BadField("lng", f"longitude {x} outside [-180, 180]")
-                if not -90.0 <= y <= 90.0:
-                    raise _BadField("lat", f"latitude {y} outside [-90, 90]")
+                ts = _finite(parts[2], "unix_ts")
+                x, y = _lng_lat(parts[3], parts[4])
                 c = orders.get(order)
                 if c is None:
                     c = orders[order] = len(drivers)

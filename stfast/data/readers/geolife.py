@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _finite, _lng_lat, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
@@ -77,15 +77,6 @@ def _parse_date(text: str, sep: str, field: str, cache: dict) -> int:
     return v
 
 
-def _number(text: str, field: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise _BadField(field, f"not a number: {text!r}") from None
-    if not math.isfinite(v):
-        raise _BadField(field, f"not a finite number: {text!r}")
-    return v
-
 
 _isfinite = math.isfinite
 
@@ -118,14 +109,9 @@ def _parse_point(line: str, date_cache: dict) -> tuple[float, float, float]:
 def _parse_point_checked(f: list[str], date_cache: dict) -> tuple[float, float, float]:
     if len(f) != 7:
         raise _BadField(None, f"expected 7 comma-separated fields, got {len(f)}")
-    lat = _number(f[0], "lat")
-    lng = _number(f[1], "lng")
-    if not -90.0 <= lat <= 90.0:
-        raise _BadField("lat", f"latitude {lat} outside [-90, 90]")
-    if not -180.0 <= lng <= 180.0:
-        raise _BadField("lng", f"longitude {lng} outside [-180, 180]")
-    _number(f[3], "altitude")  # -777 (missing) is a valid number
-    _number(f[4], "days")
+    lng, lat = _lng_lat(f[1], f[0])
+    _finite(f[3], "altitude")  # -777 (missing) is a valid number
+    _finite(f[4], "days")
     t = _parse_date(f[5].strip(), "-", "date", date_cache) + _clock_seconds(f[6].strip(), "time")
     return lat, lng, t
 
