@@ -57,6 +57,7 @@ def test_train_writes_metrics_summary_and_checkpoint(trips_file, tmp_path):
     assert st["best_val_mape"] == pytest.approx(min(r["val_mape"] for r in rows))
     assert {"model_config", "norm_stats", "drivers", "optimizer_state", "rng"} <= set(st)
     assert s["test_mape"] > 0
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_batch_of_one_trains(trips_file, tmp_path):
