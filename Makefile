@@ -1,26 +1,50 @@
 # Two entry points on a fresh Linux machine with Python 3.11, pip and a C++ compiler:
-#   make demo   set up .venv and train DeepTTE on the synthetic city (the main job)
-#   make test   set up .venv and run the test suite
+#   make demo   set up .venv (CPU torch; stfast installed with its CPU kernels) and train DeepTTE on
+#               the synthetic city (the main job)
+#   make test   set up .venv-test (the CUDA build of torch, so the CUDA kernels are compiled too when
+#               nvcc is present; stfast installed editable) and run the tests, then every benchmark once
+# The two environments hold different torch builds; the native extension is built against each.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TEST_VENV ?= .venv-test
+TEST_TORCH ?= torch==2.14.1
+MAX_JOBS ?= 2
+export MAX_JOBS
 PY := $(VENV)/bin/python
+TEST_PY := $(TEST_VENV)/bin/python
+NATIVE_SRC := CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: setup demo test clean
+.PHONY: setup setup-test demo test clean
 
-$(VENV)/.stfast-installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(VENV)
+# Demo environment: a regular (non-editable) install, so its extension (built against $(TORCH)) does
+# not collide with the editable test environment's extension in the source tree.
+$(VENV)/.stfast-installed: pyproject.toml setup.py $(NATIVE_SRC)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=64" wheel "$(TORCH)"
-	$(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	$(PY) -m pip install -q --no-build-isolation ".[test]"
+	touch $@
+
+$(TEST_VENV)/.stfast-installed: pyproject.toml setup.py $(NATIVE_SRC)
+	test -x $(TEST_PY) || $(PYTHON) -m venv $(TEST_VENV)
+	$(TEST_PY) -m pip install -q "setuptools>=64" wheel "$(TEST_TORCH)"
+	mkdir -p build
+	$(TEST_PY) -m pip install -v --no-build-isolation -e ".[test]" > build/pip-install-test.log 2>&1 \
+	  || (tail -60 build/pip-install-test.log; exit 1)
+	grep -E "stfast build|stfast: " build/pip-install-test.log
+	$(TEST_PY) -c "import stfast, json; print('stfast build_info:', json.dumps(stfast.build_info()))"
 	touch $@
 
 setup: $(VENV)/.stfast-installed
 
+setup-test: $(TEST_VENV)/.stfast-installed
+
 demo: setup
 	$(VENV)/bin/stfast train --epochs 6 --out runs/demo
 
-test: setup
-	$(PY) -m pytest -q tests
+test: setup-test
+	$(TEST_PY) -m pytest -q tests
+	$(TEST_PY) -m pytest -q benchmarks --benchmark-disable
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) $(TEST_VENV) build *.egg-info runs stfast/_C*.so

@@ -1,0 +1,207 @@
+// CPU kernels of stfast::geo_conv_forward / stfast::geo_conv_backward (schemas in csrc/ops.cpp).
+// Per-element math lives in geo_conv.h (shared with the CUDA kernels); this file holds the loops.
+//
+// Parallelism: at::parallel_for over fixed chunks of kTripsPerChunk trips. Weight gradients are
+// summed per chunk into a partials buffer [n_chunks, P] and then reduced over chunks in chunk order,
+// so the result does not depend on the number of threads (deterministic, no atomics).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "geo_conv.h"
+#include "geo_conv_checks.h"
+
+namespace stfast {
+namespace geo_conv {
+namespace {
+
+constexpr int64_t kTripsPerChunk = 4;
+
+// Rejects trips shorter than k points (the op's only data-dependent check; free on the host).
+void check_trip_lengths(const int64_t* off, int64_t B, int64_t k) {
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = off[b + 1] - off[b];
+    TORCH_CHECK_VALUE(len >= k, "stfast.geo_conv: trip ", b, " has ", len,
+                      " points; the geo-convolution needs at least kernel_size=", k,
+                      " points per trip (drop shorter trips in preprocessing)");
+  }
+}
+
+template <typename T>
+void forward_kernel(const Dims& d, const T* x, const int64_t* off, const T* ld, const T* w1, const T* b1,
+                    const T* w2, const T* b2, T* out, T* h) {
+  using A = T;
+  const int64_t F = d.F, H = d.H, C = d.C, k = d.k, km1 = k - 1, KH = k * H;
+  // W2 transposed to [t][i][c]: the inner loop over output channels is contiguous (vectorizes).
+  std::vector<A> w2t(KH * C);
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t t = 0; t < k; ++t) w2t[(t * H + i) * C + c] = w2[(c * H + i) * k + t];
+  const int64_t n_chunks = (d.B + kTripsPerChunk - 1) / kTripsPerChunk;
+  at::parallel_for(0, n_chunks, 1, [&](int64_t ch0, int64_t ch1) {
+    std::vector<A> acc(C);
+    const A* __restrict__ wt = w2t.data();
+    for (int64_t b = ch0 * kTripsPerChunk; b < std::min(d.B, ch1 * kTripsPerChunk); ++b) {
+      const int64_t n0 = off[b], L = off[b + 1] - n0, Lo = L - km1, o0 = out_start(off, b, km1);
+      // hidden_unit split in two loops so that tanh runs over a flat array (vectorized, libmvec).
+      for (int64_t p = n0; p < n0 + L; ++p)
+        for (int64_t i = 0; i < H; ++i) h[p * H + i] = static_cast<T>(hidden_preact<A>(x + p * F, w1 + i * F, b1[i], F));
+      T* __restrict__ hh = h + n0 * H;
+      for (int64_t e = 0; e < L * H; ++e) hh[e] = act_tanh(hh[e]);
+      for (int64_t j = 0; j < Lo; ++j) {
+        const T* __restrict__ hw = h + (n0 + j) * H;  // the k points of window j are contiguous rows
+        A* __restrict__ a = acc.data();
+        for (int64_t c = 0; c < C; ++c) a[c] = static_cast<A>(b2[c]);
+        for (int64_t r = 0; r < KH; ++r) {
+          const A v = static_cast<A>(hw[r]);
+          const A* __restrict__ wr = wt + r * C;
+          for (int64_t c = 0; c < C; ++c) a[c] += wr[c] * v;
+        }
+        T* __restrict__ y = out + (o0 + j) * (C + 1);
+        for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(elu(a[c]));
+        y[C] = ld[o0 + j];
+      }
+    }
+  });
+}
+
+template <typename T>
+void backward_kernel(const Dims& d, const T* go, const T* x, const int64_t* off, const T* h, const T* y,
+                     const T* w1, const T* w2, T* gx, T* gw1, T* gb1, T* gw2, T* gb2) {
+  using A = T;
+  const int64_t F = d.F, H = d.H, C = d.C, k = d.k, km1 = k - 1, KH = k * H;
+  // Partials layout per chunk: [dW2 as [t][i][c] | db2 [C] | dW1 [H][F] | db1 [H]].
+  const int64_t P_W2 = 0, P_B2 = KH * C, P_W1 = P_B2 + C, P_B1 = P_W1 + H * F, P = P_B1 + H;
+  std::vector<A> w2g(k * C * H);  // W2 as [t][c][i]: the point gradient's inner loop runs over i
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t t = 0; t < k; ++t) w2g[(t * C + c) * H + i] = w2[(c * H + i) * k + t];
+  const int64_t n_chunks = (d.B + kTripsPerChunk - 1) / kTripsPerChunk;
+  std::vector<A> partials(n_chunks * P, A(0));
+  at::parallel_for(0, n_chunks, 1, [&](int64_t ch0, int64_t ch1) {
+    std::vector<A> gz, gh(H), gu(H);
+    for (int64_t ch = ch0; ch < ch1; ++ch) {
+      A* __restrict__ part = partials.data() + ch * P;
+      for (int64_t b = ch * kTripsPerChunk; b < std::min(d.B, (ch + 1) * kTripsPerChunk); ++b) {
+        const int64_t n0 = off[b], L = off[b + 1] - n0, Lo = L - km1, o0 = out_start(off, b, km1);
+        gz.resize(Lo * C);
+        // Output positions: dz = dy * elu'(z); conv weight and bias gradients (outer products).
+        for (int64_t j = 0; j < Lo; ++j) {
+          const T* __restrict__ g = go + (o0 + j) * (C + 1);
+          const T* __restrict__ yy = y + (o0 + j) * (C + 1);
+          A* __restrict__ z = gz.data() + j * C;
+          for (int64_t c = 0; c < C; ++c) z[c] = static_cast<A>(g[c]) * elu_grad_from_output(static_cast<A>(yy[c]));
+          A* __restrict__ pb = part + P_B2;
+          for (int64_t c = 0; c < C; ++c) pb[c] += z[c];
+          const T* __restrict__ hw = h + (n0 + j) * H;
+          for (int64_t r = 0; r < KH; ++r) {
+            const A v = static_cast<A>(hw[r]);
+            A* __restrict__ pw = part + P_W2 + r * C;
+            for (int64_t c = 0; c < C; ++c) pw[c] += v * z[c];
+          }
+        }
+        // Points: dh gathered from the (up to k) windows that contain the point, then through tanh
+        // and the projection.
+        for (int64_t p = 0; p < L; ++p) {
+          A* __restrict__ ghp = gh.data();
+          for (int64_t i = 0; i < H; ++i) ghp[i] = A(0);
+          for (int64_t t = 0; t < k; ++t) {
+            const int64_t j = p - t;
+            if (j < 0 || j >= Lo) continue;
+            const A* __restrict__ z = gz.data() + j * C;
+            for (int64_t c = 0; c < C; ++c) {
+              const A zc = z[c];
+              const A* __restrict__ wg = w2g.data() + (t * C + c) * H;
+              for (int64_t i = 0; i < H; ++i) ghp[i] += wg[i] * zc;
+            }
+          }
+          const T* __restrict__ hp = h + (n0 + p) * H;
+          const T* __restrict__ xp = x + (n0 + p) * F;
+          for (int64_t i = 0; i < H; ++i) gu[i] = ghp[i] * tanh_grad_from_output(static_cast<A>(hp[i]));
+          for (int64_t f = 0; f < F; ++f) {
+            A s = A(0);
+            for (int64_t i = 0; i < H; ++i) s += gu[i] * static_cast<A>(w1[i * F + f]);
+            gx[(n0 + p) * F + f] = static_cast<T>(s);
+          }
+          for (int64_t i = 0; i < H; ++i) {
+            part[P_B1 + i] += gu[i];
+            for (int64_t f = 0; f < F; ++f) part[P_W1 + i * F + f] += gu[i] * static_cast<A>(xp[f]);
+          }
+        }
+      }
+    }
+  });
+  // Second pass: reduce the partials over chunks, in chunk order, per parameter.
+  at::parallel_for(0, P, 256, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      A s = A(0);
+      for (int64_t ch = 0; ch < n_chunks; ++ch) s += partials[ch * P + q];
+      if (q < P_B2) {
+        const int64_t r = q / C, c = q % C, t = r / H, i = r % H;
+        gw2[(c * H + i) * k + t] = static_cast<T>(s);
+      } else if (q < P_W1) {
+        gb2[q - P_B2] = static_cast<T>(s);
+      } else if (q < P_B1) {
+        gw1[q - P_W1] = static_cast<T>(s);
+      } else {
+        gb1[q - P_B1] = static_cast<T>(s);
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points, const at::Tensor& offsets,
+                                                         const at::Tensor& local_dist, const at::Tensor& proj_weight,
+                                                         const at::Tensor& proj_bias, const at::Tensor& conv_weight,
+                                                         const at::Tensor& conv_bias) {
+  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
+  TORCH_CHECK(points.scalar_type() == at::kFloat || points.scalar_type() == at::kDouble,
+              "stfast.geo_conv: the CPU kernel supports float32 and float64, got ", points.scalar_type());
+  auto x = points.contiguous();
+  auto off = offsets.contiguous();
+  check_trip_lengths(off.data_ptr<int64_t>(), d.B, d.k);
+  auto ld = local_dist.contiguous(), w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous();
+  auto w2 = conv_weight.contiguous(), b2 = conv_bias.contiguous();
+  auto out = at::empty({d.N_out, d.C + 1}, x.options());
+  auto h = at::empty({d.N, d.H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "geo_conv_forward_cpu", [&] {
+    forward_kernel<scalar_t>(d, x.data_ptr<scalar_t>(), off.data_ptr<int64_t>(), ld.data_ptr<scalar_t>(),
+                             w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
+                             b2.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), h.data_ptr<scalar_t>());
+  });
+  return {out, h};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& hidden,
+    const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
+  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
+  auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
+  auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
+  check_trip_lengths(off.data_ptr<int64_t>(), d.B, d.k);
+  auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());
+  auto gw2 = at::empty_like(w2), gb2 = at::empty({d.C}, w2.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "geo_conv_backward_cpu", [&] {
+    backward_kernel<scalar_t>(d, go.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), off.data_ptr<int64_t>(),
+                              h.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(),
+                              w2.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), gw1.data_ptr<scalar_t>(),
+                              gb1.data_ptr<scalar_t>(), gw2.data_ptr<scalar_t>(), gb2.data_ptr<scalar_t>());
+  });
+  return {gx, gw1, gb1, gw2, gb2};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(stfast, CPU, m) {
+  m.impl("geo_conv_forward", &geo_conv_forward_cpu);
+  m.impl("geo_conv_backward", &geo_conv_backward_cpu);
+}
+
+}  // namespace geo_conv
+}  // namespace stfast

@@ -1,0 +1,256 @@
+// CUDA kernels of stfast::geo_conv_forward / stfast::geo_conv_backward (schemas in csrc/ops.cpp).
+// The per-element math is geo_conv.h, shared with the CPU kernel (same operations, same order);
+// this file adds only indexing and launches. All launches go to the current stream, buffers come
+// from the caching allocator, and nothing synchronizes the host. Weight gradients: per-tile
+// partial sums, then a second kernel reduces the tiles in order (deterministic, no atomics).
+//
+// The host does not read offsets (that would sync): trips shorter than k are rejected by the CPU
+// kernel and by the Python wrappers when the lengths are on the host; here a malformed window is
+// written as NaN instead of reading out of bounds.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "geo_conv.h"
+#include "geo_conv_checks.h"
+
+namespace stfast {
+namespace geo_conv {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 64;  // output rows / points per partial-sum tile
+
+inline unsigned int blocks_for(int64_t n) { return static_cast<unsigned int>((n + kThreads - 1) / kThreads); }
+
+// h[p, i] = tanh(b1[i] + W1[i, :] . x[p, :])
+template <typename T, typename A>
+__global__ void hidden_kernel(const T* __restrict__ x, const T* __restrict__ w1, const T* __restrict__ b1,
+                              T* __restrict__ h, int64_t N, int64_t F, int64_t H) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * H) return;
+  const int64_t p = idx / H, i = idx % H;
+  h[idx] = static_cast<T>(hidden_unit<A>(x + p * F, w1 + i * F, b1[i], F));
+}
+
+// out[j, c] = elu(b2[c] + sum_t sum_i W2[c, i, t] h[p(j) + t, i]);  out[j, C] = local_dist[j]
+template <typename T, typename A>
+__global__ void conv_forward_kernel(const T* __restrict__ h, const int64_t* __restrict__ off,
+                                    const T* __restrict__ ld, const T* __restrict__ w2, const T* __restrict__ b2,
+                                    T* __restrict__ out, int64_t B, int64_t N, int64_t N_out, int64_t H, int64_t C,
+                                    int64_t k) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N_out * (C + 1)) return;
+  const int64_t j = idx / (C + 1), c = idx % (C + 1), km1 = k - 1;
+  if (c == C) {
+    out[idx] = ld[j];
+    return;
+  }
+  const int64_t p = j + trip_of_output(off, B, km1, j) * km1;
+  if (p < 0 || p + k > N) {
+    out[idx] = static_cast<T>(std::numeric_limits<A>::quiet_NaN());
+    return;
+  }
+  A acc = static_cast<A>(b2[c]);
+  for (int64_t t = 0; t < k; ++t)
+    for (int64_t i = 0; i < H; ++i)
+      acc += static_cast<A>(w2[(c * H + i) * k + t]) * static_cast<A>(h[(p + t) * H + i]);
+  out[idx] = static_cast<T>(elu(acc));
+}
+
+// gz[j, c] = grad_out[j, c] * elu'(z[j, c])   (accumulation type)
+template <typename T, typename A>
+__global__ void elu_backward_kernel(const T* __restrict__ go, const T* __restrict__ y, A* __restrict__ gz,
+                                    int64_t N_out, int64_t C) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N_out * C) return;
+  const int64_t j = idx / C, c = idx % C;
+  gz[idx] = static_cast<A>(go[j * (C + 1) + c]) * elu_grad_from_output(static_cast<A>(y[j * (C + 1) + c]));
+}
+
+// gu[p, i] = (sum_t sum_c W2[c, i, t] gz[j = p - t, c]) * (1 - h[p, i]^2), over the trip's windows
+template <typename T, typename A>
+__global__ void hidden_backward_kernel(const A* __restrict__ gz, const T* __restrict__ h,
+                                       const int64_t* __restrict__ off, const T* __restrict__ w2, A* __restrict__ gu,
+                                       int64_t B, int64_t N, int64_t H, int64_t C, int64_t k) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * H) return;
+  const int64_t p = idx / H, i = idx % H, km1 = k - 1;
+  const int64_t b = trip_of_point(off, B, p);
+  const int64_t pl = p - off[b], Lo = off[b + 1] - off[b] - km1, o0 = out_start(off, b, km1);
+  A gh = A(0);
+  for (int64_t t = 0; t < k; ++t) {
+    const int64_t j = pl - t;
+    if (j < 0 || j >= Lo) continue;
+    for (int64_t c = 0; c < C; ++c) gh += static_cast<A>(w2[(c * H + i) * k + t]) * gz[(o0 + j) * C + c];
+  }
+  gu[idx] = gh * tanh_grad_from_output(static_cast<A>(h[idx]));
+}
+
+// grad_points[p, f] = sum_i gu[p, i] W1[i, f]
+template <typename T, typename A>
+__global__ void points_backward_kernel(const A* __restrict__ gu, const T* __restrict__ w1, T* __restrict__ gx,
+                                       int64_t N, int64_t F, int64_t H) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= N * F) return;
+  const int64_t p = idx / F, f = idx % F;
+  A s = A(0);
+  for (int64_t i = 0; i < H; ++i) s += gu[p * H + i] * static_cast<A>(w1[i * F + f]);
+  gx[idx] = static_cast<T>(s);
+}
+
+// Per tile of kTile output rows: partial dW2 [C, H, k] and db2 [C] -> partials[tile, :].
+template <typename T, typename A>
+__global__ void conv_partials_kernel(const A* __restrict__ gz, const T* __restrict__ h,
+                                     const int64_t* __restrict__ off, A* __restrict__ partials, int64_t B, int64_t N,
+                                     int64_t N_out, int64_t H, int64_t C, int64_t k) {
+  __shared__ int64_t first_point[kTile];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, km1 = k - 1;
+  const int64_t nj = N_out - j0 < kTile ? N_out - j0 : static_cast<int64_t>(kTile);
+  for (int64_t r = threadIdx.x; r < nj; r += blockDim.x)
+    first_point[r] = j0 + r + trip_of_output(off, B, km1, j0 + r) * km1;
+  __syncthreads();
+  const int64_t P = C * H * k + C;
+  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+    A s = A(0);
+    if (q < C * H * k) {
+      const int64_t c = q / (H * k), i = (q / k) % H, t = q % k;
+      for (int64_t r = 0; r < nj; ++r) {
+        const int64_t pt = first_point[r] + t;
+        if (pt >= 0 && pt < N) s += gz[(j0 + r) * C + c] * static_cast<A>(h[pt * H + i]);
+      }
+    } else {
+      const int64_t c = q - C * H * k;
+      for (int64_t r = 0; r < nj; ++r) s += gz[(j0 + r) * C + c];
+    }
+    partials[static_cast<int64_t>(blockIdx.x) * P + q] = s;
+  }
+}
+
+// Per tile of kTile points: partial dW1 [H, F] and db1 [H] -> partials[tile, :].
+template <typename T, typename A>
+__global__ void proj_partials_kernel(const A* __restrict__ gu, const T* __restrict__ x, A* __restrict__ partials,
+                                     int64_t N, int64_t F, int64_t H) {
+  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t np = N - p0 < kTile ? N - p0 : static_cast<int64_t>(kTile);
+  const int64_t P = H * F + H;
+  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+    A s = A(0);
+    if (q < H * F) {
+      const int64_t i = q / F, f = q % F;
+      for (int64_t r = 0; r < np; ++r) s += gu[(p0 + r) * H + i] * static_cast<A>(x[(p0 + r) * F + f]);
+    } else {
+      const int64_t i = q - H * F;
+      for (int64_t r = 0; r < np; ++r) s += gu[(p0 + r) * H + i];
+    }
+    partials[static_cast<int64_t>(blockIdx.x) * P + q] = s;
+  }
+}
+
+// Second pass: out[q] = sum over tiles (in tile order) of partials[tile, q]; q < n_w -> weight, else bias.
+template <typename T, typename A>
+__global__ void reduce_partials_kernel(const A* __restrict__ partials, int64_t n_tiles, int64_t n_w, int64_t P,
+                                       T* __restrict__ gw, T* __restrict__ gb) {
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= P) return;
+  A s = A(0);
+  for (int64_t tile = 0; tile < n_tiles; ++tile) s += partials[tile * P + q];
+  if (q < n_w) gw[q] = static_cast<T>(s); else gb[q - n_w] = static_cast<T>(s);
+}
+
+std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cuda(const at::Tensor& points, const at::Tensor& offsets,
+                                                          const at::Tensor& local_dist, const at::Tensor& proj_weight,
+                                                          const at::Tensor& proj_bias, const at::Tensor& conv_weight,
+                                                          const at::Tensor& conv_bias) {
+  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
+  const c10::cuda::CUDAGuard guard(points.device());
+  auto x = points.contiguous(), off = offsets.contiguous(), ld = local_dist.contiguous();
+  auto w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous(), w2 = conv_weight.contiguous(),
+       b2 = conv_bias.contiguous();
+  auto out = at::empty({d.N_out, d.C + 1}, x.options());
+  auto h = at::empty({d.N, d.H}, x.options());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "geo_conv_forward_cuda", [&] {
+    using A = at::opmath_type<scalar_t>;
+    if (d.N * d.H > 0) {
+      hidden_kernel<scalar_t, A><<<blocks_for(d.N * d.H), kThreads, 0, stream>>>(
+          x.const_data_ptr<scalar_t>(), w1.const_data_ptr<scalar_t>(), b1.const_data_ptr<scalar_t>(),
+          h.data_ptr<scalar_t>(), d.N, d.F, d.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (d.N_out > 0) {
+      conv_forward_kernel<scalar_t, A><<<blocks_for(d.N_out * (d.C + 1)), kThreads, 0, stream>>>(
+          h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(), ld.const_data_ptr<scalar_t>(),
+          w2.const_data_ptr<scalar_t>(), b2.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), d.B, d.N,
+          d.N_out, d.H, d.C, d.k);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+  return {out, h};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& hidden,
+    const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
+  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
+  const c10::cuda::CUDAGuard guard(points.device());
+  auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
+  auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
+  auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());
+  auto gw2 = at::empty_like(w2), gb2 = at::empty({d.C}, w2.options());
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "geo_conv_backward_cuda", [&] {
+    using A = at::opmath_type<scalar_t>;
+    const auto acc_opts = x.options().dtype(c10::CppTypeToScalarType<A>::value);
+    auto gz = at::empty({d.N_out, d.C}, acc_opts);
+    auto gu = at::empty({d.N, d.H}, acc_opts);
+    const int64_t tiles_j = (d.N_out + kTile - 1) / kTile, tiles_p = (d.N + kTile - 1) / kTile;
+    const int64_t P2 = d.C * d.H * d.k + d.C, P1 = d.H * d.F + d.H;
+    auto part2 = at::empty({tiles_j, P2}, acc_opts), part1 = at::empty({tiles_p, P1}, acc_opts);
+    if (d.N_out > 0) {
+      elu_backward_kernel<scalar_t, A><<<blocks_for(d.N_out * d.C), kThreads, 0, stream>>>(
+          go.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), gz.data_ptr<A>(), d.N_out, d.C);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      conv_partials_kernel<scalar_t, A><<<static_cast<unsigned int>(tiles_j), kThreads, 0, stream>>>(
+          gz.const_data_ptr<A>(), h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(), part2.data_ptr<A>(),
+          d.B, d.N, d.N_out, d.H, d.C, d.k);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    if (d.N > 0) {
+      hidden_backward_kernel<scalar_t, A><<<blocks_for(d.N * d.H), kThreads, 0, stream>>>(
+          gz.const_data_ptr<A>(), h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(),
+          w2.const_data_ptr<scalar_t>(), gu.data_ptr<A>(), d.B, d.N, d.H, d.C, d.k);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      points_backward_kernel<scalar_t, A><<<blocks_for(d.N * d.F), kThreads, 0, stream>>>(
+          gu.const_data_ptr<A>(), w1.const_data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), d.N, d.F, d.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      proj_partials_kernel<scalar_t, A><<<static_cast<unsigned int>(tiles_p), kThreads, 0, stream>>>(
+          gu.const_data_ptr<A>(), x.const_data_ptr<scalar_t>(), part1.data_ptr<A>(), d.N, d.F, d.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    reduce_partials_kernel<scalar_t, A><<<blocks_for(P2), kThreads, 0, stream>>>(
+        part2.const_data_ptr<A>(), tiles_j, d.C * d.H * d.k, P2, gw2.data_ptr<scalar_t>(), gb2.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    reduce_partials_kernel<scalar_t, A><<<blocks_for(P1), kThreads, 0, stream>>>(
+        part1.const_data_ptr<A>(), tiles_p, d.H * d.F, P1, gw1.data_ptr<scalar_t>(), gb1.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {gx, gw1, gb1, gw2, gb2};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(stfast, CUDA, m) {
+  m.impl("geo_conv_forward", &geo_conv_forward_cuda);
+  m.impl("geo_conv_backward", &geo_conv_backward_cuda);
+}
+
+}  // namespace geo_conv
+}  // namespace stfast

@@ -1,0 +1,68 @@
+// Every stfast op schema, in one place (TORCH_LIBRARY), plus the module init of stfast._C.
+// Kernels are registered per backend with TORCH_LIBRARY_IMPL next to their code (csrc/<op>/);
+// autograd and fake (meta) kernels are registered in Python (stfast/ops/).
+#include <Python.h>
+#include <torch/library.h>
+
+namespace stfast {
+
+TORCH_LIBRARY(stfast, m) {
+  // Fused geo-convolution over packed trips (see csrc/geo_conv/geo_conv.h for the math).
+  //   points (N, F_in), offsets (B + 1,) int64, local_dist (N - B (k - 1),)
+  //   -> out (N - B (k - 1), C + 1), hidden (N, H) = tanh(projection), saved for the backward.
+  m.def(
+      "geo_conv_forward(Tensor points, Tensor offsets, Tensor local_dist, Tensor proj_weight, "
+      "Tensor proj_bias, Tensor conv_weight, Tensor conv_bias) -> (Tensor out, Tensor hidden)");
+  // Backward of geo_conv_forward for points and every weight and bias (deterministic).
+  m.def(
+      "geo_conv_backward(Tensor grad_out, Tensor points, Tensor offsets, Tensor hidden, Tensor out, "
+      "Tensor proj_weight, Tensor conv_weight) -> (Tensor grad_points, Tensor grad_proj_weight, "
+      "Tensor grad_proj_bias, Tensor grad_conv_weight, Tensor grad_conv_bias)");
+}
+
+#ifndef STFAST_WITH_CUDA
+// CPU-only build: a CUDA tensor gets a clear message instead of the dispatcher's "no kernel".
+namespace {
+[[noreturn]] void no_cuda() {
+  TORCH_CHECK(false, "stfast was built without CUDA support (rebuild with a CUDA build of torch and nvcc: "
+                     "STFAST_CUDA=1 pip install --no-build-isolation -e .)");
+}
+std::tuple<at::Tensor, at::Tensor> geo_conv_forward_no_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                            const at::Tensor&) {
+  no_cuda();
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_backward_no_cuda(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&) {
+  no_cuda();
+}
+}  // namespace
+TORCH_LIBRARY_IMPL(stfast, CUDA, m) {
+  m.impl("geo_conv_forward", &geo_conv_forward_no_cuda);
+  m.impl("geo_conv_backward", &geo_conv_backward_no_cuda);
+}
+#endif
+
+}  // namespace stfast
+
+// `import stfast._C` loads this library, which runs the static registrations above; the module
+// itself only carries what the build was made with (read by stfast.build_info()).
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_C", "stfast native ops (registered in torch.ops.stfast)",
+                                   -1, nullptr};
+  PyObject* m = PyModule_Create(&def);
+  if (m == nullptr) return nullptr;
+  PyModule_AddStringConstant(m, "stfast_version", STFAST_VERSION);
+  PyModule_AddStringConstant(m, "torch_version", STFAST_TORCH_VERSION);
+#ifdef STFAST_WITH_CUDA
+  PyModule_AddIntConstant(m, "with_cuda", 1);
+  PyModule_AddStringConstant(m, "cuda_version", STFAST_CUDA_VERSION);
+#else
+  PyModule_AddIntConstant(m, "with_cuda", 0);
+  Py_INCREF(Py_None);
+  PyModule_AddObject(m, "cuda_version", Py_None);
+#endif
+  PyModule_AddIntConstant(m, "with_nccl", 0);
+  return m;
+}

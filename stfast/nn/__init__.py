@@ -1,0 +1,4 @@
+"""Modules on stfast's fused ops, drop-in for their plain-PyTorch references."""
+from .geo_conv import GeoConv
+
+__all__ = ["GeoConv"]

@@ -1,0 +1,11 @@
+"""Python face of stfast's native ops (``torch.ops.stfast.*``): typed wrappers, fake kernels for
+torch.compile, autograd, and pure-PyTorch references (used by the tests and as benchmark baselines)."""
+from .geo_conv import (
+                       geo_conv_packed,
+                       geo_conv_padded,
+                       geo_conv_reference,
+                       output_offsets,
+                       padded_offsets,
+)
+
+__all__ = ["geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "output_offsets", "padded_offsets"]

@@ -1,0 +1,151 @@
+"""The fused geo-convolution op: ``torch.ops.stfast.geo_conv_forward`` / ``geo_conv_backward``.
+
+DeepTTE's spatio-temporal front (Wang et al., AAAI 2018), per trip of L points with features x
+(F_in = 4: normalized lng, lat and the 2-d state embedding):
+
+    h = tanh(x W1ᵀ + b1)                     (L, H = 16)
+    z = Conv1d(h, W2, b2, k, no padding)     (L − k + 1, C = 32)
+    out = [elu(z), local_dist]               (L − k + 1, C + 1)
+
+Layouts: packed (CSR) points ``(N, F_in)`` with ``offsets`` ``(B + 1,)`` int64 → packed output
+``(N − B·(k − 1), C + 1)`` whose offsets are :func:`output_offsets`; and padded ``(B, L, F_in)``
+(optionally with ``lengths``) → ``(B, L − k + 1, C + 1)``.
+
+Where the fusion ends: the op covers projection, tanh, convolution, ELU and the local-distance
+channel, i.e. everything per point and per window, writing the ``(·, C + 1)`` rows the LSTM reads
+in one pass; the hidden activations are kept for the backward (16 values per point, cheaper than
+recomputing tanh). Left outside: the 2-row state embedding lookup (a gather that autograd already
+handles; its gradient arrives through the points' gradient) and the broadcast of the trip
+attributes onto every step. That broadcast is not worth writing at all: the LSTM's input projection
+of a per-trip constant is one (B, A) × (A, 4H) product per trip, which the fused LSTM can add to
+every step instead of multiplying A = 28 broadcast columns at each of the N positions.
+
+Determinism: weight and bias gradients are summed per fixed chunk (trips on the CPU, tiles of rows
+on CUDA) into a partials buffer and reduced in a second pass in chunk order; no float atomics.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "output_offsets", "padded_offsets"]
+
+
+def output_offsets(offsets: Tensor, kernel_size: int) -> Tensor:
+    """Offsets ``(B + 1,)`` of the packed output rows: ``offsets[b] − b·(k − 1)``."""
+    return offsets - torch.arange(offsets.shape[0], device=offsets.device, dtype=offsets.dtype) * (kernel_size - 1)
+
+
+def padded_offsets(batch: int, length: int, device=None) -> Tensor:
+    """Offsets ``(B + 1,)`` int64 of B trips of ``length`` points each (the padded layout, flattened)."""
+    return torch.arange(batch + 1, device=device, dtype=torch.int64) * length
+
+
+def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
+                    conv_weight: Tensor, conv_bias: Tensor) -> Tensor:
+    """Fused geo-convolution over packed trips.
+
+    Args:
+        points: ``(N, F_in)`` float point features (all B trips back to back).
+        offsets: ``(B + 1,)`` int64 CSR offsets of the trips in ``points`` (same device).
+        local_dist: ``(N − B·(k − 1),)`` normalized distance of each output window.
+        proj_weight ``(H, F_in)``, proj_bias ``(H,)``, conv_weight ``(C, H, k)``, conv_bias ``(C,)``:
+            same dtype and device as ``points``.
+    Returns:
+        ``(N − B·(k − 1), C + 1)``: ELU(conv) channels, then ``local_dist``; trip b's rows start at
+        ``output_offsets(offsets, k)[b]``.
+    Raises:
+        ValueError: a trip has fewer than k points (checked on the host; a CUDA op does not sync to check,
+            so validate offsets before moving them to the GPU).
+        RuntimeError: bad shapes / dtypes / devices; a CUDA tensor with a CPU-only build
+            ("stfast was built without CUDA support").
+    dtypes: float32/float64 (CPU and CUDA); float16/bfloat16 on CUDA (float32 accumulation).
+    """
+    out, _ = torch.ops.stfast.geo_conv_forward(points, offsets, local_dist, proj_weight, proj_bias, conv_weight,
+                                               conv_bias)
+    return out
+
+
+def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor, conv_weight: Tensor,
+                    conv_bias: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """Fused geo-convolution over padded trips.
+
+    Args:
+        points: ``(B, L, F_in)``; local_dist: ``(B, L − k + 1)``; weights as :func:`geo_conv_packed`.
+        lengths: ``(B,)`` int trip lengths (points), or None: every trip uses all L points, which
+            reproduces the reference module exactly, padding included.
+    Returns:
+        ``(B, L − k + 1, C + 1)``. With ``lengths``, only each trip's ``lengths[b] − k + 1`` rows are
+        computed (work scales with real points) and the rows past them are zero.
+    Raises:
+        ValueError: L < k, or a length < k or > L.
+    """
+    B, L, Fin = points.shape
+    k = conv_weight.shape[2]
+    if L < k:
+        raise ValueError(f"stfast.geo_conv: padded length {L} < kernel_size={k}")
+    Lo = L - k + 1
+    if lengths is None:
+        out = geo_conv_packed(points.reshape(B * L, Fin), padded_offsets(B, L, points.device),
+                              local_dist.reshape(B * Lo), proj_weight, proj_bias, conv_weight, conv_bias)
+        return out.view(B, Lo, -1)
+    lengths = lengths.to(device=points.device, dtype=torch.int64)
+    host_check = lengths.device.type == "cpu" and not torch.compiler.is_compiling()
+    if host_check and (bool((lengths < k).any()) or bool((lengths > L).any())):
+        raise ValueError(f"stfast.geo_conv: every length must lie in [kernel_size={k}, L={L}], got "
+                         f"min {int(lengths.min())}, max {int(lengths.max())}")
+    pmask = torch.arange(L, device=points.device)[None, :] < lengths[:, None]
+    omask = torch.arange(Lo, device=points.device)[None, :] < (lengths - (k - 1))[:, None]
+    offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+    out = geo_conv_packed(points[pmask], offsets, local_dist[omask], proj_weight, proj_bias, conv_weight, conv_bias)
+    return out.new_zeros(B, Lo, out.shape[1]).masked_scatter(omask[..., None], out)
+
+
+def geo_conv_reference(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
+                       conv_weight: Tensor, conv_bias: Tensor) -> Tensor:
+    """Plain-PyTorch reference of :func:`geo_conv_packed` (same arguments and result): pads the trips and
+    applies the math of :class:`stfast.models.deeptte.GeoConv` (Linear → tanh → Conv1d → ELU)."""
+    lengths = offsets.diff().tolist()
+    k = conv_weight.shape[2]
+    if min(lengths, default=k) < k:
+        raise ValueError(f"stfast.geo_conv: a trip has {min(lengths)} points, fewer than kernel_size={k}")
+    x = torch.nn.utils.rnn.pad_sequence(list(torch.split(points, lengths)), batch_first=True)
+    h = torch.tanh(F.linear(x, proj_weight, proj_bias))
+    z = F.elu(F.conv1d(h.transpose(1, 2), conv_weight, conv_bias)).transpose(1, 2)
+    rows = torch.cat([z[b, : n - k + 1] for b, n in enumerate(lengths)]) if lengths else z.new_zeros(0, z.shape[-1])
+    return torch.cat([rows, local_dist.unsqueeze(-1)], dim=-1)
+
+
+# --- torch.library registrations (fake kernels for tracing, autograd through the backward op) ---
+
+@torch.library.register_fake("stfast::geo_conv_forward")
+def _geo_conv_forward_fake(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias):
+    torch._check(points.dim() == 2 and offsets.dim() == 1)
+    n_out = points.shape[0] - (offsets.shape[0] - 1) * (conv_weight.shape[2] - 1)
+    return (points.new_empty(n_out, conv_weight.shape[0] + 1), points.new_empty(points.shape[0], proj_weight.shape[0]))
+
+
+@torch.library.register_fake("stfast::geo_conv_backward")
+def _geo_conv_backward_fake(grad_out, points, offsets, hidden, out, proj_weight, conv_weight):
+    return (torch.empty_like(points), torch.empty_like(proj_weight), proj_weight.new_empty(proj_weight.shape[0]),
+            torch.empty_like(conv_weight), conv_weight.new_empty(conv_weight.shape[0]))
+
+
+def _setup_context(ctx, inputs, output):
+    points, offsets, _local_dist, proj_weight, _proj_bias, conv_weight, _conv_bias = inputs
+    out, hidden = output
+    ctx.mark_non_differentiable(hidden)
+    ctx.save_for_backward(points, offsets, hidden, out, proj_weight, conv_weight)
+
+
+def _backward(ctx, grad_out, _grad_hidden):
+    points, offsets, hidden, out, proj_weight, conv_weight = ctx.saved_tensors
+    if grad_out is None:
+        return None, None, None, None, None, None, None
+    gx, gw1, gb1, gw2, gb2 = torch.ops.stfast.geo_conv_backward(grad_out.contiguous(), points, offsets, hidden, out,
+                                                                proj_weight, conv_weight)
+    return gx, None, grad_out[:, -1], gw1, gb1, gw2, gb2
+
+
+torch.library.register_autograd("stfast::geo_conv_forward", _backward, setup_context=_setup_context)

@@ -1,0 +1,48 @@
+"""The native build: build_info() and the errors import and dispatch give when the build does not fit."""
+import pytest
+import torch
+
+import stfast
+
+
+def test_build_info_fields():
+    info = stfast.build_info()
+    assert set(info) == {"stfast_version", "torch_version", "cuda", "cuda_version", "nccl"}
+    assert info["stfast_version"] == stfast.__version__
+    assert info["torch_version"] == torch.__version__
+    assert isinstance(info["cuda"], bool) and isinstance(info["nccl"], bool)
+    assert info["nccl"] is False
+    if info["cuda"]:
+        assert info["cuda_version"] == torch.version.cuda
+    else:
+        assert info["cuda_version"] is None
+
+
+def test_ops_registered():
+    assert hasattr(torch.ops.stfast, "geo_conv_forward") and hasattr(torch.ops.stfast, "geo_conv_backward")
+    has_cuda_kernel = torch._C._dispatch_has_kernel_for_dispatch_key("stfast::geo_conv_forward", "CUDA")
+    assert has_cuda_kernel  # the real kernel, or the CPU-only build's explanatory stub
+
+
+def test_torch_version_mismatch_is_explained(monkeypatch):
+    monkeypatch.setattr(stfast._C, "torch_version", "0.0.1")
+    with pytest.raises(ImportError, match=r"built against torch 0\.0\.1 but torch .* is imported.*"
+                                          r"pip install --no-build-isolation -e \."):
+        stfast._load_extension()
+
+
+def test_missing_extension_is_explained(monkeypatch):
+    import sys
+
+    monkeypatch.delattr(stfast, "_C")
+    monkeypatch.setitem(sys.modules, "stfast._C", None)
+    with pytest.raises(ImportError, match=r"stfast\._C is missing.*pip install --no-build-isolation -e \."):
+        stfast._load_extension()
+
+
+@pytest.mark.skipif(stfast.build_info()["cuda"], reason="CPU-only build's message")
+def test_cpu_only_build_message():
+    op = torch.ops.stfast.geo_conv_backward.default
+    args = [torch.zeros(1)] * 7
+    with pytest.raises(RuntimeError, match="stfast was built without CUDA support"):
+        op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args)
