@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dropout", type=float, default=0.0)
     t.add_argument("--driver-dim", type=int, default=16, help="driver embedding size (0: no driver id)")
     t.add_argument("--time-bin-min", type=int, default=1, help="departure-time embedding bin in minutes")
+    t.add_argument("--kernels", default="fused", choices=("fused", "reference"),
+                   help="fused: stfast's native ops; reference: plain PyTorch (same parameters)")
     t.add_argument("--patience", type=int, default=None, help="early stop after N epochs without improvement")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
@@ -91,7 +93,7 @@ def cmd_train(a) -> int:
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
                       modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
                       weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
-                      driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, patience=a.patience, seed=a.seed, split=a.split,
+                      driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None)

@@ -133,3 +133,22 @@ def test_gradcheck_float64_small_model():
     fd = (f(wp).sum() - f(wm).sum()) / (2 * eps)
     f(w0)
     assert g[i, j].item() == pytest.approx(fd.item(), rel=1e-5, abs=1e-8)
+
+
+def test_fused_and_reference_kernels_give_the_same_model():
+    trips = random_trips(7, seed=13, min_len=3, max_len=30)
+    vocab = DriverVocab(trips.driver)
+    outs = {}
+    for kernels in ("reference", "fused"):
+        torch.manual_seed(0)
+        model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab), kernels=kernels), NormStats.from_trips(trips)).double()
+        b = TripDataset(trips, vocab, torch.float64).batch(np.arange(7))
+        out = model(b)
+        p = loss_parts(model, out, b)
+        combine_loss(p, 0.3, p.n_trips, p.n_local).backward()
+        outs[kernels] = (model.state_dict(), out.time.detach(), {n: q.grad for n, q in model.named_parameters()})
+    (sr, tr, gr), (sf, tf, gf) = outs["reference"], outs["fused"]
+    assert sr.keys() == sf.keys()
+    torch.testing.assert_close(tf, tr, rtol=1e-10, atol=1e-8)
+    for n in gr:
+        torch.testing.assert_close(gf[n], gr[n], rtol=1e-9, atol=1e-10, msg=n)

@@ -50,6 +50,7 @@ class DeepTTEConfig:
     loss: str = "mape"  # entire-estimate loss: "mape" (paper), "log" |log ŷ − log y|, "mae" (in mean times)
     dropout: float = 0.0  # on the entire estimator's input and hidden layers
     time_bin_min: int = 1  # departure-time embedding per bin of this many minutes (1: per minute, the paper)
+    kernels: str = "fused"  # "fused": stfast's native ops; "reference": plain PyTorch (same parameters)
 
     def __post_init__(self):
         if self.head not in ("paper", "prior"):
@@ -58,6 +59,8 @@ class DeepTTEConfig:
             raise ValueError(f"loss must be mape, log or mae, got {self.loss!r}")
         if self.compat not in ("fixed", "original"):
             raise ValueError(f"compat must be fixed or original, got {self.compat!r}")
+        if self.kernels not in ("fused", "reference"):
+            raise ValueError(f"kernels must be fused or reference, got {self.kernels!r}")
         if not 1 <= self.time_bin_min <= 1440:
             raise ValueError(f"time_bin_min must be in 1..1440, got {self.time_bin_min}")
 
@@ -122,10 +125,11 @@ class GeoConv(nn.Module):
         self.proj = nn.Linear(2 + cfg.state_dim, cfg.geo_hidden)
         self.conv = nn.Conv1d(cfg.geo_hidden, cfg.conv_channels, cfg.kernel_size)
 
-    def forward(self, lng_n, lat_n, state, local_dist_n):
+    def forward(self, lng_n, lat_n, state, local_dist_n, lengths=None):
         """lng_n, lat_n: [B, L] normalized coordinates; state: [B, L] 0/1; local_dist_n: [B, L']
         normalized k-point distances (L' = L − k + 1). Returns [B, L', C + 1] (C = 32); positions past
-        a trip's own L_i − k + 1 hold values computed from padding and must be masked by the caller."""
+        a trip's own L_i − k + 1 hold values computed from padding and must be masked by the caller
+        (``lengths`` is accepted for the fused module's signature and not needed here)."""
         s = self.state_em(state.long())
         x = torch.tanh(self.proj(torch.cat([lng_n.unsqueeze(-1), lat_n.unsqueeze(-1), s], dim=-1)))
         conv = F.elu(self.conv(x.transpose(1, 2))).transpose(1, 2)
@@ -138,7 +142,12 @@ class SpatioTemporal(nn.Module):
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
-        self.geo_conv = GeoConv(cfg)
+        if cfg.kernels == "fused":
+            from ..nn.geo_conv import GeoConv as FusedGeoConv
+
+            self.geo_conv = FusedGeoConv(cfg)
+        else:
+            self.geo_conv = GeoConv(cfg)
         self.lstm = nn.LSTM(cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers,
                             batch_first=True)
 
@@ -264,7 +273,7 @@ class DeepTTE(nn.Module):
         mask = torch.arange(local_dist.shape[1], device=lengths.device)[None, :] < lengths[:, None]
         st = self.spatio_temporal
         geo = st.geo_conv(self._n(b.lng, "lng"), self._n(b.lat, "lat"), b.state,
-                          self._n(local_dist, "local_dist") * mask)
+                          self._n(local_dist, "local_dist") * mask, b.lengths)
         h = st(geo, attr, lengths)
         pooled = self.attention(h, attr, mask)
         est = self.entire(torch.cat([pooled, attr], dim=-1))

@@ -26,6 +26,7 @@ class TrainConfig:
     dropout: float = 0.0
     driver_dim: int = 16  # 0 drops the driver id
     time_bin_min: int = 1  # departure-time embedding bin (minutes)
+    kernels: str = "fused"  # "fused" (native ops) or "reference" (plain PyTorch)
     patience: int | None = None  # stop after this many epochs without a better validation MAPE
     seed: int = 0
     split: str = "0.7/0.15/0.15"

@@ -134,7 +134,7 @@ class Trainer:
             self.vocab = DriverVocab(self.train_trips.driver)
             mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat, head=cfg.head,
                                  loss=cfg.loss, dropout=cfg.dropout, driver_dim=cfg.driver_dim,
-                                 time_bin_min=cfg.time_bin_min)
+                                 time_bin_min=cfg.time_bin_min, kernels=cfg.kernels)
             self.stats = NormStats.from_trips(self.train_trips, mcfg.kernel_size)
         self.train_ds, self.val_ds, self.test_ds = (TripDataset(t, self.vocab, self.dtype) for t in
                                                     (self.train_trips, self.val_trips, self.test_trips))
