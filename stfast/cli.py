@@ -151,6 +151,8 @@ def cmd_predict(a) -> int:
 
 def cmd_data_convert(a) -> int:
     trips = _load(a)
+    if len(trips) == 0:
+        logging.getLogger("stfast").warning("%s: no trips survived preprocessing (see dropped below)", a.data)
     trips.to_jsonl(a.out)
     drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")

@@ -92,7 +92,7 @@ def test_missing_key_is_named(tmp_path, key):
     with pytest.raises(TrajectoryFormatError) as ei:
         read_deeptte_jsonl(p)
     e = ei.value
-    assert (e.line, e.field) == (2, key) and key in e.reason
+    assert (e.line, e.field, e.reason) == (2, key, "key is missing")
     assert f"{p}:2" in str(e) and key in str(e)
 
 

@@ -97,6 +97,9 @@ def launch(nproc: int, argv: list[str]) -> int:
     # our own flags are attached after parsing: argparse would otherwise match them against torchrun's
     args = get_args_parser().parse_args(["--standalone", "--nproc-per-node", str(nproc), "--module", "stfast.cli"])
     args.training_script_args = list(argv)
+    # `python -m` would put the working directory first on sys.path, so run from a source checkout the
+    # workers would import its uncompiled stfast/ instead of the installed package (Python ≥ 3.11)
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     try:
         run(args)
     except Exception as e:  # torchrun raises ChildFailedError with the failing rank's traceback

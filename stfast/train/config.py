@@ -58,6 +58,11 @@ class TrainConfig:
             raise ValueError(f"--nproc must be ≥ 1, got {self.nproc}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"--dtype must be float32 or float64, got {self.dtype}")
+        from ..data.splits import parse_days, parse_fractions
+
+        parse_fractions(self.split)
+        if self.split_days:
+            parse_days(self.split_days)
         if self.split_by not in ("random", "date"):
             raise ValueError(f"--split-by must be random or date, got {self.split_by}")
         if self.compat not in ("fixed", "original"):

@@ -30,6 +30,7 @@ from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
 
 log = logging.getLogger("stfast.train")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 
 
@@ -44,6 +45,8 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
     for name, p in zip(("training", "validation", "test"), parts):
         if len(p) == 0:
             raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split/--split-days")
+        if len(p) < MIN_SPLIT_WARN:
+            log.warning("the %s split has only %d trips: its metrics are noisy", name, len(p))
     return parts  # type: ignore[return-value]
 
 
@@ -288,7 +291,7 @@ class Trainer:
             "baseline_mean_time_mape": mt["mape"], "baseline_mean_time_mae": mt["mae"],
             "baseline_mean_time_rmse": mt["rmse"],
             "baseline_const_speed_val_mape": cs_val["mape"], "baseline_mean_time_val_mape": mt_val["mape"],
-            "best_val_mape": self.best, "epochs": self.epoch, "steps": self.step,
+            "best_val_mape": self.best if math.isfinite(self.best) else None, "epochs": self.epoch, "steps": self.step,
             "n_train": len(tr), "n_val": len(self.val_trips), "n_test": len(te),
             "dropped": self.dropped, "world_size": self.info.world_size, "stfast_version": __version__,
         }
@@ -297,7 +300,9 @@ class Trainer:
             tmp.write_text(json.dumps(summary, indent=2))
             os.replace(tmp, self.out / "summary.json")
             plot_learning_curve(self.out / "metrics.jsonl", self.out / "learning_curve.png", summary)
-            self.say("\n" + format_summary(summary) + f"\nwrote {self.out}/summary.json, metrics.jsonl, checkpoint.pt")
+            written = [n for n in ("summary.json", "metrics.jsonl", "learning_curve.png", "checkpoint.pt", "last.pt")
+                       if (self.out / n).exists()]
+            self.say("\n" + format_summary(summary) + f"\nwrote {', '.join(written)} in {self.out}")
         return summary
 
 

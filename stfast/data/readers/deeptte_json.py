@@ -72,7 +72,7 @@ def _parse_record(rec, tol: float) -> tuple:
         raise _BadField(None, f"expected a JSON object, got {type(rec).__name__}")
     for k in DEEPTTE_KEYS:
         if k not in rec:
-            raise _BadField(k, f"missing key '{k}'")
+            raise _BadField(k, "key is missing")
     lists = {k: _number_list(rec, k) for k in DEEPTTE_LIST_KEYS}
     n = len(lists["lngs"])
     for k in DEEPTTE_LIST_KEYS[1:]:
