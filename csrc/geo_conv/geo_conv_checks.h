@@ -12,6 +12,21 @@ struct Dims {
   int64_t B, N, N_out, F, H, C, k;
 };
 
+// Sizes read off the (already rank-checked) inputs: B trips, N points, F features, H hidden, C channels,
+// k kernel, N_out = N − B (k − 1) output rows.
+inline Dims dims_of(const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& proj_weight,
+                    const at::Tensor& conv_weight) {
+  Dims d;
+  d.B = offsets.size(0) - 1;
+  d.N = points.size(0);
+  d.F = points.size(1);
+  d.H = proj_weight.size(0);
+  d.C = conv_weight.size(0);
+  d.k = conv_weight.size(2);
+  d.N_out = d.N - d.B * (d.k - 1);
+  return d;
+}
+
 inline void check_same(const at::Tensor& ref, const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device() == ref.device(), "stfast.geo_conv: ", name, " is on ", t.device(), " but points on ",
               ref.device());
@@ -31,15 +46,8 @@ inline Dims check_forward_args(const at::Tensor& points, const at::Tensor& offse
               "stfast.geo_conv: proj_weight must be (H, F_in=", points.size(1), "), got ", proj_weight.sizes());
   TORCH_CHECK(conv_weight.dim() == 3 && conv_weight.size(1) == proj_weight.size(0),
               "stfast.geo_conv: conv_weight must be (C, H=", proj_weight.size(0), ", k), got ", conv_weight.sizes());
-  Dims d;
-  d.B = offsets.size(0) - 1;
-  d.N = points.size(0);
-  d.F = points.size(1);
-  d.H = proj_weight.size(0);
-  d.C = conv_weight.size(0);
-  d.k = conv_weight.size(2);
+  Dims d = dims_of(points, offsets, proj_weight, conv_weight);
   TORCH_CHECK(d.k >= 1, "stfast.geo_conv: kernel size must be >= 1");
-  d.N_out = d.N - d.B * (d.k - 1);
   TORCH_CHECK_VALUE(d.N_out >= d.B, "stfast.geo_conv: ", d.N, " points cannot hold ", d.B,
                     " trips of at least kernel_size=", d.k, " points");
   TORCH_CHECK(proj_bias.dim() == 1 && proj_bias.size(0) == d.H, "stfast.geo_conv: proj_bias must be (H,)");
@@ -61,14 +69,7 @@ inline Dims check_backward_args(const at::Tensor& grad_out, const at::Tensor& po
               "stfast.geo_conv_backward: bad points/offsets");
   TORCH_CHECK(offsets.device() == points.device(), "stfast.geo_conv_backward: offsets and points on different devices");
   TORCH_CHECK(proj_weight.dim() == 2 && conv_weight.dim() == 3, "stfast.geo_conv_backward: bad weights");
-  Dims d;
-  d.B = offsets.size(0) - 1;
-  d.N = points.size(0);
-  d.F = points.size(1);
-  d.H = proj_weight.size(0);
-  d.C = conv_weight.size(0);
-  d.k = conv_weight.size(2);
-  d.N_out = d.N - d.B * (d.k - 1);
+  Dims d = dims_of(points, offsets, proj_weight, conv_weight);
   TORCH_CHECK(proj_weight.size(1) == d.F && conv_weight.size(1) == d.H, "stfast.geo_conv_backward: bad weight shapes");
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == d.N && hidden.size(1) == d.H,
               "stfast.geo_conv_backward: hidden must be (N, H)");

@@ -33,6 +33,21 @@ void check_trip_lengths(const int64_t* off, int64_t B, int64_t k) {
   }
 }
 
+// One output row: y[c] = ELU(b2[c] + Σ_r hw[r] · wt[r][c]) over the window's k·H hidden values (wt is
+// the conv weight as [k·H][C]), then the local-distance column. `a` is C accumulators of scratch.
+template <typename T, typename A>
+inline void conv_window(const T* __restrict__ hw, const A* __restrict__ wt, const T* __restrict__ b2, int64_t KH,
+                        int64_t C, A* __restrict__ a, T* __restrict__ y, T local_dist) {
+  for (int64_t c = 0; c < C; ++c) a[c] = static_cast<A>(b2[c]);
+  for (int64_t r = 0; r < KH; ++r) {
+    const A v = static_cast<A>(hw[r]);
+    const A* __restrict__ wr = wt + r * C;
+    for (int64_t c = 0; c < C; ++c) a[c] += wr[c] * v;
+  }
+  for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(elu(a[c]));
+  y[C] = local_dist;
+}
+
 template <typename T>
 void forward_kernel(const Dims& d, const T* x, const int64_t* off, const T* ld, const T* w1, const T* b1,
                     const T* w2, const T* b2, T* out, T* h) {
@@ -55,17 +70,8 @@ void forward_kernel(const Dims& d, const T* x, const int64_t* off, const T* ld, 
       T* __restrict__ hh = h + n0 * H;
       for (int64_t e = 0; e < L * H; ++e) hh[e] = act_tanh(hh[e]);
       for (int64_t j = 0; j < Lo; ++j) {
-        const T* __restrict__ hw = h + (n0 + j) * H;  // the k points of window j are contiguous rows
-        A* __restrict__ a = acc.data();
-        for (int64_t c = 0; c < C; ++c) a[c] = static_cast<A>(b2[c]);
-        for (int64_t r = 0; r < KH; ++r) {
-          const A v = static_cast<A>(hw[r]);
-          const A* __restrict__ wr = wt + r * C;
-          for (int64_t c = 0; c < C; ++c) a[c] += wr[c] * v;
-        }
-        T* __restrict__ y = out + (o0 + j) * (C + 1);
-        for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(elu(a[c]));
-        y[C] = ld[o0 + j];
+        // the k points of window j are contiguous rows
+        conv_window<T, A>(h + (n0 + j) * H, wt, b2, KH, C, acc.data(), out + (o0 + j) * (C + 1), ld[o0 + j]);
       }
     }
   });
@@ -240,17 +246,8 @@ void forward_kernel_fixed(const Dims& d, const T* x, const int64_t* off, const T
         y1[C] = ld[o0 + j + 1];
       }
       for (; j < Lo; ++j) {
-        const T* __restrict__ hw = h + (n0 + j) * H;
         A a[C];
-        for (int64_t c = 0; c < C; ++c) a[c] = static_cast<A>(b2[c]);
-        for (int64_t r = 0; r < KH; ++r) {
-          const A v = static_cast<A>(hw[r]);
-          const A* __restrict__ wr = wt + r * C;
-          for (int64_t c = 0; c < C; ++c) a[c] += wr[c] * v;
-        }
-        T* __restrict__ y = out + (o0 + j) * (C + 1);
-        for (int64_t c = 0; c < C; ++c) y[c] = static_cast<T>(elu(a[c]));
-        y[C] = ld[o0 + j];
+        conv_window<T, A>(h + (n0 + j) * H, wt, b2, KH, C, a, out + (o0 + j) * (C + 1), ld[o0 + j]);
       }
     }
   });
