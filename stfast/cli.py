@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
-        e.add_argument("--checkpoint", required=True)
+        e.add_argument("--checkpoint", required=True, nargs="+",
+                       help="checkpoint.pt; several (e.g. seeds) are averaged as an ensemble")
         _add_data_args(e, required=True)
         e.add_argument("--device", default="cpu")
         if name == "predict":
@@ -104,40 +105,43 @@ def cmd_train(a) -> int:
     return 0
 
 
-def _load_for_inference(a):
-    import torch
+def _predict(a):
+    """Trips of ``--data`` and their predicted travel times [T] (s): the mean over the ``--checkpoint``s
+    (one checkpoint: its model; several, e.g. seeds of one configuration: an ensemble)."""
+    import numpy as np
 
     from .data.dataset import DriverVocab, NormStats, TripDataset
     from .models.deeptte import DeepTTE, DeepTTEConfig
     from .train import checkpoint as ckpt
+    from .train.trainer import predict
 
-    state = ckpt.load(a.checkpoint, a.device)
-    model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
-    dtype = next(iter(state["model_state"].values())).dtype
-    model.load_state_dict(state["model_state"])
-    model.to(a.device, dtype)
     trips = _load(a)
     if len(trips) == 0:
         raise ValueError(f"{a.data}: no trips left after preprocessing ({trips.dropped})")
-    ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype if dtype.is_floating_point else torch.float32)
-    return model, ds
+    preds = []
+    for path in a.checkpoint:
+        state = ckpt.load(path, a.device)
+        model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
+        model.load_state_dict(state["model_state"])
+        dtype = model.entire.out.weight.dtype
+        model.to(a.device)
+        ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype)
+        preds.append(predict(model, ds, device=a.device, progress=sys.stderr.isatty()))
+    return trips, np.mean(preds, axis=0)
 
 
 def cmd_evaluate(a) -> int:
-    from .train.trainer import evaluate
+    from .train.metrics import errors
 
-    model, ds = _load_for_inference(a)
-    m = evaluate(model, ds, device=a.device, progress=sys.stderr.isatty())
-    print(f"{len(ds)} trips  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
+    trips, pred = _predict(a)
+    m = errors(pred, trips.time)
+    what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
+    print(f"{len(trips)} trips{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
     return 0
 
 
 def cmd_predict(a) -> int:
-    from .train.trainer import predict
-
-    model, ds = _load_for_inference(a)
-    pred = predict(model, ds, device=a.device, progress=sys.stderr.isatty())
-    tr = ds.trips
+    tr, pred = _predict(a)
     tmp = f"{a.out}.tmp{os.getpid()}"
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)

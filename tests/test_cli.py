@@ -59,3 +59,21 @@ def test_bad_input_gives_file_and_line(tmp_path, capsys):
     assert main(["train", "--data", str(bad), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2" in err and "time_gap" in err
+
+
+def test_several_checkpoints_are_averaged(trained, tmp_path, capsys):
+    d, data = trained
+    second = tmp_path / "run2"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "32", "--seed", "7",
+                 "--out", str(second), "--no-progress", "--threads", "1"]) == 0
+    cks = [str(d / "run" / "checkpoint.pt"), str(second / "checkpoint.pt")]
+    outs = []
+    for i, ck in enumerate([cks[:1], cks[1:], cks]):
+        out = tmp_path / f"p{i}.csv"
+        assert main(["predict", "--checkpoint", *ck, "--data", str(data), "--out", str(out)]) == 0
+        outs.append(np.array([float(r["pred_time_s"]) for r in csv.DictReader(open(out))]))
+    assert np.abs(outs[0] - outs[1]).max() > 1.0  # two different models
+    np.testing.assert_allclose(outs[2], (outs[0] + outs[1]) / 2, atol=0.06)  # CSV keeps 0.1 s
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", *cks, "--data", str(data)]) == 0
+    assert "mean of 2 models" in capsys.readouterr().out
