@@ -122,9 +122,8 @@ def _predict(a):
     for path in a.checkpoint:
         state = ckpt.load(path, a.device)
         model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
-        model.load_state_dict(state["model_state"])
-        dtype = model.entire.out.weight.dtype
-        model.to(a.device)
+        dtype = state["model_state"]["entire.out.weight"].dtype  # float32 or float64, as trained
+        model.to(a.device, dtype).load_state_dict(state["model_state"])
         ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype)
         preds.append(predict(model, ds, device=a.device, progress=sys.stderr.isatty()))
     return trips, np.mean(preds, axis=0)
