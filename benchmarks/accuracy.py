@@ -4,9 +4,12 @@
         --split-days 24-28/29/30 --seeds 0 1 2 3 4 \
         --variant paper="--head paper --loss mape" --variant prior="--head prior --loss log" --out runs/acc
 
-Each run is `stfast train` with the variant's flags; the table reports, per variant, the median
-(min–max) over seeds of the best validation MAPE and of test MAPE / MAE / RMSE. Select variants on
-validation columns only; the test columns are for the candidates you would ship.
+Each run is `stfast train` with the variant's flags (``--reuse`` keeps runs whose summary.json exists);
+the table reports, per variant, the median (min–max) over seeds of the best validation MAPE and of test
+MAPE / MAE / RMSE. ``--ensemble K`` adds a row per variant for seed ensembles: consecutive groups of K
+seeds (seeds 0–4, 5–9, ... with K = 5), each group's mean prediction scored on validation and test,
+median (min–max) over groups. Select variants on validation columns only; the test columns are for the
+candidates you would ship.
 """
 from __future__ import annotations
 
@@ -26,6 +29,29 @@ def _fmt(vals, pct=False):
     return f"{statistics.median(vals):.1f}{unit} ({min(vals):.1f}–{max(vals):.1f})"
 
 
+def _row(name, flags, val_mape, test):
+    return (f"| {name} | `{flags}` | {_fmt(val_mape, True)} | {_fmt([t['mape'] for t in test], True)} | "
+            f"{_fmt([t['mae'] for t in test])} | {_fmt([t['rmse'] for t in test])} |")
+
+
+def _ensembles(run_dirs: list[Path], k: int, a) -> tuple[list[float], list[dict]]:
+    """Validation MAPEs and test metrics of the seed ensembles (consecutive groups of k runs)."""
+    from stfast.data.load import load_trips
+    from stfast.train.config import TrainConfig
+    from stfast.train.ensemble import predict_ensemble
+    from stfast.train.metrics import errors
+    from stfast.train.trainer import split_trips
+
+    cfg = TrainConfig(data=a.data, split_days=a.split_days)
+    _, val, test = split_trips(load_trips(a.data), cfg)
+    vals, tests = [], []
+    for g in range(0, len(run_dirs) - k + 1, k):
+        ckpts = [d / "checkpoint.pt" for d in run_dirs[g:g + k]]
+        vals.append(errors(predict_ensemble(ckpts, val), val.time)["mape"])
+        tests.append(errors(predict_ensemble(ckpts, test), test.time))
+    return vals, tests
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)
@@ -34,11 +60,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/accuracy")
     ap.add_argument("--common", default="--epochs 40 --patience 10", help="flags for every run")
     ap.add_argument("--split-days", default=None)
+    ap.add_argument("--reuse", action="store_true", help="keep finished runs (OUT/NAME/seedS/summary.json)")
+    ap.add_argument("--ensemble", type=int, default=0, help="also score seed ensembles of this size")
     a = ap.parse_args(argv)
     rows, base = [], None
     for spec in a.variant:
         name, flags = spec.split("=", 1)
-        res = []
+        res, dirs = [], []
         for seed in a.seeds:
             out = Path(a.out) / name / f"seed{seed}"
             args = ["train", "--seed", str(seed), "--out", str(out), "--no-progress", *shlex.split(a.common),
@@ -47,16 +75,17 @@ def main(argv=None) -> int:
                 args += ["--data", a.data]
             if a.split_days:
                 args += ["--split-days", a.split_days]
-            if stfast_main(args) != 0:
+            if not (a.reuse and (out / "summary.json").is_file()) and stfast_main(args) != 0:
                 raise SystemExit(f"run failed: stfast {' '.join(args)}")
-            res.append(json.load(open(out / "summary.json")))
+            res.append(json.loads((out / "summary.json").read_text()))
+            dirs.append(out)
         base = res[0]
-        rows.append((name, flags, res))
-    lines = ["| model | flags | best val MAPE | test MAPE | test MAE | test RMSE |", "|---|---|---|---|---|---|"]
-    for name, flags, res in rows:
-        lines.append(f"| {name} | `{flags}` | {_fmt([r['best_val_mape'] for r in res], True)} | "
-                     f"{_fmt([r['test_mape'] for r in res], True)} | {_fmt([r['test_mae'] for r in res])} | "
-                     f"{_fmt([r['test_rmse'] for r in res])} |")
+        rows.append(_row(name, flags, [r["best_val_mape"] for r in res],
+                         [{m: r[f"test_{m}"] for m in ("mape", "mae", "rmse")} for r in res]))
+        if a.ensemble > 1 and len(dirs) >= a.ensemble:
+            v, t = _ensembles(dirs, a.ensemble, a)
+            rows.append(_row(f"{name}, {len(t)} ensembles of {a.ensemble} seeds", flags, v, t))
+    lines = ["| model | flags | val MAPE | test MAPE | test MAE | test RMSE |", "|---|---|---|---|---|---|", *rows]
     lines.append(f"| constant speed | fitted on train | | {100 * base['baseline_const_speed_mape']:.1f} % | "
                  f"{base['baseline_const_speed_mae']:.1f} s | {base['baseline_const_speed_rmse']:.1f} s |")
     lines.append(f"| mean travel time | fitted on train | | {100 * base['baseline_mean_time_mape']:.1f} % | "

@@ -108,25 +108,12 @@ def cmd_train(a) -> int:
 def _predict(a):
     """Trips of ``--data`` and their predicted travel times [T] (s): the mean over the ``--checkpoint``s
     (one checkpoint: its model; several, e.g. seeds of one configuration: an ensemble)."""
-    import numpy as np
-
-    from .data.dataset import DriverVocab, NormStats, TripDataset
-    from .models.deeptte import DeepTTE, DeepTTEConfig
-    from .train import checkpoint as ckpt
-    from .train.trainer import predict
+    from .train.ensemble import predict_ensemble
 
     trips = _load(a)
     if len(trips) == 0:
         raise ValueError(f"{a.data}: no trips left after preprocessing ({trips.dropped})")
-    preds = []
-    for path in a.checkpoint:
-        state = ckpt.load(path, a.device)
-        model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
-        dtype = state["model_state"]["entire.out.weight"].dtype  # float32 or float64, as trained
-        model.to(a.device, dtype).load_state_dict(state["model_state"])
-        ds = TripDataset(trips, DriverVocab.from_list(state["drivers"]), dtype)
-        preds.append(predict(model, ds, device=a.device, progress=sys.stderr.isatty()))
-    return trips, np.mean(preds, axis=0)
+    return trips, predict_ensemble(a.checkpoint, trips, a.device, progress=sys.stderr.isatty())
 
 
 def cmd_evaluate(a) -> int:
