@@ -48,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
     t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation and batch order")
+    t.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the synthetic city and of the random split (default: --seed)")
+    t.add_argument("--ensemble", type=int, default=1,
+                   help="train N models (seeds SEED..SEED+N-1, same data and split) into OUT/seed<k> and "
+                        "score their mean prediction")
     t.add_argument("--split", default="0.7/0.15/0.15", help="seeded random train/val/test fractions")
     t.add_argument("--split-by", default="random", choices=("random", "date"),
                    help="date: last day test, the day before validation, the rest training")
@@ -94,14 +99,20 @@ def cmd_train(a) -> int:
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
                       modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
                       weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
-                      driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed, split=a.split,
+                      driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed,
+                      data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
         return launch(a.nproc, sys.argv[1:])
-    train(cfg)
+    if cfg.ensemble > 1:
+        from .train.ensemble import train_ensemble
+
+        train_ensemble(cfg)
+    else:
+        train(cfg)
     return 0
 
 

@@ -29,6 +29,8 @@ class TrainConfig:
     kernels: str = "fused"  # "fused" (native ops) or "reference" (plain PyTorch)
     patience: int | None = None  # stop after this many epochs without a better validation MAPE
     seed: int = 0
+    data_seed: int | None = None  # seed of the synthetic city and the random split (None: seed)
+    ensemble: int = 1  # models trained with seeds seed..seed+ensemble-1, scored as their mean
     split: str = "0.7/0.15/0.15"
     split_by: str = "random"  # "random" or "date"
     split_days: str | None = None  # e.g. "24-28/29/30"
@@ -40,6 +42,11 @@ class TrainConfig:
     out: str = "runs/latest"
     resume: bool = False
     progress: bool | None = None  # None: only on a TTY and rank 0
+
+    @property
+    def split_seed(self) -> int:
+        """Seed of the data (synthetic city) and of the random split: ``data_seed``, else ``seed``."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,6 +84,12 @@ class TrainConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.driver_dim < 0:
             raise ValueError(f"--driver-dim must be ≥ 0, got {self.driver_dim}")
+        if self.ensemble < 1:
+            raise ValueError(f"--ensemble must be ≥ 1, got {self.ensemble}")
+        if self.ensemble > 1 and self.nproc > 1:
+            raise ValueError("--ensemble trains its members one after another in one process; with --nproc, "
+                             "train one run per --seed (same --data-seed) and score them with "
+                             "`stfast evaluate --checkpoint RUN1/checkpoint.pt RUN2/checkpoint.pt ...`")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"--patience must be ≥ 1, got {self.patience}")
         if not 0.0 <= self.alpha <= 1.0:

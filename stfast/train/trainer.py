@@ -40,7 +40,7 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
         days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
         idx = split_by_days(trips.date_id, days)
     else:
-        idx = split_random(len(trips), parse_fractions(cfg.split), cfg.seed)
+        idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
     parts = tuple(trips.subset(i) for i in idx)
     for name, p in zip(("training", "validation", "test"), parts):
         if len(p) == 0:
@@ -125,7 +125,8 @@ class Trainer:
     def setup(self) -> None:
         cfg = self.cfg
         trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                           min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic, seed=cfg.seed)
+                           min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
+                           seed=cfg.split_seed)
         self.dropped = dict(trips.dropped)
         self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
         resume = self._resume_state()
