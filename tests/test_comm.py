@@ -428,3 +428,12 @@ def test_cuda_nccl_matches_cupy_nccl(nccl_comm):
     cupy.cuda.get_current_stream().synchronize()
     torch.cuda.synchronize()
     assert torch.equal(ours, torch.as_tensor(ref, device="cuda"))
+
+
+def test_train_config_checks_the_communicator():
+    from stfast.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="--comm must be torch or nccl"):
+        TrainConfig(comm="mpi").validate()
+    with pytest.raises(ValueError, match="--comm nccl needs --device cuda"):
+        TrainConfig(comm="nccl").validate()
