@@ -20,9 +20,15 @@ if [ $build_rc -eq 0 ]; then
   timeout 240 $PY -m pytest -q tests/test_geo_conv.py tests/test_build.py -k "cuda or build" \
     --junitxml="$OUT/tests.xml" > "$OUT/tests.log" 2>&1
   tests_rc=$?
+  # communicator: NCCL world-size-1 collectives (vs torch NCCL and cupy.cuda.nccl) and the build report
+  timeout 180 $PY -m pytest -q tests/test_comm.py -k "cuda or build or nccl" \
+    --junitxml="$OUT/tests_comm.xml" > "$OUT/tests_comm.log" 2>&1
+  [ $? -eq 0 ] || tests_rc=1
   timeout 180 $PY benchmarks/bench_geo_conv.py --device cuda --batch 512 --json "$OUT/bench_cuda.json" \
     > "$OUT/bench_cuda.txt" 2>&1
   bench_rc=$?
+  timeout 120 $PY benchmarks/bench_comm.py --gpu --rounds 3 --json "$OUT/bench_comm.json" > "$OUT/bench_comm.txt" 2>&1
+  [ $? -eq 0 ] || bench_rc=1
   timeout 60 $PY - > "$OUT/bandwidth.json" 2>>"$OUT/bench_cuda.txt" <<'PYEOF'
 import json, torch
 x = torch.empty(256 * 2**20, dtype=torch.float32, device="cuda"); y = torch.empty_like(x)
@@ -45,7 +51,8 @@ def load(name):
     except Exception:
         return None
 summary = {"build_rc": build_rc, "build_s": build_s, "tests_rc": tests_rc, "bench_rc": bench_rc, "total_s": total_s,
-           "bench_cuda": load("bench_cuda.json"), "bandwidth": load("bandwidth.json")}
+           "bench_cuda": load("bench_cuda.json"), "bandwidth": load("bandwidth.json"),
+           "bench_comm": load("bench_comm.json")}
 try:
     import torch, stfast
     summary.update(torch=torch.__version__, build_info=stfast.build_info(), gpu=torch.cuda.get_device_name())

@@ -4,6 +4,8 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "comm/bindings.h"
+
 namespace stfast {
 
 TORCH_LIBRARY(stfast, m) {
@@ -63,6 +65,15 @@ extern "C" PyMODINIT_FUNC PyInit__C(void) {
   Py_INCREF(Py_None);
   PyModule_AddObject(m, "cuda_version", Py_None);
 #endif
+  // communicator (csrc/comm/): the store bootstrap always, NcclCommunicator with CUDA + NCCL
+#ifdef STFAST_WITH_NCCL
+  PyModule_AddIntConstant(m, "with_nccl", 1);
+#else
   PyModule_AddIntConstant(m, "with_nccl", 0);
+#endif
+  if (stfast::comm::add_bindings(m) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
   return m;
 }

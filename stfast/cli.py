@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused: stfast's native ops; reference: plain PyTorch (same parameters)")
     t.add_argument("--patience", type=int, default=None, help="early stop after N epochs without improvement")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
+    t.add_argument("--comm", default="torch", choices=("torch", "nccl"),
+                   help="gradient-sync communicator: torch.distributed, or stfast's C++ NCCL communicator")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
     t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -102,7 +104,7 @@ def cmd_train(a) -> int:
                       driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed,
                       data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
-                      nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
+                      nproc=a.nproc, comm=a.comm, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():

@@ -11,7 +11,7 @@ def test_build_info_fields():
     assert info["stfast_version"] == stfast.__version__
     assert info["torch_version"] == torch.__version__
     assert isinstance(info["cuda"], bool) and isinstance(info["nccl"], bool)
-    assert info["nccl"] is False
+    assert info["nccl"] is (info["cuda"] and hasattr(stfast._C, "NcclCommunicator"))  # NCCL only with CUDA
     if info["cuda"]:
         assert info["cuda_version"] == torch.version.cuda
     else:

@@ -37,6 +37,7 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "float32"  # or "float64"
     nproc: int = 1
+    comm: str = "torch"  # gradient-sync communicator: "torch" (torch.distributed) or "nccl" (stfast's C++ NCCL)
     threads: int | None = None  # torch intra-op threads per process (default: cores / processes)
     max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
     out: str = "runs/latest"
@@ -94,6 +95,10 @@ class TrainConfig:
             raise ValueError(f"--patience must be ≥ 1, got {self.patience}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
+        if self.comm not in ("torch", "nccl"):
+            raise ValueError(f"--comm must be torch or nccl, got {self.comm}")
+        if self.comm == "nccl" and not self.device.startswith("cuda"):
+            raise ValueError("--comm nccl needs --device cuda (NCCL moves CUDA tensors only)")
         if self.device.startswith("cuda"):
             import torch
 

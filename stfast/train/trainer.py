@@ -24,6 +24,7 @@ from ..data.splits import default_date_split, parse_days, parse_fractions, split
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
+from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
@@ -145,6 +146,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = DeepTTE(mcfg, self.stats).to(self.device, self.dtype)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # gradient sync (stfast.parallel.comm): buckets summed over ranks while the backward runs;
+        # backward passes inside self.grad_sync.no_sync() (accumulation micro-steps) do not communicate
+        self.grad_sync = (GradientSync(self.model.parameters(), make_communicator(cfg.comm, self.device))
+                          if self.info.distributed else None)
         self.epoch, self.step, self.best = 0, 0, math.inf
         self.epoch_batch = 0  # batches of self.epoch already done (set when stopped at max_steps)
         if resume is not None:
@@ -206,7 +211,8 @@ class Trainer:
             loss = combine_loss(parts, self.model.cfg.alpha, len(gb), n_local, use_local)
             loss.backward()
             loss_val = float(loss.detach())
-        dp.all_reduce_gradients(list(self.model.parameters()), self.info)
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
         self.opt.step()
         self.step += 1
         return loss_val

@@ -1,0 +1,439 @@
+"""Communicators and GradientSync: bucket assignment, the Store bootstrap, 2 Gloo ranks against torch DDP and
+one process (float64, 1e-9), and the C++ NCCL communicator where the build and a GPU allow (world size 1)."""
+import itertools
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import stfast
+from stfast.parallel.comm import (
+    GradientSync,
+    NcclCommunicator,
+    TorchCommunicator,
+    assign_buckets,
+    make_communicator,
+    nccl_available,
+)
+
+HAS_NCCL = nccl_available()
+HAS_GPU = torch.cuda.is_available()
+needs_gpu_nccl = pytest.mark.skipif(not (HAS_NCCL and HAS_GPU), reason="needs stfast's NCCL build and a CUDA GPU")
+WORLD = 2
+STEPS = 10
+MICRO = 3  # accumulation micro-steps per optimizer step
+
+
+# ------------------------------------------------------------------------------------------ build
+def test_build_reports_nccl_and_the_module_matches():
+    info = stfast.build_info()
+    assert info["nccl"] == hasattr(stfast._C, "NcclCommunicator") == hasattr(stfast._C, "NcclWork")
+    if not info["cuda"]:
+        assert info["nccl"] is False  # NCCL is built only with CUDA
+    wheel_nccl = Path(torch.__file__).parent.parent / "nvidia" / "nccl" / "include" / "nccl.h"
+    if info["cuda"] and wheel_nccl.is_file():
+        assert info["nccl"] is True, "CUDA build beside the nvidia-nccl wheel must compile the NCCL communicator"
+    if info["nccl"]:  # the library loads and answers without a GPU
+        major, minor, _ = NcclCommunicator.nccl_version()
+        assert major == 2 and minor >= 14  # non-blocking communicators (ncclConfig_t.blocking) since 2.14
+
+
+def test_nccl_communicator_unavailable_is_explained():
+    if not HAS_NCCL:
+        with pytest.raises(RuntimeError, match="built without the NCCL communicator"):
+            NcclCommunicator()
+    elif not HAS_GPU:
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            NcclCommunicator()
+    with pytest.raises(ValueError, match="'torch' or 'nccl'"):
+        make_communicator("mpi")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        make_communicator("nccl", "cpu")
+
+
+# ------------------------------------------------------------------------------------ bootstrap
+def test_store_bootstrap_rank0_publishes_others_read(tmp_path):
+    blob = os.urandom(128)  # an ncclUniqueId is 128 bytes
+    store = dist.FileStore(str(tmp_path / "store"), WORLD)
+    got = {}
+
+    def reader():
+        got[1] = stfast._C._exchange_through_store(dist.PrefixStore("run", store), 1, "uid", b"", 10.0)
+
+    t = threading.Thread(target=reader)
+    t.start()  # the reader waits for the key rank 0 publishes afterwards
+    assert stfast._C._exchange_through_store(dist.PrefixStore("run", store), 0, "uid", blob, 10.0) == blob
+    t.join()
+    assert got[1] == blob
+
+
+def test_store_bootstrap_timeout_names_rank_and_key(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), WORLD)
+    with pytest.raises(RuntimeError, match=r"rank 1 did not get key 'stfast_nccl_unique_id/7'.*0\.2 s"):
+        stfast._C._exchange_through_store(store, 1, "stfast_nccl_unique_id/7", b"", 0.2)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        stfast._C._exchange_through_store(store, 1, "k", b"", 0.0)
+
+
+# -------------------------------------------------------------------------------------- buckets
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.sampled_from([torch.float32, torch.float64])), min_size=1,
+                max_size=30), st.integers(64, 20000), st.integers(8, 20000))
+def test_bucket_assignment_invariants(shapes, cap, first_cap):
+    params = [torch.empty(n, dtype=dt) for n, dt in shapes]
+    buckets = assign_buckets(params, cap, first_cap)
+    flat = [i for b in buckets for i in b.index]
+    assert sorted(flat) == list(range(len(params)))  # every parameter exactly once
+    seen_dtypes = {}
+    for b in buckets:
+        assert all(params[i].dtype == b.dtype for i in b.index)  # one dtype per bucket
+        assert b.index == sorted(b.index, reverse=True)  # reverse registration order inside
+        k = seen_dtypes[b.dtype] = seen_dtypes.get(b.dtype, 0) + 1
+        limit = first_cap if k == 1 else cap
+        assert b.nbytes <= limit or len(b.index) == 1  # under the cap unless one parameter is larger
+    for dt in (torch.float32, torch.float64):  # per dtype: consecutive, maximal buckets in reverse order
+        mine = [b for b in buckets if b.dtype == dt]
+        order = [i for b in mine for i in b.index]
+        assert order == sorted(order, reverse=True)
+        for k, (b, nxt) in enumerate(itertools.pairwise(mine)):
+            limit = first_cap if k == 0 else cap
+            assert b.nbytes + params[nxt.index[0]].numel() * params[nxt.index[0]].element_size() > limit
+    with pytest.raises(ValueError, match="bucket caps must be > 0"):
+        assign_buckets(params, 0, 10)
+
+
+def test_ddp_sized_buckets_first_small():
+    params = [torch.empty(2**20, dtype=torch.float32) for _ in range(12)]  # 4 MiB each
+    small = [torch.empty(1000) for _ in range(3)]
+    buckets = assign_buckets(small + params, 25 * 2**20, 2**20)
+    assert buckets[0].index == [14]  # a 4 MiB parameter alone exceeds the 1 MiB first bucket
+    assert [len(b.index) for b in buckets[1:]] == [6, 5 + 3]  # 6 x 4 MiB fit in 25 MiB; 5 more + the small ones
+    assert buckets[-1].index[-3:] == [2, 1, 0]
+
+
+# ---------------------------------------------------- 2 Gloo ranks: GradientSync == DDP == one process
+class Net(nn.Module):
+    """Embedding + MLP with an auxiliary head used on some steps only (a parameter without gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.aux = nn.Linear(32, 1)  # registered early: its bucket is not the first one launched
+        self.l1 = nn.Linear(6 + 4, 32)
+        self.l2 = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 1)
+
+    def forward(self, x, ids, use_aux=False):
+        h = torch.tanh(self.l1(torch.cat([x, self.emb(ids)], 1)))
+        h = torch.tanh(self.l2(h)) + h
+        out = self.head(h)[:, 0]
+        return out + self.aux(h)[:, 0] if use_aux else out
+
+
+def _data(step: int, micro: int):
+    """A global micro-batch: its size varies (9..13), fresh random values, the same on every rank."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    n = 9 + (step + micro) % 5
+    return (torch.randn(n, 6, generator=g, dtype=torch.float64), torch.randint(0, 7, (n,), generator=g),
+            torch.randn(n, generator=g, dtype=torch.float64))
+
+
+def _shard(n: int, rank: int, empty_rank1: bool):
+    """Unequal shards: rank 0 takes about two thirds; with empty_rank1 rank 1 gets nothing."""
+    cut = n if empty_rank1 else (2 * n + 2) // 3
+    return slice(0, cut) if rank == 0 else slice(cut, n)
+
+
+def _train(rank: int, mode: str, use_aux: bool = False, empty_every: int = 0):
+    """10 Adam steps of MICRO accumulated micro-batches; loss = shard sum / global count of the step.
+    mode: 'single' (whole batches, no communication), 'sync' (GradientSync over TorchCommunicator),
+    'ddp' (torch DDP; its gradient average is undone by scaling the loss by the world size).
+    use_aux: the aux head is used on even steps only; empty_every: rank 1's shard is empty on the steps
+    where step % empty_every == 1."""
+    torch.manual_seed(0)
+    net = Net().double()
+    model, sync = net, None
+    if mode == "ddp":
+        model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.002, find_unused_parameters=True)
+    elif mode == "sync":
+        sync = GradientSync(net.parameters(), TorchCommunicator(), bucket_cap_mb=0.002, first_bucket_mb=0.001)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    started_in_backward = []
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        batches = [_data(step, m) for m in range(MICRO)]
+        total = sum(len(b[2]) for b in batches)
+        for m, (x, ids, y) in enumerate(batches):
+            final = m == MICRO - 1
+            empty = empty_every and step % empty_every == 1
+            s = slice(None) if mode == "single" else _shard(len(y), rank, empty)
+            ctx = (model.no_sync() if mode == "ddp" else sync.no_sync()) if (not final and mode != "single") \
+                else torch.enable_grad()
+            with ctx:
+                if len(y[s]) == 0:
+                    continue  # an empty shard: no forward, no backward on this rank
+                pred = model(x[s], ids[s], use_aux and step % 2 == 0)
+                loss = ((pred - y[s]) ** 2).sum() / total
+                if mode == "ddp":
+                    loss = loss * WORLD
+                loss.backward()
+        if sync is not None:
+            started_in_backward.append(sync._next)
+            sync.finish()
+        opt.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}, started_in_backward, \
+        (len(sync.buckets) if sync else 0)
+
+
+def _collectives(rank: int) -> dict:
+    """TorchCommunicator's collectives on 2 Gloo ranks, results per name."""
+    comm = TorchCommunicator()
+    out = {}
+    t = torch.arange(6, dtype=torch.float64) + 10 * rank
+    comm.all_reduce(t, "sum")
+    out["sum"] = t
+    t = torch.arange(6, dtype=torch.float64) + 10 * rank
+    comm.all_reduce(t, "avg", async_op=True).wait()
+    out["avg"] = t
+    t = torch.full((3,), float(rank + 1))
+    comm.broadcast(t, root=1)
+    out["broadcast"] = t
+    g = torch.empty(2 * WORLD)
+    comm.all_gather(g, torch.tensor([rank, rank + 0.5]))
+    out["all_gather"] = g
+    r = torch.empty(2)
+    comm.reduce_scatter(r, torch.arange(4.0) * (rank + 1))
+    out["reduce_scatter"] = r
+    peer = 1 - rank
+    send, recv = torch.full((4,), float(rank)), torch.empty(4)
+    with comm.group():  # both ranks send first: only safe because the group batches them
+        works = [comm.send(send, peer), comm.recv(recv, peer)]
+    for w in works:
+        w.wait()
+    out["recv"] = recv
+    return out
+
+
+def _worker(rank: int, store_path: str, out_dir: str):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
+    try:
+        res = {"collectives": _collectives(rank)}
+        res["sync"] = _train(rank, "sync")
+        res["ddp"] = _train(rank, "ddp")
+        res["sync_empty"] = _train(rank, "sync", use_aux=True, empty_every=3)
+        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gloo_results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gloo")
+    mp.spawn(_worker, args=(str(d / "store"), str(d)), nprocs=WORLD, join=True)
+    return [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_torch_communicator_collectives_two_gloo_ranks(gloo_results):
+    for rank, res in enumerate(gloo_results):
+        c = res["collectives"]
+        base = torch.arange(6, dtype=torch.float64)
+        assert torch.equal(c["sum"], 2 * base + 10)
+        assert torch.allclose(c["avg"], base + 5, atol=1e-12)
+        assert torch.equal(c["broadcast"], torch.full((3,), 2.0))
+        assert torch.equal(c["all_gather"], torch.tensor([0, 0.5, 1, 1.5]))
+        assert torch.equal(c["reduce_scatter"], (torch.arange(4.0) * 3)[2 * rank:2 * rank + 2])
+        assert torch.equal(c["recv"], torch.full((4,), float(1 - rank)))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_gradient_sync_equals_ddp_after_10_steps_with_accumulation_and_unequal_shards(gloo_results):
+    sync0, started, n_buckets = gloo_results[0]["sync"]
+    ddp0 = gloo_results[0]["ddp"][0]
+    assert n_buckets >= 4  # the small caps make several buckets
+    # buckets were launched by the hooks during the backward, not only at finish()
+    assert all(n >= 1 for n in started), started
+    for res in gloo_results:
+        sync, ddp = res["sync"][0], res["ddp"][0]
+        assert _max_diff(sync, ddp) < 1e-9
+        assert _max_diff(sync, sync0) == 0  # ranks agree exactly
+    # and training moved the parameters (the comparison is not between untouched models)
+    torch.manual_seed(0)
+    init = Net().double().state_dict()
+    assert (ddp0["head.weight"] - init["head.weight"]).abs().max().item() > 1e-3
+
+
+def test_gradient_sync_with_empty_shards_and_unused_parameters_equals_one_process(gloo_results):
+    single, _, _ = _train(0, "single", use_aux=True)
+    for res in gloo_results:
+        sync = res["sync_empty"][0]
+        assert _max_diff(sync, single) < 1e-9
+    torch.manual_seed(0)
+    init = Net().double().state_dict()
+    assert (single["aux.weight"] - init["aux.weight"]).abs().max().item() > 1e-3  # the aux head trained
+
+
+def test_gradient_sync_rejects_double_backward_without_no_sync():
+    class Fake:
+        rank, world_size = 0, 1
+
+        def all_reduce(self, tensor, op="sum", async_op=False):
+            return type("W", (), {"wait": lambda self: None})()
+
+    lin = nn.Linear(3, 1)
+    sync = GradientSync(lin.parameters(), Fake())
+    lin(torch.randn(2, 3)).sum().backward()
+    with pytest.raises(RuntimeError, match="became ready twice"):
+        lin(torch.randn(2, 3)).sum().backward()
+    sync.remove()
+    with pytest.raises(ValueError, match="no parameters"):
+        GradientSync([], Fake())
+
+
+# ------------------------------------------------------------------ NCCL communicator (GPU, world size 1)
+@pytest.fixture
+def nccl_comm(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    comm = NcclCommunicator(store, rank=0, world_size=1, device=0, timeout_s=60.0, key="test")
+    yield comm
+    comm.close()
+
+
+@pytest.fixture
+def torch_nccl_group(tmp_path):
+    """A world-size-1 torch.distributed NCCL group, the reference implementation."""
+    store = dist.FileStore(str(tmp_path / "torch_store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@needs_gpu_nccl
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_cuda_nccl_all_reduce_world1_matches_torch_nccl(nccl_comm, torch_nccl_group, dtype, op):
+    x = torch.randn(1 << 16, device="cuda").to(dtype)
+    ours, ref = x.clone(), x.clone()
+    nccl_comm.all_reduce(ours, op)
+    dist.all_reduce(ref, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.AVG)
+    torch.cuda.synchronize()
+    assert torch.equal(ours, ref) and torch.equal(ours, x)
+
+
+@needs_gpu_nccl
+def test_cuda_nccl_collectives_world1(nccl_comm, torch_nccl_group):
+    x = torch.randn(4097, device="cuda")
+    b = x.clone()
+    nccl_comm.broadcast(b, root=0)
+    g = torch.empty_like(x)
+    nccl_comm.all_gather(g, x)
+    rs = torch.empty_like(x)
+    nccl_comm.reduce_scatter(rs, x)
+    ref = torch.empty_like(x)
+    dist.reduce_scatter_tensor(ref, x.clone())
+    recv = torch.empty_like(x)
+    with nccl_comm.group():  # send to and receive from oneself: only possible in a group
+        works = [nccl_comm.send(x, 0), nccl_comm.recv(recv, 0)]
+    for w in works:
+        w.wait()
+    torch.cuda.synchronize()
+    for out in (b, g, rs, ref, recv):
+        assert torch.equal(out, x)
+    assert all(w.is_completed() for w in works)
+
+
+@needs_gpu_nccl
+def test_cuda_nccl_joins_the_callers_stream(nccl_comm):
+    """Producer and consumer on a side stream: the communicator waits for the producer and the consumer
+    waits for the communicator (events, no host sync)."""
+    side = torch.cuda.Stream()
+    src = torch.randn(1 << 22, device="cuda")
+    with torch.cuda.stream(side):
+        t = torch.empty_like(src)
+        for _ in range(20):  # keep the side stream busy so that a missing join would read stale data
+            t.copy_(src)
+        t.mul_(2)
+        work = nccl_comm.all_reduce(t, "sum", async_op=True)
+        work.wait()
+        out = t + 1
+    side.synchronize()
+    assert torch.equal(out, src * 2 + 1)
+    work.synchronize()
+
+
+@needs_gpu_nccl
+def test_cuda_nccl_grouped_all_reduces_and_errors(nccl_comm):
+    xs = [torch.randn(n, device="cuda") for n in (1, 100, 10000)]
+    ys = [x.clone() for x in xs]
+    with nccl_comm.group():
+        works = [nccl_comm.all_reduce(y, "sum", async_op=True) for y in ys]
+    for w in works:
+        w.synchronize()
+    assert all(torch.equal(x, y) for x, y in zip(xs, ys))
+    with pytest.raises(RuntimeError, match="must be on cuda:0"):
+        nccl_comm.all_reduce(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        nccl_comm.all_reduce(torch.zeros(4, 4, device="cuda").t())
+    with pytest.raises(ValueError, match="op must be"):
+        nccl_comm.all_reduce(ys[0], "max")
+    nccl_comm.abort("stopped by the test")
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        nccl_comm.all_reduce(ys[0])
+
+
+@needs_gpu_nccl
+def test_cuda_nccl_bootstrap_timeout_names_rank_and_key(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 2)
+    with pytest.raises(RuntimeError, match=r"rank 1 did not get key 'lonely'"):
+        NcclCommunicator(store, rank=1, world_size=2, device=0, timeout_s=0.5, key="lonely")
+
+
+@needs_gpu_nccl
+def test_cuda_gradient_sync_over_nccl_world1(nccl_comm):
+    torch.manual_seed(0)
+    net = Net().double().cuda()
+    sync = GradientSync(net.parameters(), nccl_comm, bucket_cap_mb=0.002, first_bucket_mb=0.001)
+    x, ids, y = (t.cuda() for t in _data(0, 0))
+    ((net(x, ids) - y) ** 2).sum().backward()
+    want = [p.grad.clone() for p in net.parameters()]
+    sync.finish()
+    assert all(torch.equal(p.grad, w) for p, w in zip(net.parameters(), want))
+
+
+@needs_gpu_nccl
+def test_cuda_nccl_matches_cupy_nccl(nccl_comm):
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda import nccl as cnccl
+
+    x = torch.randn(1 << 14, device="cuda")
+    ours = x.clone()
+    nccl_comm.all_reduce(ours, "sum")
+    ref = cupy.asarray(x.clone())
+    comm = cnccl.NcclCommunicator(1, cnccl.get_unique_id(), 0)
+    comm.allReduce(ref.data.ptr, ref.data.ptr, ref.size, cnccl.NCCL_FLOAT32, cnccl.NCCL_SUM,
+                   cupy.cuda.get_current_stream().ptr)
+    cupy.cuda.get_current_stream().synchronize()
+    torch.cuda.synchronize()
+    assert torch.equal(ours, torch.as_tensor(ref, device="cuda"))
+
+
+def test_train_config_checks_the_communicator():
+    from stfast.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="--comm must be torch or nccl"):
+        TrainConfig(comm="mpi").validate()
+    with pytest.raises(ValueError, match="--comm nccl needs --device cuda"):
+        TrainConfig(comm="nccl").validate()
