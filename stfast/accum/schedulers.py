@@ -62,6 +62,7 @@ class WindowStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["window_s"] = d.pop("wall_s")  # "wall_s" in metrics.jsonl is the time since the start
         d.update(samples_per_s=self.samples_per_s, steps_per_s=self.steps_per_s, comm_share=self.comm_share)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
