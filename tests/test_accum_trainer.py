@@ -10,8 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
 import test_trainer
+import torch
 
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
