@@ -41,7 +41,7 @@ class AccumulationController:
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
         self._t0 = time.perf_counter()
-        self._reset_window()
+        self.reset_window()
 
     def start_clock(self) -> None:
         self._t0 = time.perf_counter()
@@ -50,7 +50,7 @@ class AccumulationController:
         """Wall time of training so far (s), over resumed invocations too (what --time-budget counts)."""
         return self.wall_before + time.perf_counter() - self._t0
 
-    def _reset_window(self) -> None:
+    def reset_window(self) -> None:
         self.w_steps, self.w_trips, self.w_wall, self.w_comm = 0, 0, 0.0, 0.0
         self.w_loss_start = self.loss_ema
 
@@ -93,11 +93,7 @@ class AccumulationController:
         row = None
         decision = np.zeros(2)
         if self.info.is_main:
-            slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
-            stats = WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
-                                wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
-                                noise_scale=self.noise.value, budget_used=min(max(budget_used, 0.0), 1.0),
-                                imbalance=imbalance)
+            stats = self.window_stats(budget_used, imbalance)
             k_next = self.scheduler.observe(stats)
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next}
             r = getattr(self.scheduler, "last_reward", None)
@@ -107,8 +103,16 @@ class AccumulationController:
         decision = dp.all_reduce_sum(decision, self.info)
         self.k = round(float(decision[0]))
         self.n_windows += 1
-        self._reset_window()
+        self.reset_window()
         return bool(decision[1]), row
+
+    def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
+        """This rank's measurements of the current window (its times; the loss and noise scale are global)."""
+        slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
+        return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
+                           wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
+                           noise_scale=self.noise.value, budget_used=min(max(budget_used, 0.0), 1.0),
+                           imbalance=imbalance)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -121,4 +125,4 @@ class AccumulationController:
         if self.info.is_main:
             self.scheduler.load_state_dict(s["scheduler"])
         self.noise.load_state_dict(s["noise"])
-        self._reset_window()
+        self.reset_window()

@@ -150,14 +150,21 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
 
 
 def reward(stats: WindowStats, ref_samples_per_s: float) -> float:
-    """Goodput of the window over the reference throughput (the first window's, at k = 1).
+    """The window's training progress beyond the k = 1 pace, over W·B base-batch trips:
+    (trips·E(k·B) − ref·wall_s) / (steps·B), where a trip at batch M makes E(M) times the progress of
+    one at the base batch (McCandlish et al.; stfast.accum.goodput) and ref is the k = 1 throughput
+    (the first window's), at which E = 1. So a k = 1 window scores 0 and a window at k scores
+    (goodput(k) − goodput(1)) × its wall time.
 
-    Why goodput and not the loss decrease per second: the loss decrease falls over training whatever
-    k is (a non-stationary reward the agent would misread as its own doing) and is noisy per window,
-    while goodput is progress per wall-second in base-batch trips — by McCandlish et al.'s model the
-    quantity whose integral over time is training progress, so maximizing it at every window is
-    maximizing progress within the budget (and minimizing time to a target)."""
-    return stats.goodput() / ref_samples_per_s
+    Why this: the episode is a wall-clock budget, so the return — the sum over the budget — is the
+    progress made within it (what reaching a target MAPE sooner needs) minus a constant, the progress
+    of k = 1 in the same time. Subtracting that constant pace is potential-based shaping (Φ = −ref·t,
+    Ng et al. 1999): it leaves the best policy unchanged but charges each window for the time it
+    takes, so a long window at large k is not mistaken for a good one. A plain per-window rate summed
+    over windows would count windows (their number depends on k); the EMA loss decrease per second
+    falls over training whatever k is and is noisy per window."""
+    e = statistical_efficiency(stats.noise_scale, stats.k * stats.micro_batch, stats.micro_batch)
+    return (stats.trips * e - ref_samples_per_s * stats.wall_s) / (stats.steps * stats.micro_batch)
 
 
 class RLScheduler(AccumulationScheduler):
@@ -182,7 +189,7 @@ class RLScheduler(AccumulationScheduler):
         obs = observation(stats, self.ref, self.choices)
         if self._pending is not None and self.online:
             self.last_reward = reward(stats, self.ref)
-            self.agent.record(*self._pending, self.last_reward, obs, stats.budget_used >= 1.0)
+            self.agent.record(*self._pending, self.last_reward, obs, False, stats.budget_used >= 1.0)
             if self.agent.n_recorded >= self.update_every:
                 self.agent.update()
         action, logp, value = self.agent.act(obs)
