@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="runs/latest", help="output folder")
     t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt (or checkpoint.pt)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # ---- gradient accumulation (stfast.accum)
+    t.add_argument("--accumulation", default=None,
+                   help="micro-batches per optimizer step: K or fixed:K, goodput (Pollux-style) or rl (the agent); "
+                        "default rl when --nproc > 1, else 1. --batch-size is then the global micro-batch")
+    t.add_argument("--accum-window", type=int, default=10, help="optimizer steps between decisions on k")
+    t.add_argument("--lr-scaling", default="sqrt", choices=("sqrt", "linear", "none"),
+                   help="learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows")
+    t.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
@@ -105,7 +113,8 @@ def cmd_train(a) -> int:
                       data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, comm=a.comm, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
-                      progress=False if a.no_progress else None)
+                      progress=False if a.no_progress else None, accumulation=a.accumulation,
+                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
         return launch(a.nproc, sys.argv[1:])

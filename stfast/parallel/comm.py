@@ -462,14 +462,22 @@ class GradientSync:
         b.work = self.comm.all_reduce(b.buffer, "sum", async_op=True)
         b.launched = True
 
-    def finish(self) -> None:
+    def finish(self, extra: torch.Tensor | None = None) -> torch.Tensor | None:
         """Start the buckets not started yet, wait for every bucket and write the sums into ``p.grad``.
         A parameter without a gradient on this rank gets the sum when another rank had one, and stays
-        None when no rank had one. Call once per optimizer step, after the last backward pass."""
+        None when no rank had one. Call once per optimizer step, after the last backward pass.
+
+        ``extra``: an optional small 1-D tensor (for example gradient-noise statistics [S], float64) summed
+        over the ranks after the buckets, in the same wait; returned summed, on its own device and dtype
+        (None when not given)."""
         with self._lock:
             for b in self.buckets[self._next:]:
                 b.pending = 0
             self._launch_ready()
+            summed, extra_work = None, None
+            if extra is not None:
+                summed = extra.to(self.buckets[0].device, copy=True)
+                extra_work = self.comm.all_reduce(summed, "sum", async_op=True)
             for b in self.buckets:
                 b.work.wait()
                 # reading the flags syncs with the device: only where this rank lacked a gradient
@@ -480,7 +488,10 @@ class GradientSync:
                         p.grad.copy_(v)
                     elif present[j] > 0:
                         p.grad = v.clone()
+            if extra_work is not None:
+                extra_work.wait()
             self._reset()
+        return None if summed is None else summed.to(extra.device)
 
     def remove(self) -> None:
         """Remove the hooks (the parameters no longer trigger communication)."""

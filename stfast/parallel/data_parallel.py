@@ -64,20 +64,26 @@ def equal_shard(global_batch: np.ndarray, info: DistInfo) -> np.ndarray:
     return global_batch[info.rank::info.world_size]
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
+def all_reduce_gradients(params: list[torch.nn.Parameter], info: DistInfo,
+                         extra: torch.Tensor | None = None) -> torch.Tensor | None:
     """Sum the gradients of ``params`` over all ranks, in one flat buffer. Parameters without a
-    gradient on this rank (for example an empty shard) take part as zeros."""
+    gradient on this rank (for example an empty shard) take part as zeros. ``extra`` (a small 1-D
+    float tensor, e.g. gradient-noise statistics) is summed in the same all-reduce and returned (in
+    the gradients' dtype); None when not given."""
     if not info.distributed:
-        return
+        return extra
     grads = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)
-    flat = _flatten_dense_tensors(grads)
+    tail = [] if extra is None else [extra.to(grads[0].dtype)]
+    flat = _flatten_dense_tensors(grads + tail)
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    for g, r in zip(grads, _unflatten_dense_tensors(flat, grads)):
+    reduced = _unflatten_dense_tensors(flat, grads + tail)
+    for g, r in zip(grads, reduced):
         g.copy_(r)
+    return reduced[-1] if tail else None
 
 
 def all_reduce_sum(values: np.ndarray, info: DistInfo) -> np.ndarray:

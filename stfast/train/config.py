@@ -43,6 +43,11 @@ class TrainConfig:
     out: str = "runs/latest"
     resume: bool = False
     progress: bool | None = None  # None: only on a TTY and rank 0
+    # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch ----
+    accumulation: str | None = None  # K, fixed:K, goodput or rl; None: rl when nproc > 1, else fixed:1
+    accum_window: int = 10  # optimizer steps per scheduler decision (a window)
+    lr_scaling: str = "sqrt"  # LR rule when the effective batch k·B changes: sqrt (Adam), linear, none
+    time_budget_s: float | None = None  # stop after this wall time (checked at window ends)
 
     @property
     def split_seed(self) -> int:
@@ -99,6 +104,16 @@ class TrainConfig:
             raise ValueError(f"--comm must be torch or nccl, got {self.comm}")
         if self.comm == "nccl" and not self.device.startswith("cuda"):
             raise ValueError("--comm nccl needs --device cuda (NCCL moves CUDA tensors only)")
+        # ---- gradient accumulation
+        from ..accum.goodput import lr_scale
+        from ..accum.schedulers import parse_spec
+
+        parse_spec(self.accumulation, self.nproc)
+        lr_scale(1, self.lr_scaling)
+        if self.accum_window < 1:
+            raise ValueError(f"--accum-window must be ≥ 1, got {self.accum_window}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ValueError(f"--time-budget must be > 0 s, got {self.time_budget_s}")
         if self.device.startswith("cuda"):
             import torch
 

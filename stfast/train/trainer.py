@@ -6,6 +6,7 @@ shard of each global batch, and sums gradients exactly (see stfast.parallel.data
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -18,9 +19,18 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..accum.controller import AccumulationController
+from ..accum.goodput import lr_scale
+from ..accum.schedulers import FixedScheduler, make_scheduler, parse_spec
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.load import load_trips
-from ..data.splits import default_date_split, parse_days, parse_fractions, split_by_days, split_random
+from ..data.splits import (
+    default_date_split,
+    parse_days,
+    parse_fractions,
+    split_by_days,
+    split_random,
+)
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
@@ -152,6 +162,7 @@ class Trainer:
                           if self.info.distributed else None)
         self.epoch, self.step, self.best = 0, 0, math.inf
         self.epoch_batch = 0  # batches of self.epoch already done (set when stopped at max_steps)
+        self._setup_accumulation(resume)
         if resume is not None:
             self.model.load_state_dict(resume["model_state"])
             self.opt.load_state_dict(resume["optimizer_state"])
@@ -165,6 +176,26 @@ class Trainer:
                  f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
         if self.dropped:
             self.say("dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())))
+
+    def _setup_accumulation(self, resume) -> None:
+        """The accumulation scheduler (built on rank 0; the others follow its broadcast k) and the
+        controller of windows and noise statistics; restored from the checkpoint on --resume."""
+        spec = parse_spec(self.cfg.accumulation, self.info.world_size)
+        if self.info.is_main or spec != "rl":
+            sched = make_scheduler(spec, seed=self.cfg.seed)
+        else:
+            sched = FixedScheduler(1)  # rank 0's agent decides; k0 = 1 like the RL scheduler's
+        self.accum_spec = spec
+        self.accum = AccumulationController(sched, self.model.parameters(), self.info, self.cfg.batch_size,
+                                            self.cfg.accum_window)
+        if resume is not None and "accumulation" in resume:
+            self.accum.load_state_dict(resume["accumulation"])
+        self._set_lr()
+
+    def _set_lr(self) -> None:
+        """Learning rate for the current effective batch k·B (cfg.lr_scaling; see accum.goodput.lr_scale)."""
+        for g in self.opt.param_groups:
+            g["lr"] = self.cfg.lr * lr_scale(self.accum.k, self.cfg.lr_scaling)
 
     def _resume_state(self):
         self._resume_path = None
@@ -195,27 +226,64 @@ class Trainer:
             "step": self.step,
             "best_val_mape": self.best,
             "train_config": self.cfg.to_dict(),
+            "accumulation": self.accum.state_dict(),
         }
 
     # ---------------------------------------------------------------- training
-    def train_step(self, gb: np.ndarray, use_local: bool) -> float:
-        """One optimizer step on global batch ``gb``; returns the global batch's loss."""
+    def train_step(self, gb, use_local: bool) -> float:
+        """One optimizer step on global batch ``gb`` ([B] trip indices), or on a list of k global
+        micro-batches accumulated into one step: micro-steps 1..k−1 only backpropagate, the k-th is
+        followed by the one gradient all-reduce of the step. Every loss is divided by the trip and
+        local-point counts of ALL micro-batches over ALL ranks, so the accumulated gradient is the
+        mean over all their trips whatever the shard sizes. Returns this rank's part of the loss."""
+        t0 = time.perf_counter()
+        micro = [gb] if isinstance(gb, np.ndarray) else list(gb)
         k = self.model.cfg.kernel_size
-        shard = dp.equal_shard(gb, self.info)
-        n_local = int(np.maximum(self.train_ds.lengths[gb] - k + 1, 0).sum())
+        n_trips = sum(len(m) for m in micro)
+        n_local = int(sum(np.maximum(self.train_ds.lengths[m] - k + 1, 0).sum() for m in micro))
         self.opt.zero_grad(set_to_none=True)
+        self.accum.begin_step()
         loss_val = 0.0
-        if len(shard):
-            b = self.train_ds.batch(shard).to(self.device)
-            parts = loss_parts(self.model, self.model(b), b)
-            loss = combine_loss(parts, self.model.cfg.alpha, len(gb), n_local, use_local)
-            loss.backward()
-            loss_val = float(loss.detach())
-        if self.grad_sync is not None:
-            self.grad_sync.finish()
+        for i, m in enumerate(micro):
+            # micro-steps 1..k-1 accumulate locally; the last one's backward starts the bucketed sync
+            last = i == len(micro) - 1
+            quiet = self.grad_sync.no_sync() if self.grad_sync is not None and not last else contextlib.nullcontext()
+            with quiet:
+                shard = dp.equal_shard(m, self.info)
+                if len(shard):
+                    b = self.train_ds.batch(shard).to(self.device)
+                    parts = loss_parts(self.model, self.model(b), b)
+                    loss = combine_loss(parts, self.model.cfg.alpha, n_trips, n_local, use_local)
+                    loss.backward()
+                    loss_val += float(loss.detach())
+            self.accum.after_micro_step(len(shard), n_trips)
+        t_sync = time.perf_counter()
+        extra = self.accum.extra(loss_val)
+        reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
+        t_sync = time.perf_counter() - t_sync
         self.opt.step()
         self.step += 1
+        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
         return loss_val
+
+    def _end_window(self, epoch_done: float) -> bool:
+        """Close an accumulation window: the scheduler's next k (and the learning rate for it), the
+        window's row in metrics.jsonl; True when the time budget is spent."""
+        cfg = self.cfg
+        elapsed = self.accum.elapsed()
+        used = [epoch_done / cfg.epochs]
+        if cfg.max_steps:
+            used.append(self.step / cfg.max_steps)
+        if cfg.time_budget_s:
+            used.append(elapsed / cfg.time_budget_s)
+        out_of_time = cfg.time_budget_s is not None and elapsed >= cfg.time_budget_s
+        stop, row = self.accum.end_window(max(used), out_of_time)
+        self._set_lr()
+        if row is not None:
+            row.update(step=self.step, wall_s=elapsed, accumulation=self.accum_spec)
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return stop
 
     def _step_limit(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
@@ -226,23 +294,34 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         t_start = time.perf_counter()
+        self.accum.start_clock()
         stopped = False
         stale = 0  # epochs since the best validation MAPE (early stopping)
-        while self.epoch < cfg.epochs and not stopped and not self._step_limit():
+        out_of_time = False
+        while self.epoch < cfg.epochs and not stopped and not self._step_limit() and not out_of_time:
             self.model.train()  # fault 3 fixed: back to training mode every epoch
             use_local = cfg.compat != "original" or self.epoch == 0
             batches = epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, self.epoch)
             t0, loss_sum, n_done, trips_done = time.perf_counter(), 0.0, 0, 0
-            it = _progress(range(self.epoch_batch, len(batches)), self.show, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
-                           unit="batch", leave=False)
-            for bi in it:
-                loss_sum += self.train_step(batches[bi], use_local)
+            bar = _progress(None, self.show, total=len(batches), initial=self.epoch_batch,
+                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
+            bi = self.epoch_batch
+            while bi < len(batches):
+                group = batches[bi:bi + self.accum.k]  # k micro-batches per optimizer step
+                loss_sum += self.train_step(group[0] if len(group) == 1 else group, use_local)
+                bi += len(group)
                 n_done += 1
-                trips_done += len(batches[bi])
-                if self._step_limit():
-                    self.epoch_batch = bi + 1
+                trips_done += sum(len(g) for g in group)
+                if self.show:
+                    bar.update(len(group))
+                if self.accum.window_due():
+                    out_of_time = self._end_window(self.epoch + bi / len(batches))
+                if self._step_limit() or out_of_time:
+                    self.epoch_batch = bi
                     stopped = self.epoch_batch < len(batches)
                     break
+            if self.show:
+                bar.close()
             if stopped:
                 break
             self.epoch_batch = 0
@@ -274,7 +353,8 @@ class Trainer:
         if stopped:
             if self.info.is_main:
                 ckpt.save_atomic(self.state(), self.out / "last.pt")
-            self.say(f"stopped after {self.step} steps (--max-steps); state in {self.out / 'last.pt'}")
+            why = "--time-budget" if out_of_time else "--max-steps"
+            self.say(f"stopped after {self.step} steps ({why}); state in {self.out / 'last.pt'}")
         return self.finish()
 
     def finish(self) -> dict:
@@ -322,7 +402,8 @@ def plot_learning_curve(metrics_path: Path, png_path: Path, summary: dict) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in open(metrics_path)]
+    with open(metrics_path) as f:
+        rows = [r for r in map(json.loads, f) if "epoch" in r]  # not the accumulation windows
     ep = [r["epoch"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].plot(ep, [100 * r["val_mape"] for r in rows], "o-", label="DeepTTE validation")

@@ -1,0 +1,128 @@
+"""The trainer's side of gradient accumulation: per-step statistics (noise-scale units, loss, time in
+the all-reduce), windows of W optimizer steps, and the scheduler's decision on k, made on rank 0 and
+broadcast so that every rank takes the same number of micro-steps (ranks that disagree would hang in
+the all-reduce).
+
+Kept apart from stfast.train.trainer so the trainer only calls it at four places: before the first
+micro-step, after each micro-step, around the gradient all-reduce, and after a window.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from ..parallel import data_parallel as dp
+from .noise import GradientNoiseScale, UnitGradients
+from .schedulers import AccumulationScheduler, WindowStats
+
+LOSS_EMA_DECAY = 0.9  # per optimizer step
+
+
+class AccumulationController:
+    """Holds the scheduler (rank 0 decides), the gradient noise scale and the current window.
+
+    params: the model's parameters (for the micro-step gradient norms); micro_batch: global trips
+    per micro-step (B); window: optimizer steps per decision (W)."""
+
+    def __init__(self, scheduler: AccumulationScheduler, params, info: dp.DistInfo, micro_batch: int,
+                 window: int):
+        self.scheduler = scheduler
+        self.params = list(params)
+        self.info = info
+        self.micro_batch = micro_batch
+        self.window = window
+        self.k = scheduler.k
+        self.noise = GradientNoiseScale()
+        self.units = UnitGradients(self.params)
+        self.loss_ema = math.nan
+        self.n_windows = 0
+        self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
+        self._t0 = time.perf_counter()
+        self.reset_window()
+
+    def start_clock(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall time of training so far (s), over resumed invocations too (what --time-budget counts)."""
+        return self.wall_before + time.perf_counter() - self._t0
+
+    def reset_window(self) -> None:
+        self.w_steps, self.w_trips, self.w_wall, self.w_comm = 0, 0, 0.0, 0.0
+        self.w_loss_start = self.loss_ema
+
+    # ------------------------------------------------------------ per step
+    def begin_step(self) -> None:
+        self.units.begin()
+
+    def after_micro_step(self, n_shard: int, n_total: int) -> None:
+        """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
+        step's ``n_total``). Skipped for one micro-step on one rank, where no second batch size exists."""
+        if self.k > 1 or self.info.distributed:
+            self.units.after_micro_step(n_shard, n_total)
+
+    def extra(self, local_loss: float) -> torch.Tensor:
+        """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, loss]."""
+        return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
+
+    def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float) -> None:
+        """After the optimizer step: update the noise scale from the reduced statistics and |g|² of the
+        reduced (mean over ``n_trips``) gradient, the loss EMA, and the window's counters."""
+        red = reduced.double().numpy()
+        big_sq = float(sum(p.grad.double().square().sum() for p in self.params if p.grad is not None))
+        self.noise.update(red[:3], big_sq, n_trips)
+        loss = float(red[3])
+        self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
+        if math.isnan(self.w_loss_start):
+            self.w_loss_start = loss
+        self.w_steps += 1
+        self.w_trips += n_trips
+        self.w_wall += step_s
+        self.w_comm += sync_s
+
+    # ------------------------------------------------------------ per window
+    def window_due(self) -> bool:
+        return self.w_steps >= self.window
+
+    def end_window(self, budget_used: float, out_of_time: bool, imbalance: float = 1.0) -> tuple[bool, dict | None]:
+        """Close the window: rank 0 asks the scheduler for k; k and the stop flag are broadcast (one
+        small all-reduce per window). Returns (stop, the window's metrics row on rank 0 else None)."""
+        row = None
+        decision = np.zeros(2)
+        if self.info.is_main:
+            stats = self.window_stats(budget_used, imbalance)
+            k_next = self.scheduler.observe(stats)
+            row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next}
+            r = getattr(self.scheduler, "last_reward", None)
+            if r is not None and math.isfinite(r):
+                row["reward"] = r
+            decision[:] = (k_next, float(out_of_time))
+        decision = dp.all_reduce_sum(decision, self.info)
+        self.k = round(float(decision[0]))
+        self.n_windows += 1
+        self.reset_window()
+        return bool(decision[1]), row
+
+    def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
+        """This rank's measurements of the current window (its times; the loss and noise scale are global)."""
+        slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
+        return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
+                           wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
+                           noise_scale=self.noise.value, budget_used=min(max(budget_used, 0.0), 1.0),
+                           imbalance=imbalance)
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
+                "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
+        self.wall_before = s["wall_before"]
+        if self.info.is_main:
+            self.scheduler.load_state_dict(s["scheduler"])
+        self.noise.load_state_dict(s["noise"])
+        self.reset_window()

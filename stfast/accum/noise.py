@@ -1,0 +1,145 @@
+"""Gradient noise scale B_simple = tr(Σ)/|G|² (McCandlish et al. 2018, "An Empirical Model of
+Large-Batch Training", arXiv:1812.06162, Appendix A), estimated without extra backward passes.
+
+Σ is the per-trip gradient covariance and G the true gradient. A mean gradient over b trips has
+E|g_b|² = |G|² + tr(Σ)/b, so two batch sizes b_small < b_big give the unbiased estimates (eqs. A.1, A.2)
+
+    |G|²  ≈ (b_big·|g_big|² − b_small·|g_small|²) / (b_big − b_small)
+    tr(Σ) ≈ (|g_small|² − |g_big|²) / (1/b_small − 1/b_big)
+
+During data-parallel training with accumulation the small batches are the *units* — one rank's
+shard of one micro-batch — and the big batch is the whole optimizer step (all ranks, all k
+micro-steps): the units' gradients exist anyway (before the all-reduce, and as differences of the
+accumulated gradient between micro-steps), so no backward pass is added. Units of unequal size
+(the slicer's shards) are handled exactly: averaging |g_u|² over U units has expectation
+|G|² + tr(Σ)·mean(1/b_u), so b_small is the harmonic mean of the unit sizes.
+
+Both estimates are noisy and |G|² can come out negative on one step, so numerator and denominator
+are smoothed separately by an EMA and divided only afterwards (the paper's recommendation).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def noise_estimates(small_sq: float, b_small: float, big_sq: float, b_big: float) -> tuple[float, float]:
+    """Unbiased (|G|², tr(Σ)) from squared norms of mean gradients at two batch sizes (eqs. A.1–A.2).
+
+    small_sq: mean of |g_small|² over the small batches; b_small: their size (trips; for unequal sizes
+    the harmonic mean); big_sq: |g_big|²; b_big: its size (trips). Raises ValueError unless
+    0 < b_small < b_big."""
+    if not 0 < b_small < b_big:
+        raise ValueError(f"need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")
+    g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
+    trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return g2, trace
+
+
+@dataclass
+class UnitNorms:
+    """Per-step accumulator of the small-batch statistics: Σ_u |g_u|², Σ_u 1/b_u and the unit count U
+    (summed over micro-steps on a rank, then over ranks inside the gradient all-reduce)."""
+
+    sq_sum: float = 0.0
+    inv_size_sum: float = 0.0
+    count: float = 0.0
+
+    def add(self, mean_grad_sq: float, n_trips: int) -> None:
+        """One unit: |g_u|² of its MEAN gradient over its ``n_trips`` (> 0) trips."""
+        self.sq_sum += mean_grad_sq
+        self.inv_size_sum += 1.0 / n_trips
+        self.count += 1.0
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.sq_sum, self.inv_size_sum, self.count], dtype=np.float64)
+
+
+class GradientNoiseScale:
+    """EMA-smoothed B_simple (in trips). ``update`` takes one optimizer step's statistics.
+
+    decay: EMA weight of the history (0.9 ≈ the last ten steps); estimates are bias-corrected like
+    Adam's moments, so the first update is not shrunk toward zero."""
+
+    def __init__(self, decay: float = 0.9):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.g2_ema = 0.0
+        self.trace_ema = 0.0
+        self.n = 0
+
+    def update(self, units: np.ndarray, big_sq: float, b_big: float) -> bool:
+        """units: the all-reduced [Σ|g_u|², Σ1/b_u, U] (float64 [3]); big_sq: |g|² of the step's mean
+        gradient over its ``b_big`` trips. Returns False (and changes nothing) when the step has fewer
+        than two units, where the two batch sizes coincide."""
+        sq_sum, inv_sum, count = (float(x) for x in units)
+        if count < 2:
+            return False
+        b_small = count / inv_sum
+        if not b_small < b_big:
+            return False
+        g2, trace = noise_estimates(sq_sum / count, b_small, big_sq, b_big)
+        self.g2_ema = self.decay * self.g2_ema + (1 - self.decay) * g2
+        self.trace_ema = self.decay * self.trace_ema + (1 - self.decay) * trace
+        self.n += 1
+        return True
+
+    @property
+    def g2(self) -> float:
+        """Bias-corrected EMA of |G|² (nan before the first update)."""
+        return self.g2_ema / (1 - self.decay ** self.n) if self.n else math.nan
+
+    @property
+    def trace(self) -> float:
+        """Bias-corrected EMA of tr(Σ) (nan before the first update)."""
+        return self.trace_ema / (1 - self.decay ** self.n) if self.n else math.nan
+
+    @property
+    def value(self) -> float:
+        """B_simple = tr(Σ)/|G|² in trips; nan before the first update, inf while |G|² ≤ 0 (all noise)."""
+        if not self.n:
+            return math.nan
+        g2 = self.g2
+        return self.trace / g2 if g2 > 0 else math.inf
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "g2_ema": self.g2_ema, "trace_ema": self.trace_ema, "n": self.n}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.decay, self.g2_ema, self.trace_ema, self.n = s["decay"], s["g2_ema"], s["trace_ema"], s["n"]
+
+
+class UnitGradients:
+    """Squared norms of each unit's mean gradient, read off the accumulating ``.grad`` of ``params``
+    between micro-steps (one flat copy of the gradient per micro-step; no extra backward pass).
+
+    Use: ``begin()`` before the first micro-step, ``after_micro_step(n)`` after each backward of a
+    unit of n trips whose loss was its trip SUM divided by ``n_total`` (the optimizer step's trips),
+    then ``units`` holds the step's UnitNorms."""
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.units = UnitNorms()
+        self._prev = None
+
+    def _flat(self):
+        import torch
+
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
+                          for p in self.params])
+
+    def begin(self) -> None:
+        self.units = UnitNorms()
+        self._prev = None
+
+    def after_micro_step(self, n_trips: int, n_total: int) -> None:
+        """Record the unit just backpropagated: its mean gradient is the change of .grad × n_total/n_trips."""
+        if n_trips <= 0:
+            return
+        flat = self._flat()
+        delta = flat if self._prev is None else flat - self._prev
+        self._prev = flat
+        self.units.add(float(delta.square().sum()) * (n_total / n_trips) ** 2, n_trips)

@@ -1,0 +1,131 @@
+"""Accumulation environments (gymnasium), schedulers and the PPO agent."""
+import math
+
+import numpy as np
+import pytest
+import test_trainer
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from stfast.accum.agent import Agent, pretrained_agent
+from stfast.accum.env import (
+    AccumulationEnv,
+    SimConfig,
+    SimulatedTrainingEnv,
+    ring_allreduce_s,
+    rollout,
+)
+from stfast.accum.profile import ComputeProfile
+from stfast.accum.schedulers import (
+    FixedScheduler,
+    GoodputScheduler,
+    RLScheduler,
+    WindowStats,
+    make_scheduler,
+    parse_spec,
+)
+from stfast.train.config import TrainConfig
+
+trips_file = test_trainer.trips_file  # the fixture: 120 random trips
+
+# best k grows from 1 to 8 during the budget: communication is 2/3 of a k = 1 step and the noise
+# scale grows from B/4 to about 25 B
+CHANGING = SimConfig(t_micro_s=0.04, t_comm_s=0.08, micro_batch=64, noise_scale0=16, progress_scale=256,
+                     budget_windows=40)
+
+
+def test_simulated_env_passes_check_env_and_is_seeded():
+    env = SimulatedTrainingEnv(SimConfig.from_profile(ComputeProfile.load(), ranks=64, micro_batch=64))
+    check_env(env, skip_render_check=True)
+    a = rollout(env, lambda e, o: 2, seed=5)
+    b = rollout(env, lambda e, o: 2, seed=5)
+    c = rollout(env, lambda e, o: 2, seed=6)
+    assert a == b and a["time_s"] != c["time_s"]
+    check_env(SimulatedTrainingEnv(CHANGING, randomize=True), skip_render_check=True)
+
+
+def test_simulated_env_best_k_changes_and_the_oracle_beats_every_fixed_k():
+    env = SimulatedTrainingEnv(CHANGING)
+    oracle = rollout(env, lambda e, o: e.best_action(), seed=0)
+    assert oracle["k"][0] <= 2 and oracle["k"][-1] >= 8
+    for i in range(len(env.choices)):
+        fixed = rollout(env, lambda e, o, i=i: i, seed=0)
+        assert fixed["progress"] < oracle["progress"]
+    # k = 1 is the reference pace: its shaped return is zero up to the throughput jitter
+    assert abs(rollout(env, lambda e, o: 0, seed=0)["return"]) < 1.0
+
+
+def test_ring_allreduce_model():
+    # 2(R−1) steps of n/R bytes: bandwidth term → 2n/bw for large R; latency 2(R−1)·α
+    assert ring_allreduce_s(1e6, 1, 25, 1e-5) == 0.0
+    assert ring_allreduce_s(1e9, 1000, 8, 0.0) == pytest.approx(2 * 999 / 1000 * 1.0, rel=1e-9)
+    assert ring_allreduce_s(0, 64, 25, 5e-5) == pytest.approx(126 * 5e-5)
+
+
+def test_pretrained_agent_reaches_90_percent_of_the_optimal_return_when_the_best_k_changes():
+    torch.set_num_threads(1)
+    agent = pretrained_agent(5, seed=0)  # offline on the randomized simulator, not on this config
+    env = SimulatedTrainingEnv(CHANGING)
+    for seed in (0, 1):
+        oracle = rollout(env, lambda e, o: e.best_action(), seed=seed)
+        got = rollout(env, lambda e, o: agent.act(o, deterministic=True)[0], seed=seed)
+        k1 = rollout(env, lambda e, o: 0, seed=seed)
+        # the return here is the progress within the wall budget (what the shaped reward sums to, plus
+        # the constant progress of the k = 1 pace)
+        assert got["progress"] >= 0.9 * oracle["progress"], (got["k"], oracle["k"])
+        assert got["progress"] > 1.3 * k1["progress"]
+
+
+def test_agent_state_round_trips_and_is_seeded():
+    a, b = Agent(5, seed=3), Agent(5, seed=3)
+    obs = np.random.default_rng(0).uniform(-1, 1, (32, 7)).astype(np.float32)
+    assert (a.act_batch(obs)[0] == b.act_batch(obs)[0]).all()
+    for i in range(40):
+        act, lp, v = a.act(obs[i % 32])
+        a.record(obs[i % 32], act, lp, v, float(act == 2), obs[(i + 1) % 32], False, i == 39)
+    a.update()
+    c = Agent(5, seed=9)
+    c.load_state_dict(a.state_dict())
+    assert (a.act_batch(obs, deterministic=True)[0] == c.act_batch(obs, deterministic=True)[0]).all()
+    with pytest.raises(ValueError, match="actions"):
+        Agent(4).load_state_dict(a.state_dict())
+
+
+def _stats(k, comm_s, noise, wall_s=None):
+    step = k * 0.1 + comm_s
+    return WindowStats(k=k, micro_batch=32, steps=10, trips=10 * k * 32, wall_s=wall_s or 10 * step,
+                       comm_s=10 * comm_s, noise_scale=noise)
+
+
+def test_goodput_scheduler_follows_the_noise_scale_and_holds_below_5_percent():
+    g = GoodputScheduler()
+    # communication 0.3 s vs 0.1 s compute per micro-step: large k pays when the noise scale is large
+    assert g.observe(_stats(1, 0.3, noise=1e4)) == 16
+    assert g.observe(_stats(16, 0.3, noise=1.0)) == 1
+    # a gain under 5 %: stay
+    h = GoodputScheduler()
+    h.observe(_stats(1, 0.0, noise=1e9))
+    assert h.k == 1
+
+
+def test_fixed_and_rl_schedulers_and_specs():
+    assert FixedScheduler(4).observe(_stats(4, 0.1, 100.0)) == 4
+    assert parse_spec(None, 1) == "fixed:1" and parse_spec(None, 2) == "rl" and parse_spec("8", 1) == "fixed:8"
+    with pytest.raises(ValueError, match="accumulation"):
+        parse_spec("fixed:x", 1)
+    rl = RLScheduler(Agent(5, seed=0), update_every=3)
+    ks = [rl.observe(_stats(rl.k, 0.2, 500.0)) for _ in range(7)]
+    assert all(k in rl.choices for k in ks) and math.isfinite(rl.last_reward)
+    assert rl.agent.n_recorded == 0  # updated after every 3 recorded windows (6 so far) … then 0 left
+    assert isinstance(make_scheduler("goodput"), GoodputScheduler)
+
+
+def test_live_accumulation_env_passes_check_env(trips_file, tmp_path):
+    cfg = TrainConfig(data=trips_file, format="deeptte", batch_size=8, out=str(tmp_path), progress=False, threads=1,
+                      accum_window=1)
+    env = AccumulationEnv(cfg, budget_s=0.5)
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=1)
+    obs, r, term, _, info = env.step(1)  # k = 2
+    assert env.observation_space.contains(obs) and info["k"] == 2 and info["trips"] == 16
+    assert math.isfinite(r) and not term

@@ -1,0 +1,171 @@
+"""Gradient accumulation in the trainer: k micro-batches ≡ one batch of their union (1 and 2 Gloo ranks,
+float64, unequal shards, an empty shard), exactly one all-reduce per optimizer step and after the LAST
+micro-step, the LR rule, windows in metrics.jsonl, resume."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import test_trainer
+import torch
+
+from stfast.train import checkpoint as ckpt
+from stfast.train.config import TrainConfig
+from stfast.train.trainer import Trainer
+
+trips_file = test_trainer.trips_file  # the fixture: 120 random trips
+
+# micro-batch sizes 5, 1 and 7 over 2 ranks: shards 3/2, 1/0 (an empty shard) and 4/3
+MICRO = [5, 1, 7]
+STEPS = 3
+
+
+def cfg(trips_file, out, **kw):
+    base = {"data": trips_file, "format": "deeptte", "epochs": 1, "batch_size": 16, "seed": 3, "out": str(out),
+                "progress": False, "threads": 1, "dtype": "float64", "lr_scaling": "none", "accumulation": "1"}
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def micro_batches(step):
+    rng = np.random.default_rng(100 + step)
+    perm = rng.permutation(80)
+    cuts = np.cumsum(MICRO)[:-1]
+    return np.split(perm[:sum(MICRO)], cuts)
+
+
+def run_one_process(trips_file, out, accumulate: bool):
+    tr = Trainer(cfg(trips_file, out))
+    tr.setup()
+    for s in range(STEPS):
+        mb = micro_batches(s)
+        tr.train_step(mb if accumulate else np.concatenate(mb), use_local=True)
+    return {k: v.clone() for k, v in tr.model.state_dict().items()}
+
+
+def assert_close(a, b, tol=1e-9):
+    for k, v in a.items():
+        if v.is_floating_point():
+            assert (v - b[k]).abs().max().item() < tol, k
+
+
+def test_k_micro_batches_equal_one_batch_of_their_union_one_process(trips_file, tmp_path):
+    big = run_one_process(trips_file, tmp_path / "a", accumulate=False)
+    acc = run_one_process(trips_file, tmp_path / "b", accumulate=True)
+    assert_close(big, acc)
+    # and the comparison is not between two untouched models, nor insensitive to the loss scaling
+    tr = Trainer(cfg(trips_file, tmp_path / "c"))
+    tr.setup()
+    init = tr.model.state_dict()["entire.out.weight"].clone()
+    assert (big["entire.out.weight"] - init).abs().max().item() > 1e-4
+
+
+WORKER = textwrap.dedent("""
+    import sys, numpy as np, torch, torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    import test_accum_trainer as t
+    from stfast.train.trainer import Trainer
+    events = []
+    real = dist.all_reduce
+    def counting(tensor, *a, **kw):
+        events.append("all_reduce")
+        return real(tensor, *a, **kw)
+    dist.all_reduce = counting
+    tr = Trainer(t.cfg({data!r}, {out!r}))
+    tr.setup()
+    tr.model.entire.out.weight.register_hook(lambda g: events.append("backward"))
+    per_step = []
+    for s in range(t.STEPS):
+        events.clear()
+        tr.train_step(t.micro_batches(s), use_local=True)
+        per_step.append(list(events))
+    torch.save({{"state": tr.model.state_dict(), "events": per_step, "noise_n": tr.accum.noise.n,
+                "n_buckets": len(tr.grad_sync.buckets)}},
+               {out!r} + f"/rank{{tr.info.rank}}.pt")
+    dist.destroy_process_group()
+""")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_k_micro_batches_on_two_gloo_ranks_equal_one_batch_and_sync_once_after_the_last(trips_file, tmp_path):
+    big = run_one_process(trips_file, tmp_path / "one", accumulate=False)
+    out = tmp_path / "two"
+    out.mkdir()
+    script = WORKER.format(tests=os.path.dirname(__file__), data=trips_file, out=str(out))
+    port = str(_free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    for rank in range(2):
+        r = torch.load(out / f"rank{rank}.pt", weights_only=False)
+        assert_close(big, r["state"])
+        for ev in r["events"]:
+            # one synchronization per optimizer step, after every micro-step's backward (not after the
+            # first): GradientSync's bucket all-reduces plus one of the noise statistics, none earlier
+            assert ev.count("all_reduce") == r["n_buckets"] + 1, ev
+            assert "all_reduce" not in ev[:max(i for i, e in enumerate(ev) if e == "backward")], ev
+            # rank 1 has an empty shard in the 1-trip micro-batch: 2 backward passes, rank 0 has 3
+            assert ev.count("backward") == (3 if rank == 0 else 2), ev
+        assert r["noise_n"] == STEPS  # the noise scale was estimated from the units of every step
+
+
+def test_learning_rate_follows_the_effective_batch(trips_file, tmp_path):
+    for rule, factor in (("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)):
+        tr = Trainer(cfg(trips_file, tmp_path / rule, lr_scaling=rule, lr=1e-3, accumulation="fixed:4"))
+        tr.setup()
+        assert tr.opt.param_groups[0]["lr"] == pytest.approx(1e-3 * factor)
+
+
+def test_fit_with_accumulation_writes_windows_and_resumes(trips_file, tmp_path):
+    kw = {"epochs": 3, "batch_size": 8, "accumulation": "2", "accum_window": 2}
+    Trainer(cfg(trips_file, tmp_path / "full", **kw)).fit()
+    with open(tmp_path / "full" / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    windows = [r for r in rows if "window" in r]
+    assert windows and all(r["k"] == 2 and r["steps"] == 2 for r in windows)
+    # 84 training trips = 11 micro-batches (10 of 8, one of 4) per epoch → 6 optimizer steps (the last
+    # with k=1), 18 steps in 3 epochs = 9 windows of 2 steps holding every trip 3 times
+    assert len(windows) == 9 and sum(r["trips"] for r in windows) == 3 * 84
+    assert all(r["window_s"] > 0 and r["steps_per_s"] > 0 for r in windows)
+    assert [r["wall_s"] for r in windows] == sorted(r["wall_s"] for r in windows)
+    assert all(0 <= r["comm_share"] <= 1 and r["samples_per_s"] > 0 for r in windows)
+    assert windows[-1]["noise_scale"] is not None  # estimable from micro-steps on one rank
+    assert [r["epoch"] for r in rows if "epoch" in r] == [1, 2, 3]
+    full = ckpt.load(tmp_path / "full" / "last.pt")
+    assert full["step"] == 3 * 6 and full["accumulation"]["k"] == 2
+    Trainer(cfg(trips_file, tmp_path / "part", max_steps=8, **kw)).fit()
+    Trainer(cfg(trips_file, tmp_path / "part", resume=True, **kw)).fit()
+    part = ckpt.load(tmp_path / "part" / "last.pt")
+    assert part["step"] == full["step"]
+    for k, v in full["model_state"].items():
+        assert torch.equal(v, part["model_state"][k]), k
+
+
+def test_time_budget_stops_at_a_window_end(trips_file, tmp_path):
+    Trainer(cfg(trips_file, tmp_path, epochs=50, batch_size=8, accum_window=1, time_budget_s=1e-6)).fit()
+    st = ckpt.load(tmp_path / "last.pt")
+    assert st["step"] == 1 and st["epoch"] == 0
+
+
+def test_bad_accumulation_arguments(trips_file, tmp_path):
+    for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
+                    ({"lr_scaling": "cubic"}, "lr rule"), ({"accum_window": 0}, "--accum-window"),
+                    ({"time_budget_s": 0.0}, "--time-budget")):
+        with pytest.raises(ValueError, match=msg):
+            cfg(trips_file, tmp_path, **kw).validate()
