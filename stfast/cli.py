@@ -1,4 +1,4 @@
-"""Command line: `stfast train | evaluate | predict | data convert`."""
+"""Command line: `stfast train | evaluate | predict | report | data convert`."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "predict":
             e.add_argument("--out", required=True, help="CSV of predictions")
 
+    r = sub.add_parser("report", help="render a training run as report.png and report.html")
+    r.add_argument("run_dir", help="the --out folder of a stfast train run")
+    r.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
     d = sub.add_parser("data", help="data tools")
     dsub = d.add_subparsers(dest="data_command", required=True)
     c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines")
@@ -171,13 +174,21 @@ def cmd_data_convert(a) -> int:
     return 0
 
 
+def cmd_report(a) -> int:
+    from .train.report import render
+
+    png, page = render(a.run_dir, a.out)
+    print(f"wrote {png} and {page}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format="stfast: %(message)s")
     from .data.errors import TrajectoryFormatError
 
-    cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict}
+    cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
     try:
         return fn(a)

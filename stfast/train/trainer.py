@@ -387,10 +387,22 @@ class Trainer:
             tmp.write_text(json.dumps(summary, indent=2))
             os.replace(tmp, self.out / "summary.json")
             plot_learning_curve(self.out / "metrics.jsonl", self.out / "learning_curve.png", summary)
-            written = [n for n in ("summary.json", "metrics.jsonl", "learning_curve.png", "checkpoint.pt", "last.pt")
+            self._write_report()
+            written = [n for n in ("summary.json", "metrics.jsonl", "learning_curve.png", "report.html", "checkpoint.pt",
+                                   "last.pt")
                        if (self.out / n).exists()]
             self.say("\n" + format_summary(summary) + f"\nwrote {', '.join(written)} in {self.out}")
         return summary
+
+    def _write_report(self) -> None:
+        """report.png + report.html (stfast.train.report); a plotting failure is logged, never fatal to a
+        finished run."""
+        from .report import render
+
+        try:
+            render(self.out)
+        except (ValueError, OSError, RuntimeError) as e:
+            log.warning("could not write the report in %s: %s", self.out, e)
 
 
 def plot_learning_curve(metrics_path: Path, png_path: Path, summary: dict) -> None:

@@ -1,0 +1,56 @@
+"""`stfast report RUN_DIR`: report.png and a self-contained report.html from a run's metrics."""
+import json
+
+import numpy as np
+import pytest
+
+from stfast.cli import main
+from stfast.train.report import read_rows, render
+
+
+def _run_dir(tmp_path, windows=True, slicer=True):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    rows = [{"epoch": e, "step": 10 * e, "train_loss": float(rng.uniform(0.1, 0.5)),
+             "val_mape": float(rng.uniform(0.1, 0.4)), "samples_per_s": float(rng.uniform(50, 90)),
+             "wall_s": 5.0 * e} for e in range(1, 4)]
+    if windows:
+        rows += [{"window": w, "k": int(2 ** (w % 3)), "noise_scale": float(rng.uniform(10, 500)),
+                  "wall_s": 2.0 * w, "step": 5 * w, "accumulation": "rl"} for w in range(1, 6)]
+    if slicer:
+        rows += [{"slicer": "balanced", "step": s, "compute_s": rng.uniform(0.1, 0.2, 2).tolist(),
+                  "idle_s": rng.uniform(0, 0.02, 2).tolist(), "imbalance_measured": float(rng.uniform(1, 1.1)),
+                  "imbalance_predicted": float(rng.uniform(1, 1.05)),
+                  "cost_coef": rng.uniform(0, 1e-3, 4).tolist()} for s in range(1, 20)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps({"test_mape": 0.2345678, "n_test": 13, "dropped": {}}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("windows,slicer", [(True, True), (False, False)])
+def test_render_writes_png_and_self_contained_html(tmp_path, windows, slicer):
+    d = _run_dir(tmp_path, windows, slicer)
+    kinds = read_rows(d)
+    assert [len(kinds[k]) for k in ("epochs", "windows", "slicer")] == [3, 5 if windows else 0, 19 if slicer else 0]
+    png, page = render(d)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = page.read_text()
+    assert "data:image/png;base64," in text and "0.234568" in text and "n_test" in text
+    assert "src='http" not in text  # nothing fetched from elsewhere
+
+
+def test_bad_metrics_name_file_and_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        read_rows(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "step": 1}\n{"epoch": 2,\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_rows(tmp_path)
+
+
+def test_cli_report(tmp_path, capsys):
+    d = _run_dir(tmp_path / "run")
+    out = tmp_path / "out"
+    assert main(["report", str(d), "--out", str(out)]) == 0
+    assert (out / "report.png").is_file() and (out / "report.html").is_file()
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "no metrics" in capsys.readouterr().err
