@@ -1,4 +1,4 @@
-"""Command line: `stfast train | evaluate | predict | report | data convert`."""
+"""Command line: `stfast train | evaluate | predict | bench modes | report | data convert`."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "predict":
             e.add_argument("--out", required=True, help="CSV of predictions")
 
+    b = sub.add_parser("bench", help="benchmarks on your data and hardware")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png")
+    m.add_argument("--data", default=None, help="trajectories (default: the synthetic city)")
+    m.add_argument("--format", default="auto", choices=FORMATS)
+    m.add_argument("--n-synthetic", type=int, default=3000, help="trips of the synthetic city")
+    m.add_argument("--nproc", type=int, default=2, help="processes of the data-parallel modes")
+    m.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    m.add_argument("--batch-size", type=int, default=64, help="global (micro-)batch")
+    m.add_argument("--budget-s", type=float, default=60.0, help="training wall-clock budget per run (s)")
+    m.add_argument("--target-mape", type=float, default=None,
+                   help="target validation MAPE in %% (default: what the baseline mode reaches)")
+    m.add_argument("--seeds", type=int, default=1, help="seeds per mode (0..N-1)")
+    m.add_argument("--only", action="append", default=None,
+                   help="run only the modes whose name contains this text (repeatable)")
+    m.add_argument("--out", required=True)
     r = sub.add_parser("report", help="render a training run as report.png and report.html")
     r.add_argument("run_dir", help="the --out folder of a stfast train run")
     r.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
@@ -174,6 +190,16 @@ def cmd_data_convert(a) -> int:
     return 0
 
 
+def cmd_bench(a) -> int:
+    from .bench.modes import run_modes
+
+    if a.seeds < 1 or a.budget_s <= 0 or a.nproc < 1:
+        raise ValueError(f"--seeds and --nproc must be ≥ 1 and --budget-s > 0 (got {a.seeds}, {a.nproc}, {a.budget_s})")
+    a.seeds_list = list(range(a.seeds))
+    run_modes(a)
+    return 0
+
+
 def cmd_report(a) -> int:
     from .train.report import render
 
@@ -188,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format="stfast: %(message)s")
     from .data.errors import TrajectoryFormatError
 
-    cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report}
+    cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
+            "bench": cmd_bench}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
     try:
         return fn(a)

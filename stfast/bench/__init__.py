@@ -1,0 +1,1 @@
+"""Benchmarks a user runs on their own data and hardware (`stfast bench ...`)."""

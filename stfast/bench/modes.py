@@ -1,0 +1,200 @@
+"""`stfast bench modes`: the same model, data, seeds and wall-clock budget under each parallel mode.
+
+The experiment of Lv et al. (WASA 2021) on the user's data and hardware: every mode is one
+`stfast train` run per seed (a subprocess, so each gets a clean process group), stopped by
+``--time-budget``. Per mode the table gives the median (min–max over seeds) of: training throughput
+(trips/s), time to the target validation MAPE (s; validation runs at epoch ends), test MAPE / MAE / RMSE
+of the best checkpoint, the measured imbalance across ranks (max/mean compute time, slicer rows) and the
+communication share of a step (accumulation window rows). The target MAPE, unless given, is the median
+best validation MAPE that the baseline mode (single process, reference kernels; with ``--only``, the
+first mode run) reaches in the budget.
+
+Writes OUT/modes.json (every run's numbers), OUT/modes.md (the table) and OUT/modes.png (throughput per
+mode; validation MAPE against wall time).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Mode:
+    """One row of the comparison: ``flags`` added to `stfast train`; ``nproc`` 0 means the bench's --nproc."""
+
+    name: str
+    flags: list[str]
+    nproc: int = 0
+    group: str = ""  # rows of one group (fixed k) are also summarised by the best in hindsight
+    requires: list[str] = field(default_factory=list)  # train options the mode needs
+
+
+def default_modes(fixed_k=(2, 4)) -> list[Mode]:
+    acc1 = ["--accumulation", "1"]
+    modes = [
+        Mode("single process, reference kernels", ["--kernels", "reference", *acc1], nproc=1),
+        Mode("single process, fused kernels", ["--kernels", "fused", *acc1], nproc=1),
+        Mode("data parallel, equal shards", ["--slicer", "equal", *acc1], requires=["--slicer"]),
+        Mode("data parallel, balanced slicer", ["--slicer", "balanced", *acc1], requires=["--slicer"]),
+        Mode("component parallel", ["--parallel", "cp", *acc1], requires=["--parallel"]),
+        Mode("data parallel + component parallel", ["--parallel", "dp+cp", *acc1], requires=["--parallel"]),
+    ]
+    modes += [Mode(f"data parallel + accumulation k={k}", ["--accumulation", f"fixed:{k}"], group="fixed")
+              for k in fixed_k]
+    modes += [
+        Mode("data parallel + goodput accumulation", ["--accumulation", "goodput"]),
+        Mode("data parallel + RL accumulation", ["--accumulation", "rl"]),
+        Mode("stfast default (fused + balanced slicer + RL)", ["--kernels", "fused", "--slicer", "balanced",
+                                                               "--accumulation", "rl"], requires=["--slicer"]),
+    ]
+    return modes
+
+
+def _train_options() -> set[str]:
+    from ..cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return set(sub.choices["train"]._option_string_actions)
+
+
+def _run(mode: Mode, seed: int, a, out: Path) -> dict:
+    nproc = mode.nproc or a.nproc
+    cmd = [sys.executable, "-m", "stfast.cli", "train", "--seed", str(seed), "--data-seed", "0", "--epochs", "100000",
+           "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--out", str(out), "--no-progress",
+           "--batch-size", str(a.batch_size), *mode.flags]
+    cmd += ["--data", a.data, "--format", a.format] if a.data else ["--n-synthetic", str(a.n_synthetic)]
+    if a.threads:
+        cmd += ["--threads", str(a.threads)]
+    log = out.parent / f"{out.name}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONSAFEPATH="1")  # the installed stfast, not a source tree in the cwd
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env,
+                            timeout=3 * a.budget_s + 600).returncode
+    if rc != 0:
+        tail = log.read_text().splitlines()[-5:]
+        raise RuntimeError(f"mode {mode.name!r} seed {seed} failed (rc {rc}); log {log}:\n" + "\n".join(tail))
+    return _measure(out)
+
+
+def _measure(out: Path) -> dict:
+    """The numbers of one finished run folder."""
+    from ..train.report import read_rows
+
+    s = json.loads((out / "summary.json").read_text())
+    rows = read_rows(out)
+    ep, win, sl = rows["epochs"], rows["windows"], rows["slicer"]
+    # throughput and communication share over the training steps only (validation excluded)
+    busy = sum(r["window_s"] for r in win)
+    sps = sum(r["trips"] for r in win) / busy if busy else None
+    if sps is None and ep:
+        sps = statistics.median(r["samples_per_s"] for r in ep)
+    return {
+        "curve": [(r["wall_s"], r["val_mape"]) for r in ep],
+        "samples_per_s": sps,
+        "test_mape": s["test_mape"], "test_mae": s["test_mae"], "test_rmse": s["test_rmse"],
+        "best_val_mape": s.get("best_val_mape"), "steps": s.get("steps"),
+        "imbalance": statistics.mean(r["imbalance_measured"] for r in sl) if sl else None,
+        "comm_share": sum(r["comm_s"] for r in win) / busy if busy else None,
+    }
+
+
+def _med(vals, scale=1.0, fmt="{:.1f}"):
+    vals = [scale * v for v in vals if v is not None]
+    if not vals:
+        return "–"
+    m = fmt.format(statistics.median(vals))
+    return m if len(vals) == 1 else f"{m} ({fmt.format(min(vals))}–{fmt.format(max(vals))})"
+
+
+def time_to_target(curve, target: float) -> float | None:
+    """Wall time (s) of the first validation at or below ``target`` (fraction); None if never reached."""
+    return next((t for t, m in curve if m <= target), None)
+
+
+def table(results: dict, target: float) -> str:
+    lines = [f"Target validation MAPE: {100 * target:.2f} %. Medians over seeds (min–max).", "",
+             "| mode | trips/s | time to target (s) | test MAPE | test MAE (s) | test RMSE (s) | imbalance | comm. share |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, res in results.items():
+        if "skipped" in res:
+            lines.append(f"| {name} | {res['skipped']} | | | | | | |")
+            continue
+        runs = res["runs"]
+        ttt = [time_to_target(r["curve"], target) for r in runs]
+        reached = [t for t in ttt if t is not None]
+        tt = _med(reached) + ("" if len(reached) == len(runs) else f" [{len(runs) - len(reached)} not reached]")
+        lines.append(f"| {name} | {_med([r['samples_per_s'] for r in runs])} | {tt} | "
+                     f"{_med([r['test_mape'] for r in runs], 100, '{:.2f}')} % | {_med([r['test_mae'] for r in runs])} | "
+                     f"{_med([r['test_rmse'] for r in runs])} | {_med([r['imbalance'] for r in runs], fmt='{:.3f}')} | "
+                     f"{_med([r['comm_share'] for r in runs], 100)} % |")
+    fixed = {n: r for n, r in results.items() if r.get("group") == "fixed" and "runs" in r}
+    if fixed:
+        best = min(fixed, key=lambda n: statistics.median(r["test_mape"] for r in fixed[n]["runs"]))
+        lines += ["", f"Best fixed k in hindsight (lowest median test MAPE): {best}."]
+    return "\n".join(lines)
+
+
+def plot(results: dict, target: float, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = {n: r for n, r in results.items() if "runs" in r}
+    fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
+    names = list(ran)
+    sps = [statistics.median(x["samples_per_s"] for x in ran[n]["runs"] if x["samples_per_s"]) for n in names]
+    ax[0].barh(range(len(names)), sps)
+    ax[0].set_yticks(range(len(names)), names, fontsize=7)
+    ax[0].invert_yaxis()
+    ax[0].set(xlabel="training throughput (trips/s)", title="throughput per mode (median over seeds)")
+    for n in names:
+        c = ran[n]["runs"][0]["curve"]
+        ax[1].plot([t for t, _ in c], [100 * m for _, m in c], "o-", ms=3, label=n)
+    ax[1].axhline(100 * target, color="k", ls="--", lw=0.8, label="target")
+    ax[1].set(xlabel="wall time (s)", ylabel="validation MAPE (%)", title="validation MAPE (first seed)")
+    ax[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def run_modes(a) -> dict:
+    """Run every available mode for every seed; write modes.json/.md/.png into ``a.out``."""
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    options = _train_options()
+    results: dict = {}
+    modes = [m for m in default_modes() if not a.only or any(o in m.name for o in a.only)]
+    if not modes:
+        raise ValueError(f"--only {a.only}: no mode matches; modes: {[m.name for m in default_modes()]}")
+    baseline = modes[0].name  # the reference for the default target: the first mode that runs
+    for i, mode in enumerate(modes):
+        missing = [o for o in mode.requires if o not in options]
+        if missing:
+            results[mode.name] = {"skipped": f"not in this build ({', '.join(missing)})"}
+            continue
+        runs = []
+        for seed in a.seeds_list:
+            print(f"[{i + 1}/{len(modes)}] {mode.name}, seed {seed} ...", flush=True)
+            runs.append(_run(mode, seed, a, out / f"mode{i:02d}" / f"seed{seed}"))
+        results[mode.name] = {"flags": mode.flags, "nproc": mode.nproc or a.nproc, "group": mode.group, "runs": runs}
+    reached = [r["best_val_mape"] for r in results[baseline]["runs"] if r["best_val_mape"] is not None]
+    if not a.target_mape and not reached:
+        raise ValueError(f"{baseline!r} finished no epoch in --budget-s {a.budget_s}, so there is no target "
+                         "validation MAPE: give --target-mape or a longer --budget-s")
+    target = a.target_mape / 100 if a.target_mape else statistics.median(reached)
+    md = table(results, target)
+    (out / "modes.json").write_text(json.dumps({"target_mape": target, "budget_s": a.budget_s, "nproc": a.nproc,
+                                                "seeds": a.seeds_list, "modes": results}, indent=1))
+    (out / "modes.md").write_text(md + "\n")
+    plot(results, target, out / "modes.png")
+    print(md)
+    print(f"wrote modes.json, modes.md, modes.png in {out}")
+    return results
