@@ -31,12 +31,14 @@ struct CpuBackend {
         T* __restrict__ hr = h + r * H;
         if (c_prev != nullptr) {
           const A* __restrict__ cp = c_prev + r * H;
+          _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A i = gi[j], f = gf[j], g = gg[j], o = go[j], cc, hh;
             cell_forward(i, f, g, o, cp[j], cc, hh);
             gi[j] = i; gf[j] = f; gg[j] = g; go[j] = o; cr[j] = cc; hr[j] = hh;
           }
         } else {
+          _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A i = gi[j], f = gf[j], g = gg[j], o = go[j], cc, hh;
             cell_forward(i, f, g, o, A(0), cc, hh);
@@ -59,6 +61,7 @@ struct CpuBackend {
         T* __restrict__ di = dgates + r * 4 * H;
         if (c_prev != nullptr) {
           const A* __restrict__ cp = c_prev + r * H;
+          _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A dcc = dcr[j], a_i, a_f, a_g, a_o;
             cell_backward<A>(gi[j], gi[H + j], gi[2 * H + j], gi[3 * H + j], cr[j], cp[j], dhr[j], dcc, a_i, a_f, a_g,
@@ -66,6 +69,7 @@ struct CpuBackend {
             dcr[j] = dcc; di[j] = a_i; di[H + j] = a_f; di[2 * H + j] = a_g; di[3 * H + j] = a_o;
           }
         } else {
+          _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A dcc = dcr[j], a_i, a_f, a_g, a_o;
             cell_backward<A>(gi[j], gi[H + j], gi[2 * H + j], gi[3 * H + j], cr[j], A(0), dhr[j], dcc, a_i, a_f, a_g,
@@ -85,8 +89,8 @@ void check_cpu_dtype(const at::Tensor& input) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_forward_cpu(
     const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights, const std::optional<at::Tensor>& h0,
-    const std::optional<at::Tensor>& c0, int64_t num_layers, bool batch_first) {
-  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, batch_first);
+    const std::optional<at::Tensor>& c0, int64_t num_layers, int64_t layout) {
+  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
   check_cpu_dtype(input);
   const Plan p = make_plan(d, lengths, input.device());
   std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> out;
@@ -101,8 +105,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_bac
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& lengths,
     at::TensorList weights, const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
     const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens, int64_t num_layers,
-    bool batch_first) {
-  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, batch_first);
+    int64_t layout) {
+  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
   check_cpu_dtype(input);
   check_saved(d, input, grad_output, grad_h_n, grad_c_n, gates, cells, hiddens);
   const Plan p = make_plan(d, lengths, input.device());

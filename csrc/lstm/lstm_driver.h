@@ -22,11 +22,19 @@
 namespace stfast {
 namespace lstm {
 
+// Input layouts (the op's `layout` argument); the output has the same one.
+enum Layout : int64_t {
+  kPackedCsr = 0,         // (N, I): sequence b at rows offsets[b] .. offsets[b + 1] − 1
+  kPaddedBatchFirst = 1,  // (B, Tp, I)
+  kPaddedTimeFirst = 2,   // (Tp, B, I)
+  kPackedTimeMajor = 3,   // (N, I) as PackedSequence.data: lengths non-increasing, step t's rows together
+};
+
 // L layers, B sequences, T longest length, Tp padded length (padded input), M input rows, N valid
 // positions (Σ len), I input size, H hidden size.
 struct Dims {
-  int64_t L, B, T, Tp, M, N, I, H;
-  bool has_bias, padded, batch_first;
+  int64_t L, B, T, Tp, M, N, I, H, layout;
+  bool has_bias, padded;
   int64_t per_layer() const { return has_bias ? 4 : 2; }
 };
 
@@ -39,21 +47,25 @@ inline void check_same(const at::Tensor& ref, const at::Tensor& t, const char* n
 
 inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights,
                        const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0, int64_t num_layers,
-                       bool batch_first) {
+                       int64_t layout) {
   Dims d{};
+  TORCH_CHECK_VALUE(layout >= kPackedCsr && layout <= kPackedTimeMajor, "stfast.lstm: layout must be 0..3, got ",
+                    layout);
   TORCH_CHECK_VALUE(num_layers >= 1, "stfast.lstm: num_layers must be >= 1, got ", num_layers);
-  TORCH_CHECK_VALUE(input.dim() == 2 || input.dim() == 3, "stfast.lstm: input must be (N, I) packed or (B, T, I) / "
-                    "(T, B, I) padded, got shape ", input.sizes());
+  d.layout = layout;
+  d.padded = layout == kPaddedBatchFirst || layout == kPaddedTimeFirst;
+  TORCH_CHECK_VALUE(input.dim() == (d.padded ? 3 : 2), "stfast.lstm: input must be ",
+                    d.padded ? "(B, T, I) / (T, B, I) padded" : "(N, I) packed", " for layout ", layout,
+                    ", got shape ", input.sizes());
   TORCH_CHECK_VALUE(lengths.dim() == 1 && lengths.scalar_type() == at::kLong && lengths.device().is_cpu(),
                     "stfast.lstm: lengths must be a 1-D int64 CPU tensor (host lengths, like "
                     "PackedSequence.batch_sizes), got ", lengths.scalar_type(), " ", lengths.sizes(), " on ",
                     lengths.device());
   d.L = num_layers;
-  d.padded = input.dim() == 3;
-  d.batch_first = batch_first;
   d.I = input.size(-1);
   d.B = lengths.size(0);
   if (d.padded) {
+    const bool batch_first = layout == kPaddedBatchFirst;
     const int64_t B = batch_first ? input.size(0) : input.size(1);
     d.Tp = batch_first ? input.size(1) : input.size(0);
     TORCH_CHECK_VALUE(B == d.B, "stfast.lstm: lengths has ", d.B, " entries but the padded input holds ", B,
@@ -70,6 +82,8 @@ inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::T
     TORCH_CHECK_VALUE(len[b] >= 1, "stfast.lstm: sequence ", b, " has length ", len[b], "; lengths must be >= 1");
     TORCH_CHECK_VALUE(!d.padded || len[b] <= d.Tp, "stfast.lstm: sequence ", b, " has length ", len[b],
                       " > padded length ", d.Tp);
+    TORCH_CHECK_VALUE(layout != kPackedTimeMajor || b == 0 || len[b] <= len[b - 1], "stfast.lstm: time-major packed "
+                      "input needs non-increasing lengths (PackedSequence order), got ", len[b - 1], " then ", len[b]);
     d.N += len[b];
     d.T = std::max(d.T, len[b]);
   }
@@ -180,9 +194,10 @@ inline Plan make_plan(const Dims& d, const at::Tensor& lengths, const at::Device
     for (int64_t r = 0; r < p.batch_sizes[t]; ++r) {
       const int64_t b = sorted[r];
       int64_t row;
-      if (!d.padded) row = csr_off[b] + t;
-      else if (d.batch_first) row = b * d.Tp + t;
-      else row = t * d.B + b;
+      if (d.layout == kPackedCsr) row = csr_off[b] + t;
+      else if (d.layout == kPaddedBatchFirst) row = b * d.Tp + t;
+      else if (d.layout == kPaddedTimeFirst) row = t * d.B + b;
+      else row = p.step_off[t] + r;  // kPackedTimeMajor: lengths already sorted, the work order itself
       perm[p.step_off[t] + r] = row;
       if (t > 0) prev[p.step_off[t] - d.B + r] = p.step_off[t - 1] + r;
     }

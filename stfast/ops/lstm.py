@@ -30,7 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["lstm_packed", "lstm_padded", "lstm_reference", "offsets_to_lengths"]
+__all__ = ["lstm_packed", "lstm_packed_sequence", "lstm_padded", "lstm_reference", "offsets_to_lengths"]
+
+# The op's `layout` argument (csrc/lstm/lstm_driver.h, enum Layout).
+LAYOUT_PACKED_CSR, LAYOUT_PADDED_BATCH_FIRST, LAYOUT_PADDED_TIME_FIRST, LAYOUT_PACKED_TIME_MAJOR = 0, 1, 2, 3
 
 
 def _check_weights(weights, num_layers: int) -> bool:
@@ -110,7 +113,7 @@ def lstm_packed(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layer
     if not torch.compiler.is_compiling() and offsets.device.type == "cpu" and offsets.numel() and int(offsets[0]):
         raise ValueError(f"stfast.lstm: offsets must start at 0, got {int(offsets[0])}")
     out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, offsets_to_lengths(offsets), list(weights), h0, c0,
-                                                      num_layers, False)
+                                                      num_layers, LAYOUT_PACKED_CSR)
     return out, h_n, c_n
 
 
@@ -138,7 +141,22 @@ def lstm_padded(input: Tensor, weights: list[Tensor], num_layers: int, lengths: 
         lengths = torch.full((B,), T, dtype=torch.int64)
     else:
         lengths = lengths.to(device="cpu", dtype=torch.int64)
-    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, lengths, list(weights), h0, c0, num_layers, batch_first)
+    layout = LAYOUT_PADDED_BATCH_FIRST if batch_first else LAYOUT_PADDED_TIME_FIRST
+    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, lengths, list(weights), h0, c0, num_layers, layout)
+    return out, h_n, c_n
+
+
+def lstm_packed_sequence(data: Tensor, batch_sizes: Tensor, weights: list[Tensor], num_layers: int,
+                         h0: Tensor | None = None, c0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused multi-layer LSTM over PyTorch's packed layout (``PackedSequence.data`` ``(N, I)`` and
+    ``batch_sizes`` ``(T,)`` int64 on the CPU), in its sorted order: h0/c0 and the returned h_n/c_n
+    ``(L, B, H)`` index sequences by rank (``sorted_indices`` maps them back). Output ``(N, H)`` in the
+    same rows as ``data``; no reordering copies beyond the op's own."""
+    _check_weights(weights, num_layers)
+    B = int(batch_sizes[0]) if batch_sizes.numel() else 0
+    lengths = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
+    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(data, lengths, list(weights), h0, c0, num_layers,
+                                                      LAYOUT_PACKED_TIME_MAJOR)
     return out, h_n, c_n
 
 
@@ -149,7 +167,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("stfast::lstm_forward")
-def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, batch_first):
+def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, layout):
     torch._check(input.dim() in (2, 3))
     H = weights[1].shape[1]
     B = lengths.shape[0]
@@ -162,7 +180,7 @@ def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, batch_first)
 
 @torch.library.register_fake("stfast::lstm_backward")
 def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
-                        num_layers, batch_first):
+                        num_layers, layout):
     H = weights[1].shape[1]
     B = lengths.shape[0]
     return (torch.empty_like(input), [torch.empty_like(w) for w in weights], input.new_empty(num_layers, B, H),
@@ -170,11 +188,11 @@ def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights
 
 
 def _setup_context(ctx, inputs, output):
-    input, lengths, weights, h0, c0, num_layers, batch_first = inputs
+    input, lengths, weights, h0, c0, num_layers, layout = inputs
     _out, _h_n, _c_n, gates, cells, hiddens = output
     ctx.mark_non_differentiable(gates, cells, hiddens)
     ctx.n_weights = len(weights)
-    ctx.num_layers, ctx.batch_first = num_layers, batch_first
+    ctx.num_layers, ctx.layout = num_layers, layout
     ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
     ctx.save_for_backward(input, lengths, h0, c0, gates, cells, hiddens, *weights)
 
@@ -185,7 +203,7 @@ def _backward(ctx, grad_output, grad_h_n, grad_c_n, _g, _c, _h):
         grad_output = input.new_zeros(*input.shape[:-1], weights[1].shape[1])
     grad_input, grad_weights, grad_h0, grad_c0 = torch.ops.stfast.lstm_backward(
         grad_output.contiguous(), grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
-        ctx.num_layers, ctx.batch_first)
+        ctx.num_layers, ctx.layout)
     return (grad_input, None, list(grad_weights), grad_h0 if ctx.has_h0 else None, grad_c0 if ctx.has_c0 else None,
             None, None)
 
