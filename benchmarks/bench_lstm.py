@@ -140,17 +140,27 @@ def test_deeptte_train_step(benchmark, batch, kernels):
 
 
 def time_side_by_side(runs: dict, device: str, reps: int, rounds: int) -> dict:
-    """Median per-call seconds of each callable, measured in interleaved rounds (A/B/A/B...)."""
+    """Median per-call seconds of each callable, measured in interleaved rounds (A/B/A/B...) after warm-up;
+    on CUDA with CUDA events."""
     for run in runs.values():
+        run()
         run()
     _sync(device)
     samples = {k: [] for k in runs}
     for _ in range(rounds):
         for k, run in runs.items():
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    run()
+                end.record()
+                torch.cuda.synchronize()
+                samples[k].append(start.elapsed_time(end) / 1e3 / reps)
+                continue
             t0 = time.perf_counter()
             for _ in range(reps):
                 run()
-            _sync(device)
             samples[k].append((time.perf_counter() - t0) / reps)
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -179,7 +189,7 @@ def main(argv=None) -> int:
         case = Case(shape, batch, dev)
         for mode in ("fwd", "fwdbwd"):
             for inp in ("packed", "padded"):
-                reps = 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
+                reps = 10 if dev == "cuda" else 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
                 t = time_side_by_side({i: case.fn(i, inp, mode) for i in ("stfast", "torch")}, dev, reps, args.rounds)
                 gf = case.gflop(inp, mode) / t["stfast"]
                 row = {"shape": shape, "batch": batch, "mode": mode, "input": inp, "positions": case.positions[inp],
