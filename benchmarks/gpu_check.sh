@@ -17,7 +17,7 @@ build_rc=$?
 build_s=$(( $(date +%s) - start ))
 tests_rc=1; bench_rc=1
 if [ $build_rc -eq 0 ]; then
-  timeout 240 $PY -m pytest -q tests/test_geo_conv.py tests/test_build.py -k "cuda or build" \
+  timeout 240 $PY -m pytest -q tests/test_geo_conv.py tests/test_lstm.py tests/test_build.py -k "cuda or build" \
     --junitxml="$OUT/tests.xml" > "$OUT/tests.log" 2>&1
   tests_rc=$?
   # communicator: NCCL world-size-1 collectives (vs torch NCCL and cupy.cuda.nccl) and the build report
@@ -28,6 +28,10 @@ if [ $build_rc -eq 0 ]; then
     > "$OUT/bench_cuda.txt" 2>&1
   bench_rc=$?
   timeout 120 $PY benchmarks/bench_comm.py --gpu --rounds 3 --json "$OUT/bench_comm.json" > "$OUT/bench_comm.txt" 2>&1
+  [ $? -eq 0 ] || bench_rc=1
+  # Fused LSTM vs cuDNN (H = 128, B = 64/256; CUDA-synchronized medians of interleaved rounds after warm-up)
+  timeout 180 $PY benchmarks/bench_lstm.py --device cuda --skip-e2e --json "$OUT/bench_lstm_cuda.json" \
+    > "$OUT/bench_lstm_cuda.txt" 2>&1
   [ $? -eq 0 ] || bench_rc=1
   timeout 60 $PY - > "$OUT/bandwidth.json" 2>>"$OUT/bench_cuda.txt" <<'PYEOF'
 import json, torch
@@ -52,7 +56,7 @@ def load(name):
         return None
 summary = {"build_rc": build_rc, "build_s": build_s, "tests_rc": tests_rc, "bench_rc": bench_rc, "total_s": total_s,
            "bench_cuda": load("bench_cuda.json"), "bandwidth": load("bandwidth.json"),
-           "bench_comm": load("bench_comm.json")}
+           "bench_comm": load("bench_comm.json"), "bench_lstm_cuda": load("bench_lstm_cuda.json")}
 try:
     import torch, stfast
     summary.update(torch=torch.__version__, build_info=stfast.build_info(), gpu=torch.cuda.get_device_name())

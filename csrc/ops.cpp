@@ -20,6 +20,21 @@ TORCH_LIBRARY(stfast, m) {
       "geo_conv_backward(Tensor grad_out, Tensor points, Tensor offsets, Tensor hidden, Tensor out, "
       "Tensor proj_weight, Tensor conv_weight) -> (Tensor grad_points, Tensor grad_proj_weight, "
       "Tensor grad_proj_bias, Tensor grad_conv_weight, Tensor grad_conv_bias)");
+
+  // --- Fused variable-length multi-layer LSTM (see csrc/lstm/lstm_driver.h, stfast/ops/lstm.py) ---
+  //   input (N, I) packed or (B, T, I) / (T, B, I) padded, by layout (0 packed CSR, 1 padded batch-first,
+  //   2 padded time-first, 3 packed time-major as PackedSequence.data); lengths (B,) int64 on the CPU;
+  //   weights: torch.nn.LSTM's per layer [w_ih, w_hh(, b_ih, b_hh)]; h0, c0 (L, B, H)
+  //   -> output (input's layout, H columns), h_n, c_n (L, B, H); gates (L, M, 4H), cells (L, M, H),
+  //   hiddens (L, M, H) saved for the backward (M = input rows).
+  m.def(
+      "lstm_forward(Tensor input, Tensor lengths, Tensor[] weights, Tensor? h0, Tensor? c0, int num_layers, "
+      "int layout) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells, Tensor hiddens)");
+  // Backward of lstm_forward for input, every weight and bias, h0 and c0 (deterministic).
+  m.def(
+      "lstm_backward(Tensor grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor lengths, "
+      "Tensor[] weights, Tensor? h0, Tensor? c0, Tensor gates, Tensor cells, Tensor hiddens, int num_layers, "
+      "int layout) -> (Tensor grad_input, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
 }
 
 #ifndef STFAST_WITH_CUDA
@@ -39,10 +54,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_
     const at::Tensor&) {
   no_cuda();
 }
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_forward_no_cuda(
+    const at::Tensor&, const at::Tensor&, at::TensorList, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, int64_t, int64_t) {
+  no_cuda();
+}
+std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_backward_no_cuda(
+    const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const at::Tensor&,
+    const at::Tensor&, at::TensorList, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t) {
+  no_cuda();
+}
 }  // namespace
 TORCH_LIBRARY_IMPL(stfast, CUDA, m) {
   m.impl("geo_conv_forward", &geo_conv_forward_no_cuda);
   m.impl("geo_conv_backward", &geo_conv_backward_no_cuda);
+  m.impl("lstm_forward", &lstm_forward_no_cuda);
+  m.impl("lstm_backward", &lstm_backward_no_cuda);
 }
 #endif
 

@@ -152,3 +152,27 @@ def test_fused_and_reference_kernels_give_the_same_model():
     torch.testing.assert_close(tf, tr, rtol=1e-10, atol=1e-8)
     for n in gr:
         torch.testing.assert_close(gf[n], gr[n], rtol=1e-9, atol=1e-10, msg=n)
+
+
+@pytest.mark.slow
+def test_fused_model_under_torch_compile_fullgraph():
+    """The whole DeepTTE model with fused ops compiles without a graph break and gives the eager results.
+    (The fused geo-conv packs by boolean masks, whose sizes depend on the data: dynamo captures them as
+    unbacked sizes with capture_dynamic_output_shape_ops.)"""
+    trips = random_trips(5, seed=14, min_len=3, max_len=20)
+    vocab = DriverVocab(trips.driver)
+    torch.manual_seed(0)
+    model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab), kernels="fused"), NormStats.from_trips(trips))
+    b = TripDataset(trips, vocab, torch.float32).batch(np.arange(5))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        compiled = torch.compile(model, fullgraph=True)
+        out = compiled(b)
+    expect = model(b)
+    torch.testing.assert_close(out.time, expect.time)
+    torch.testing.assert_close(out.local_time[expect.mask], expect.local_time[expect.mask])
+    p, pe = loss_parts(model, out, b), loss_parts(model, expect, b)
+    w = model.spatio_temporal.lstm.weight_hh_l1
+    (g,) = torch.autograd.grad(combine_loss(p, 0.3, p.n_trips, p.n_local), [w])
+    (ge,) = torch.autograd.grad(combine_loss(pe, 0.3, pe.n_trips, pe.n_local), [w])
+    torch.testing.assert_close(g, ge)

@@ -138,22 +138,29 @@ class GeoConv(nn.Module):
 
 class SpatioTemporal(nn.Module):
     """Geo-convolution + LSTM: per-point features → [B, L', H] hidden states (zero past each trip's
-    L_i − k + 1 valid positions)."""
+    L_i − k + 1 valid positions). ``kernels="fused"``: stfast.nn.GeoConv and stfast.nn.LSTM (variable-length
+    LSTM op over the padded batch, no packing); ``"reference"``: the plain-PyTorch modules. Both have the
+    same parameter names, so checkpoints load either way."""
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
+        lstm_args = (cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers)
+        self.fused_lstm = cfg.kernels == "fused"
         if cfg.kernels == "fused":
             from ..nn.geo_conv import GeoConv as FusedGeoConv
+            from ..nn.lstm import LSTM as FusedLSTM
 
             self.geo_conv = FusedGeoConv(cfg)
+            self.lstm = FusedLSTM(*lstm_args, batch_first=True)
         else:
             self.geo_conv = GeoConv(cfg)
-        self.lstm = nn.LSTM(cfg.conv_channels + 1 + cfg.attr_size, cfg.hidden_size, cfg.num_layers,
-                            batch_first=True)
+            self.lstm = nn.LSTM(*lstm_args, batch_first=True)
 
     def forward(self, geo, attr, lengths):
         """geo: [B, L', C + 1] geo-conv output; attr: [B, A]; lengths: [B] valid positions (≥ 1)."""
         x = torch.cat([geo, attr.unsqueeze(1).expand(-1, geo.shape[1], -1)], dim=-1)
+        if self.fused_lstm:  # zero past each length, as pad_packed_sequence below
+            return self.lstm(x, lengths=lengths)[0]
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         h, _ = pad_packed_sequence(out, batch_first=True, total_length=geo.shape[1])
@@ -260,7 +267,7 @@ class DeepTTE(nn.Module):
 
     def forward(self, b: TripBatch) -> DeepTTEOutput:
         k = self.cfg.kernel_size
-        if int(b.lengths.min()) < k:
+        if not torch.compiler.is_compiling() and int(b.lengths.min()) < k:  # (a host read: skipped when traced)
             bad = int(torch.argmin(b.lengths))
             raise ValueError(f"trip {bad} of the batch has {int(b.lengths[bad])} points; DeepTTE's geo-conv "
                              f"needs at least kernel_size={k} (drop such trips in preprocessing)")

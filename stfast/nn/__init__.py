@@ -1,4 +1,5 @@
 """Modules on stfast's fused ops, drop-in for their plain-PyTorch references."""
 from .geo_conv import GeoConv
+from .lstm import LSTM
 
-__all__ = ["GeoConv"]
+__all__ = ["LSTM", "GeoConv"]

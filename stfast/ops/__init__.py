@@ -7,5 +7,7 @@ from .geo_conv import (
                        output_offsets,
                        padded_offsets,
 )
+from .lstm import lstm_packed, lstm_padded, lstm_reference, offsets_to_lengths
 
-__all__ = ["geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "output_offsets", "padded_offsets"]
+__all__ = ["geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "lstm_packed", "lstm_padded", "lstm_reference",
+           "offsets_to_lengths", "output_offsets", "padded_offsets"]

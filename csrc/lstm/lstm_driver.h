@@ -1,0 +1,351 @@
+// Host side of the fused LSTM, shared by the CPU and CUDA kernels: argument checks, the step plan
+// (sequences sorted by length so the alive ones are a prefix), and the layer / time loops, which issue
+// the GEMMs through ATen (MKL/OpenBLAS on the CPU, cuBLAS on the current stream on CUDA) and call the
+// backend's fused pointwise step (csrc/lstm/lstm_cpu.cpp, lstm_cuda.cu; per-element math in lstm.h).
+//
+// Work layout ("time-major packed", as PyTorch's PackedSequence): row step_off[t] + r holds the sequence
+// of rank r (r-th longest; ties by index) at step t, for r < batch_sizes[t]. The previous step of that
+// row is row step_off[t − 1] + r, so a step's recurrent input is a contiguous prefix of the last step's
+// rows and every GEMM runs on contiguous row blocks. Workspaces have one row per input row (M ≥ N).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace stfast {
+namespace lstm {
+
+// Input layouts (the op's `layout` argument); the output has the same one.
+enum Layout : int64_t {
+  kPackedCsr = 0,         // (N, I): sequence b at rows offsets[b] .. offsets[b + 1] − 1
+  kPaddedBatchFirst = 1,  // (B, Tp, I)
+  kPaddedTimeFirst = 2,   // (Tp, B, I)
+  kPackedTimeMajor = 3,   // (N, I) as PackedSequence.data: lengths non-increasing, step t's rows together
+};
+
+// L layers, B sequences, T longest length, Tp padded length (padded input), M input rows, N valid
+// positions (Σ len), I input size, H hidden size.
+struct Dims {
+  int64_t L, B, T, Tp, M, N, I, H, layout;
+  bool has_bias, padded;
+  int64_t per_layer() const { return has_bias ? 4 : 2; }
+};
+
+inline void check_same(const at::Tensor& ref, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device() == ref.device(), "stfast.lstm: ", name, " is on ", t.device(), " but input on ",
+              ref.device());
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "stfast.lstm: ", name, " has dtype ", t.scalar_type(),
+              " but input has ", ref.scalar_type());
+}
+
+inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights,
+                       const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0, int64_t num_layers,
+                       int64_t layout) {
+  Dims d{};
+  TORCH_CHECK_VALUE(layout >= kPackedCsr && layout <= kPackedTimeMajor, "stfast.lstm: layout must be 0..3, got ",
+                    layout);
+  TORCH_CHECK_VALUE(num_layers >= 1, "stfast.lstm: num_layers must be >= 1, got ", num_layers);
+  d.layout = layout;
+  d.padded = layout == kPaddedBatchFirst || layout == kPaddedTimeFirst;
+  TORCH_CHECK_VALUE(input.dim() == (d.padded ? 3 : 2), "stfast.lstm: input must be ",
+                    d.padded ? "(B, T, I) / (T, B, I) padded" : "(N, I) packed", " for layout ", layout,
+                    ", got shape ", input.sizes());
+  TORCH_CHECK_VALUE(lengths.dim() == 1 && lengths.scalar_type() == at::kLong && lengths.device().is_cpu(),
+                    "stfast.lstm: lengths must be a 1-D int64 CPU tensor (host lengths, like "
+                    "PackedSequence.batch_sizes), got ", lengths.scalar_type(), " ", lengths.sizes(), " on ",
+                    lengths.device());
+  d.L = num_layers;
+  d.I = input.size(-1);
+  d.B = lengths.size(0);
+  if (d.padded) {
+    const bool batch_first = layout == kPaddedBatchFirst;
+    const int64_t B = batch_first ? input.size(0) : input.size(1);
+    d.Tp = batch_first ? input.size(1) : input.size(0);
+    TORCH_CHECK_VALUE(B == d.B, "stfast.lstm: lengths has ", d.B, " entries but the padded input holds ", B,
+                      " sequences");
+  } else {
+    d.Tp = 0;
+  }
+  d.M = d.padded ? d.B * d.Tp : input.size(0);
+  const auto len_c = lengths.contiguous();
+  const int64_t* len = len_c.const_data_ptr<int64_t>();
+  d.N = 0;
+  d.T = 0;
+  for (int64_t b = 0; b < d.B; ++b) {
+    TORCH_CHECK_VALUE(len[b] >= 1, "stfast.lstm: sequence ", b, " has length ", len[b], "; lengths must be >= 1");
+    TORCH_CHECK_VALUE(!d.padded || len[b] <= d.Tp, "stfast.lstm: sequence ", b, " has length ", len[b],
+                      " > padded length ", d.Tp);
+    TORCH_CHECK_VALUE(layout != kPackedTimeMajor || b == 0 || len[b] <= len[b - 1], "stfast.lstm: time-major packed "
+                      "input needs non-increasing lengths (PackedSequence order), got ", len[b - 1], " then ", len[b]);
+    d.N += len[b];
+    d.T = std::max(d.T, len[b]);
+  }
+  TORCH_CHECK_VALUE(d.padded || d.N == d.M, "stfast.lstm: lengths sum to ", d.N, " but the packed input has ", d.M,
+                    " rows");
+  const int64_t n_w = static_cast<int64_t>(weights.size());
+  TORCH_CHECK_VALUE(n_w == 4 * d.L || n_w == 2 * d.L, "stfast.lstm: weights must hold 4 (with biases) or 2 "
+                    "tensors per layer for num_layers=", d.L, ", got ", n_w);
+  d.has_bias = n_w == 4 * d.L;
+  TORCH_CHECK_VALUE(weights[1].dim() == 2, "stfast.lstm: weight_hh_l0 must be (4H, H), got ", weights[1].sizes());
+  d.H = weights[1].size(1);
+  for (int64_t k = 0; k < d.L; ++k) {
+    const at::Tensor& w_ih = weights[k * d.per_layer()];
+    const at::Tensor& w_hh = weights[k * d.per_layer() + 1];
+    const int64_t in_k = k == 0 ? d.I : d.H;
+    TORCH_CHECK_VALUE(w_ih.dim() == 2 && w_ih.size(0) == 4 * d.H && w_ih.size(1) == in_k, "stfast.lstm: weight_ih_l",
+                      k, " must be (4H, ", in_k, ") = (", 4 * d.H, ", ", in_k, "), got ", w_ih.sizes());
+    TORCH_CHECK_VALUE(w_hh.dim() == 2 && w_hh.size(0) == 4 * d.H && w_hh.size(1) == d.H, "stfast.lstm: weight_hh_l",
+                      k, " must be (", 4 * d.H, ", ", d.H, "), got ", w_hh.sizes());
+    check_same(input, w_ih, "weight_ih");
+    check_same(input, w_hh, "weight_hh");
+    if (d.has_bias) {
+      for (int j = 2; j < 4; ++j) {
+        const at::Tensor& bias = weights[k * 4 + j];
+        TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == 4 * d.H, "stfast.lstm: biases of layer ", k,
+                          " must be (", 4 * d.H, ",), got ", bias.sizes());
+        check_same(input, bias, "bias");
+      }
+    }
+  }
+  for (const auto* st : {&h0, &c0}) {
+    if (!st->has_value()) continue;
+    const at::Tensor& s = st->value();
+    const char* name = st == &h0 ? "h0" : "c0";
+    TORCH_CHECK_VALUE(s.dim() == 3 && s.size(0) == d.L && s.size(1) == d.B && s.size(2) == d.H, "stfast.lstm: ",
+                      name, " must be (num_layers, B, H) = (", d.L, ", ", d.B, ", ", d.H, "), got ", s.sizes());
+    check_same(input, s, name);
+  }
+  return d;
+}
+
+// Backward-only arguments: grad_output has the output's shape; grad_h_n / grad_c_n are (L, B, H); the saved
+// workspaces are those lstm_forward returned for these inputs.
+inline void check_saved(const Dims& d, const at::Tensor& input, const at::Tensor& grad_output,
+                        const std::optional<at::Tensor>& grad_h_n, const std::optional<at::Tensor>& grad_c_n,
+                        const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens) {
+  auto out_sizes = input.sizes().vec();
+  out_sizes.back() = d.H;
+  TORCH_CHECK_VALUE(grad_output.sizes() == at::IntArrayRef(out_sizes), "stfast.lstm_backward: grad_output must be ",
+                    at::IntArrayRef(out_sizes), ", got ", grad_output.sizes());
+  check_same(input, grad_output, "grad_output");
+  for (const auto* g : {&grad_h_n, &grad_c_n}) {
+    if (!g->has_value()) continue;
+    TORCH_CHECK_VALUE((*g)->dim() == 3 && (*g)->size(0) == d.L && (*g)->size(1) == d.B && (*g)->size(2) == d.H,
+                      "stfast.lstm_backward: grad_h_n / grad_c_n must be (", d.L, ", ", d.B, ", ", d.H, "), got ",
+                      (*g)->sizes());
+    check_same(input, **g, "grad_h_n / grad_c_n");
+  }
+  TORCH_CHECK_VALUE(gates.dim() == 3 && gates.size(0) == d.L && gates.size(1) == d.M && gates.size(2) == 4 * d.H &&
+                        gates.is_contiguous(),
+                    "stfast.lstm_backward: gates must be contiguous (", d.L, ", ", d.M, ", ", 4 * d.H, "), got ",
+                    gates.sizes());
+  for (const auto* w : {&cells, &hiddens}) {
+    TORCH_CHECK_VALUE(w->dim() == 3 && w->size(0) == d.L && w->size(1) == d.M && w->size(2) == d.H &&
+                          w->is_contiguous(),
+                      "stfast.lstm_backward: cells / hiddens must be contiguous (", d.L, ", ", d.M, ", ", d.H,
+                      "), got ", w->sizes());
+    TORCH_CHECK(w->device() == input.device(), "stfast.lstm_backward: saved tensors on ", w->device());
+  }
+  check_same(input, gates, "gates");
+  check_same(input, hiddens, "hiddens");
+  TORCH_CHECK(cells.scalar_type() == at::toOpMathType(input.scalar_type()),
+              "stfast.lstm_backward: cells must have the accumulation dtype ", at::toOpMathType(input.scalar_type()));
+}
+
+// Index arrays of one call, on the input's device (int64):
+//   perm (N): work row -> input row;  sorted (B): rank -> sequence;  end_rows (B): sequence -> its last
+//   work row;  prev_rows (N − B): work row of step t ≥ 1 -> the same sequence's row at step t − 1.
+// batch_sizes / step_off stay on the host: they size the per-step GEMMs.
+struct Plan {
+  std::vector<int64_t> batch_sizes, step_off;
+  at::Tensor perm, sorted, end_rows, prev_rows;
+};
+
+inline Plan make_plan(const Dims& d, const at::Tensor& lengths, const at::Device& device) {
+  Plan p;
+  const auto len_c = lengths.contiguous();
+  const int64_t* len = len_c.const_data_ptr<int64_t>();
+  std::vector<int64_t> sorted(d.B), rank(d.B), csr_off(d.B + 1, 0);
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::stable_sort(sorted.begin(), sorted.end(), [&](int64_t a, int64_t b) { return len[a] > len[b]; });
+  for (int64_t r = 0; r < d.B; ++r) rank[sorted[r]] = r;
+  for (int64_t b = 0; b < d.B; ++b) csr_off[b + 1] = csr_off[b] + len[b];
+  p.batch_sizes.assign(d.T, 0);
+  for (int64_t r = 0; r < d.B; ++r) p.batch_sizes[len[sorted[r]] - 1] += 1;  // count of lengths == t + 1 ...
+  for (int64_t t = d.T - 2; t >= 0; --t) p.batch_sizes[t] += p.batch_sizes[t + 1];  // ... -> count of > t
+  p.step_off.assign(d.T + 1, 0);
+  for (int64_t t = 0; t < d.T; ++t) p.step_off[t + 1] = p.step_off[t] + p.batch_sizes[t];
+  // One host buffer for all four index arrays: a single (pinned, asynchronous) copy to a GPU.
+  const int64_t n_prev = std::max<int64_t>(d.N - d.B, 0);
+  const int64_t total = d.N + 2 * d.B + n_prev;
+  auto host = at::empty({total}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  int64_t* perm = host.data_ptr<int64_t>();
+  int64_t* srt = perm + d.N;
+  int64_t* end = srt + d.B;
+  int64_t* prev = end + d.B;
+  for (int64_t t = 0; t < d.T; ++t) {
+    for (int64_t r = 0; r < p.batch_sizes[t]; ++r) {
+      const int64_t b = sorted[r];
+      int64_t row;
+      if (d.layout == kPackedCsr) row = csr_off[b] + t;
+      else if (d.layout == kPaddedBatchFirst) row = b * d.Tp + t;
+      else if (d.layout == kPaddedTimeFirst) row = t * d.B + b;
+      else row = p.step_off[t] + r;  // kPackedTimeMajor: lengths already sorted, the work order itself
+      perm[p.step_off[t] + r] = row;
+      if (t > 0) prev[p.step_off[t] - d.B + r] = p.step_off[t - 1] + r;
+    }
+  }
+  for (int64_t r = 0; r < d.B; ++r) srt[r] = sorted[r];
+  for (int64_t b = 0; b < d.B; ++b) end[b] = p.step_off[len[b] - 1] + rank[b];
+  auto dev = device.is_cpu() ? host : host.to(device, /*non_blocking=*/true);
+  p.perm = dev.narrow(0, 0, d.N);
+  p.sorted = dev.narrow(0, d.N, d.B);
+  p.end_rows = dev.narrow(0, d.N + d.B, d.B);
+  p.prev_rows = dev.narrow(0, d.N + 2 * d.B, n_prev);
+  return p;
+}
+
+inline at::Tensor weight(at::TensorList w, const Dims& d, int64_t layer, int64_t j) {
+  return w[layer * d.per_layer() + j];
+}
+
+// Input rows in work order (N, I).
+inline at::Tensor gather_input(const at::Tensor& input, const Dims& d, const Plan& p) {
+  return input.reshape({d.M, d.I}).index_select(0, p.perm);
+}
+
+// Work rows (N, C) back into the input's layout with C columns (zero where padded).
+inline at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, const Dims& d, const Plan& p) {
+  const int64_t C = rows.size(1);
+  auto out = d.padded ? at::zeros({d.M, C}, rows.options()) : at::empty({d.M, C}, rows.options());
+  out.index_copy_(0, p.perm, rows);
+  auto sizes = input.sizes().vec();
+  sizes.back() = C;
+  return out.view(sizes);
+}
+
+// Backend: static forward_step<T, A>(T* gates, const A* c_prev, A* c, T* h, bs, H) and
+// backward_step<T, A>(const T* gates, const A* c, const A* c_prev, const T* dh, A* dc, T* dgates, bs, H)
+// over bs consecutive work rows (c_prev == nullptr: zero initial cell).
+template <typename T, typename A, class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
+    const Dims& d, const Plan& p, const at::Tensor& input, at::TensorList weights, const std::optional<at::Tensor>& h0,
+    const std::optional<at::Tensor>& c0) {
+  const auto opt = input.options();
+  const at::TensorOptions acc_opt = opt.dtype(c10::CppTypeToScalarType<A>::value);
+  const int64_t H = d.H, G4 = 4 * d.H;
+  at::Tensor gates = at::empty({d.L, d.M, G4}, opt);
+  at::Tensor cells = at::empty({d.L, d.M, H}, acc_opt);
+  at::Tensor hiddens = at::empty({d.L, d.M, H}, opt);
+  at::Tensor h_n = at::empty({d.L, d.B, H}, opt);
+  at::Tensor c_n = at::empty({d.L, d.B, H}, opt);
+  if (d.M > d.N) {  // padded input: rows past N are never used; zero them so saved tensors are defined
+    gates.narrow(1, d.N, d.M - d.N).zero_();
+    cells.narrow(1, d.N, d.M - d.N).zero_();
+    hiddens.narrow(1, d.N, d.M - d.N).zero_();
+  }
+  at::Tensor x = gather_input(input, d, p);
+  for (int64_t k = 0; k < d.L; ++k) {
+    at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
+    at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
+    at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
+    const auto w_ih = weight(weights, d, k, 0), w_hh_t = weight(weights, d, k, 1).t();
+    if (d.has_bias) at::addmm_out(G, weight(weights, d, k, 2) + weight(weights, d, k, 3), x, w_ih.t());
+    else at::mm_out(G, x, w_ih.t());
+    at::Tensor h0s, c0s;
+    if (h0.has_value()) h0s = h0->select(0, k).index_select(0, p.sorted);
+    if (c0.has_value()) c0s = c0->select(0, k).index_select(0, p.sorted).to(acc_opt.dtype()).contiguous();
+    T* g = G.data_ptr<T>();
+    A* c = C.data_ptr<A>();
+    T* h = Hs.data_ptr<T>();
+    for (int64_t t = 0; t < d.T; ++t) {
+      const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
+      auto G_t = G.narrow(0, so, bs);
+      const A* c_prev = nullptr;
+      if (t > 0) {
+        G_t.addmm_(Hs.narrow(0, p.step_off[t - 1], bs), w_hh_t);
+        c_prev = c + p.step_off[t - 1] * H;
+      } else {
+        if (h0s.defined()) G_t.addmm_(h0s, w_hh_t);
+        if (c0s.defined()) c_prev = c0s.const_data_ptr<A>();
+      }
+      Backend::template forward_step<T, A>(g + so * G4, c_prev, c + so * H, h + so * H, bs, H);
+    }
+    h_n.select(0, k).copy_(Hs.index_select(0, p.end_rows));
+    c_n.select(0, k).copy_(C.index_select(0, p.end_rows));
+    x = Hs;
+  }
+  auto output = scatter_rows(x, input, d, p);
+  return {output, h_n, c_n, gates, cells, hiddens};
+}
+
+template <typename T, typename A, class Backend>
+std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward(
+    const Dims& d, const Plan& p, const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, at::TensorList weights,
+    const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0, const at::Tensor& gates,
+    const at::Tensor& cells, const at::Tensor& hiddens) {
+  const auto opt = input.options();
+  const auto acc_dtype = c10::CppTypeToScalarType<A>::value;
+  const int64_t H = d.H, G4 = 4 * d.H;
+  std::vector<at::Tensor> grad_w(weights.size());
+  at::Tensor grad_h0 = at::empty({d.L, d.B, H}, opt);
+  at::Tensor grad_c0 = at::empty({d.L, d.B, H}, opt);
+  // dh of the top layer's outputs in work order; for lower layers, the input gradient of the layer above.
+  at::Tensor dH = grad_output.reshape({d.M, H}).index_select(0, p.perm);
+  at::Tensor grad_x;
+  for (int64_t k = d.L - 1; k >= 0; --k) {
+    const at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
+    const at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
+    const at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
+    const auto w_ih = weight(weights, d, k, 0), w_hh = weight(weights, d, k, 1);
+    if (grad_h_n.has_value()) dH.index_add_(0, p.end_rows, grad_h_n->select(0, k));  // distinct rows
+    at::Tensor dc = grad_c_n.has_value() ? grad_c_n->select(0, k).index_select(0, p.sorted).to(acc_dtype).contiguous()
+                                         : at::zeros({d.B, H}, opt.dtype(acc_dtype));
+    at::Tensor c0s, h0s;
+    if (c0.has_value()) c0s = c0->select(0, k).index_select(0, p.sorted).to(acc_dtype).contiguous();
+    if (h0.has_value()) h0s = h0->select(0, k).index_select(0, p.sorted);
+    at::Tensor dG = at::empty({d.N, G4}, opt);
+    const T* g = G.const_data_ptr<T>();
+    const A* c = C.const_data_ptr<A>();
+    T* dh = dH.data_ptr<T>();
+    T* dg = dG.data_ptr<T>();
+    A* dcp = dc.data_ptr<A>();
+    for (int64_t t = d.T - 1; t >= 0; --t) {
+      const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
+      const A* c_prev = t > 0 ? c + p.step_off[t - 1] * H : (c0s.defined() ? c0s.const_data_ptr<A>() : nullptr);
+      Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp, dg + so * G4, bs, H);
+      if (t > 0) dH.narrow(0, p.step_off[t - 1], bs).addmm_(dG.narrow(0, so, bs), w_hh);
+    }
+    if (d.B > 0) {
+      grad_h0.select(0, k).index_copy_(0, p.sorted, at::mm(dG.narrow(0, 0, d.B), w_hh));
+      grad_c0.select(0, k).index_copy_(0, p.sorted, dc.to(opt.dtype()));
+    } else {
+      grad_h0.select(0, k).zero_();
+      grad_c0.select(0, k).zero_();
+    }
+    const at::Tensor x = k == 0 ? gather_input(input, d, p) : hiddens.select(0, k - 1).narrow(0, 0, d.N);
+    grad_w[k * d.per_layer()] = at::mm(dG.t(), x);
+    auto gw_hh = at::mm(dG.narrow(0, d.B, d.N - d.B).t(), Hs.index_select(0, p.prev_rows));
+    if (h0s.defined()) gw_hh.addmm_(dG.narrow(0, 0, d.B).t(), h0s);
+    grad_w[k * d.per_layer() + 1] = gw_hh;
+    if (d.has_bias) {
+      auto gb = at::sum(dG, {0}, false, acc_dtype).to(opt.dtype());
+      grad_w[k * 4 + 2] = gb;
+      grad_w[k * 4 + 3] = gb.clone();
+    }
+    if (k > 0) dH = at::mm(dG, w_ih);
+    else grad_x = at::mm(dG, w_ih);
+  }
+  return {scatter_rows(grad_x, input, d, p), grad_w, grad_h0, grad_c0};
+}
+
+}  // namespace lstm
+}  // namespace stfast

@@ -1,0 +1,211 @@
+"""The fused variable-length multi-layer LSTM op: ``torch.ops.stfast.lstm_forward`` / ``lstm_backward``.
+
+The math is torch.nn.LSTM's (Hochreiter & Schmidhuber 1997, with the forget gate of Gers et al. 2000;
+gate order i, f, g, o as in the PyTorch docs), layer by layer, for every sequence b and step t < len_b:
+
+    gates = x_t W_ihᵀ + b_ih + h_{t−1} W_hhᵀ + b_hh          (4H: i, f, g, o)
+    i, f, o = σ(·),  g = tanh(·)
+    c_t = f ⊙ c_{t−1} + i ⊙ g,   h_t = o ⊙ tanh(c_t)
+
+with h_{−1} = h0, c_{−1} = c0 (zeros when not given); layer k > 0 reads layer k − 1's h. Weights are
+torch.nn.LSTM's, in its order: per layer ``weight_ih_l{k}`` (4H, I_k), ``weight_hh_l{k}`` (4H, H), then
+``bias_ih_l{k}`` (4H,) and ``bias_hh_l{k}`` (4H,) when there are biases.
+
+Layouts (B sequences, T padded length, N = Σ len_b valid positions, I input size, H hidden size):
+- packed (CSR, sequence-major): input ``(N, I)`` with ``offsets`` ``(B + 1,)`` — the layout the geo-conv
+  op emits; output ``(N, H)`` in the same rows.
+- padded ``(B, T, I)`` (``batch_first``) or ``(T, B, I)`` with ``lengths`` ``(B,)``: output in the same
+  layout, zero past each length (as ``pad_packed_sequence``).
+Sequence lengths live on the host (CPU int64, like PackedSequence.batch_sizes): the kernels size one
+recurrent GEMM per step from them, so a CUDA call never waits on the device to read them.
+
+How it runs (csrc/lstm/): per layer ONE GEMM for the input projection of all N positions; then per step
+t one recurrent GEMM over the sequences still alive (sorted by length, longest first, so they are a
+prefix — the active batch shrinks as short trips end, as in PyTorch's PackedLayer) and one fused
+pointwise pass for gates, cell and hidden state. Backward mirrors it through time; weight and bias
+gradients are whole-sequence GEMMs and sums (deterministic, no atomics).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["lstm_packed", "lstm_packed_sequence", "lstm_padded", "lstm_reference", "offsets_to_lengths"]
+
+# The op's `layout` argument (csrc/lstm/lstm_driver.h, enum Layout).
+LAYOUT_PACKED_CSR, LAYOUT_PADDED_BATCH_FIRST, LAYOUT_PADDED_TIME_FIRST, LAYOUT_PACKED_TIME_MAJOR = 0, 1, 2, 3
+
+
+def _check_weights(weights, num_layers: int) -> bool:
+    """True when ``weights`` carry biases (4 tensors per layer), False for 2; else ValueError."""
+    if len(weights) == 4 * num_layers:
+        return True
+    if len(weights) == 2 * num_layers:
+        return False
+    raise ValueError(f"stfast.lstm: weights must hold 4 (with biases) or 2 tensors per layer for "
+                     f"num_layers={num_layers}, got {len(weights)}")
+
+
+def offsets_to_lengths(offsets: Tensor) -> Tensor:
+    """CSR offsets ``(B + 1,)`` → lengths ``(B,)`` int64 on the CPU (a device copy when offsets live on a GPU)."""
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"stfast.lstm: offsets must be (B + 1,), got shape {tuple(offsets.shape)}")
+    return offsets.diff().to(device="cpu", dtype=torch.int64)
+
+
+def lstm_reference(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layers: int,
+                   h0: Tensor | None = None, c0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Plain-PyTorch reference of :func:`lstm_packed` (same arguments and results), written out gate by
+    gate with a step loop over a padded copy; each sequence's state freezes after its own last step."""
+    has_bias = _check_weights(weights, num_layers)
+    lengths = offsets.diff().tolist()
+    B = len(lengths)
+    H = weights[1].shape[1]
+    T = max(lengths, default=0)
+    x = torch.nn.utils.rnn.pad_sequence(list(torch.split(input, lengths)), batch_first=True) if B else \
+        input.new_zeros(0, 0, input.shape[1])
+    alive = torch.arange(T, device=input.device)[None, :] < torch.tensor(lengths, device=input.device)[:, None]
+    per = 4 if has_bias else 2
+    h_n, c_n = [], []
+    for k in range(num_layers):
+        w_ih, w_hh = weights[per * k], weights[per * k + 1]
+        h = h0[k] if h0 is not None else x.new_zeros(B, H)
+        c = c0[k] if c0 is not None else x.new_zeros(B, H)
+        proj = x @ w_ih.t()
+        if has_bias:
+            proj = proj + weights[per * k + 2] + weights[per * k + 3]
+        outs = []
+        for t in range(T):
+            gates = proj[:, t] + h @ w_hh.t()
+            i, f, g, o = gates.chunk(4, dim=1)
+            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h_new = torch.sigmoid(o) * torch.tanh(c_new)
+            m = alive[:, t, None]
+            h, c = torch.where(m, h_new, h), torch.where(m, c_new, c)
+            outs.append(h_new)
+        x = torch.stack(outs, 1) if outs else x.new_zeros(B, 0, H)
+        h_n.append(h)
+        c_n.append(c)
+    return x[alive], torch.stack(h_n), torch.stack(c_n)
+
+
+def lstm_packed(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layers: int, h0: Tensor | None = None,
+                c0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused multi-layer LSTM over packed (CSR) sequences.
+
+    Args:
+        input: ``(N, I)`` float, all B sequences back to back (sequence-major).
+        offsets: ``(B + 1,)`` int64 CSR offsets of the sequences in ``input`` (``offsets[0] = 0``); any device
+            (read on the host: a copy, hence a sync, when they live on a GPU — pass CPU offsets to avoid it).
+        weights: torch.nn.LSTM's parameters in its order: per layer ``weight_ih`` ``(4H, I_k)``, ``weight_hh``
+            ``(4H, H)``, then (optional, all layers alike) ``bias_ih``, ``bias_hh`` ``(4H,)``.
+        num_layers: L (the number of layers in ``weights``).
+        h0, c0: optional ``(L, B, H)`` initial hidden and cell states (zeros when None).
+    Returns:
+        output ``(N, H)`` (the last layer's hidden state at every position, same rows as ``input``),
+        h_n and c_n ``(L, B, H)``: every layer's state at each sequence's own last step.
+    Raises:
+        ValueError: a length < 1, offsets not summing to N, weights/states of the wrong count or shape.
+        RuntimeError: mixed dtypes/devices; float16/bfloat16 on the CPU; a CUDA tensor in a CPU-only build.
+    dtypes: float32/float64 (CPU and CUDA); float16/bfloat16 on CUDA (float32 accumulation and cell state).
+    """
+    _check_weights(weights, num_layers)
+    if not torch.compiler.is_compiling() and offsets.device.type == "cpu" and offsets.numel() and int(offsets[0]):
+        raise ValueError(f"stfast.lstm: offsets must start at 0, got {int(offsets[0])}")
+    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, offsets_to_lengths(offsets), list(weights), h0, c0,
+                                                      num_layers, LAYOUT_PACKED_CSR)
+    return out, h_n, c_n
+
+
+def lstm_padded(input: Tensor, weights: list[Tensor], num_layers: int, lengths: Tensor | None = None,
+                h0: Tensor | None = None, c0: Tensor | None = None,
+                batch_first: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused multi-layer LSTM over padded sequences.
+
+    Args:
+        input: ``(T, B, I)``, or ``(B, T, I)`` with ``batch_first``.
+        lengths: ``(B,)`` integer lengths in 1..T (any device; read on the host), or None: every sequence
+            runs all T steps (torch.nn.LSTM on a padded tensor).
+        weights, num_layers, h0, c0: as :func:`lstm_packed`.
+    Returns:
+        output in ``input``'s layout with H columns, zero past each sequence's length (as
+        ``pad_packed_sequence``); h_n, c_n ``(L, B, H)`` at each sequence's own last step.
+    Raises:
+        ValueError: a length outside 1..T, or as :func:`lstm_packed`.
+    """
+    _check_weights(weights, num_layers)
+    if input.dim() != 3:
+        raise ValueError(f"stfast.lstm: padded input must be 3-D, got shape {tuple(input.shape)}")
+    B, T = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
+    if lengths is None:
+        lengths = torch.full((B,), T, dtype=torch.int64)
+    else:
+        lengths = lengths.to(device="cpu", dtype=torch.int64)
+    layout = LAYOUT_PADDED_BATCH_FIRST if batch_first else LAYOUT_PADDED_TIME_FIRST
+    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, lengths, list(weights), h0, c0, num_layers, layout)
+    return out, h_n, c_n
+
+
+def lstm_packed_sequence(data: Tensor, batch_sizes: Tensor, weights: list[Tensor], num_layers: int,
+                         h0: Tensor | None = None, c0: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused multi-layer LSTM over PyTorch's packed layout (``PackedSequence.data`` ``(N, I)`` and
+    ``batch_sizes`` ``(T,)`` int64 on the CPU), in its sorted order: h0/c0 and the returned h_n/c_n
+    ``(L, B, H)`` index sequences by rank (``sorted_indices`` maps them back). Output ``(N, H)`` in the
+    same rows as ``data``; no reordering copies beyond the op's own."""
+    _check_weights(weights, num_layers)
+    B = int(batch_sizes[0]) if batch_sizes.numel() else 0
+    lengths = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
+    out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(data, lengths, list(weights), h0, c0, num_layers,
+                                                      LAYOUT_PACKED_TIME_MAJOR)
+    return out, h_n, c_n
+
+
+# --- torch.library registrations (fake kernels for tracing, autograd through the backward op) ---
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@torch.library.register_fake("stfast::lstm_forward")
+def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, layout):
+    torch._check(input.dim() in (2, 3))
+    H = weights[1].shape[1]
+    B = lengths.shape[0]
+    M = input.shape[0] if input.dim() == 2 else input.shape[0] * input.shape[1]
+    L = num_layers
+    return (input.new_empty(*input.shape[:-1], H), input.new_empty(L, B, H), input.new_empty(L, B, H),
+            input.new_empty(L, M, 4 * H), input.new_empty(L, M, H, dtype=_acc_dtype(input.dtype)),
+            input.new_empty(L, M, H))
+
+
+@torch.library.register_fake("stfast::lstm_backward")
+def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
+                        num_layers, layout):
+    H = weights[1].shape[1]
+    B = lengths.shape[0]
+    return (torch.empty_like(input), [torch.empty_like(w) for w in weights], input.new_empty(num_layers, B, H),
+            input.new_empty(num_layers, B, H))
+
+
+def _setup_context(ctx, inputs, output):
+    input, lengths, weights, h0, c0, num_layers, layout = inputs
+    _out, _h_n, _c_n, gates, cells, hiddens = output
+    ctx.mark_non_differentiable(gates, cells, hiddens)
+    ctx.n_weights = len(weights)
+    ctx.num_layers, ctx.layout = num_layers, layout
+    ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
+    ctx.save_for_backward(input, lengths, h0, c0, gates, cells, hiddens, *weights)
+
+
+def _backward(ctx, grad_output, grad_h_n, grad_c_n, _g, _c, _h):
+    input, lengths, h0, c0, gates, cells, hiddens, *weights = ctx.saved_tensors
+    if grad_output is None:
+        grad_output = input.new_zeros(*input.shape[:-1], weights[1].shape[1])
+    grad_input, grad_weights, grad_h0, grad_c0 = torch.ops.stfast.lstm_backward(
+        grad_output.contiguous(), grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
+        ctx.num_layers, ctx.layout)
+    return (grad_input, None, list(grad_weights), grad_h0 if ctx.has_h0 else None, grad_c0 if ctx.has_c0 else None,
+            None, None)
+
+
+torch.library.register_autograd("stfast::lstm_forward", _backward, setup_context=_setup_context)
