@@ -1,0 +1,38 @@
+"""A toy task shared by the examples: regress the sum of a variable-length sequence with a GRU.
+
+Not DeepTTE on purpose: each example shows one stfast capability inside a user's own model and loop.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
+
+
+def make_sequences(n: int, seed: int = 0, max_len: int = 60, features: int = 4):
+    """n sequences [L_i, features] (float32, lengths 2..max_len) and targets [n]: the sum of their first feature."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, max_len + 1, (n,), generator=g)
+    seqs = [torch.randn(int(t), features, generator=g) for t in lengths]
+    target = torch.stack([s[:, 0].sum() for s in seqs])
+    return seqs, target
+
+
+class SeqRegressor(nn.Module):
+    """A recurrent layer over a PackedSequence of the batch (list of [L_i, F]) → one value per sequence [B].
+
+    ``rnn``: the recurrent module class, called as rnn(features, hidden, num_layers, batch_first=True):
+    torch.nn.GRU (default), torch.nn.LSTM, or its drop-in stfast.nn.LSTM."""
+
+    def __init__(self, features: int = 4, hidden: int = 32, num_layers: int = 1, rnn=nn.GRU):
+        super().__init__()
+        self.rnn = rnn(features, hidden, num_layers, batch_first=True)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, seqs: list[torch.Tensor]) -> torch.Tensor:
+        lengths = torch.tensor([len(s) for s in seqs])
+        packed = pack_padded_sequence(pad_sequence(seqs, batch_first=True), lengths, batch_first=True,
+                                      enforce_sorted=False)
+        _, h = self.rnn(packed)
+        h = h[0] if isinstance(h, tuple) else h  # LSTM: (h_n, c_n)
+        return self.head(h[-1]).squeeze(-1)
