@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused: stfast's native ops; reference: plain PyTorch (same parameters)")
     t.add_argument("--patience", type=int, default=None, help="early stop after N epochs without improvement")
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
+    t.add_argument("--slicer", default=None, choices=("balanced", "equal", "sorted"),
+                   help="how a global batch is cut into per-rank shards: balanced (cost model; default with "
+                        "--nproc > 1), equal (equal counts, random), sorted (sorted by length, dealt round-robin)")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
     t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -96,7 +99,7 @@ def cmd_train(a) -> int:
                       weight_decay=a.weight_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
                       driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
-                      nproc=a.nproc, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
+                      nproc=a.nproc, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():

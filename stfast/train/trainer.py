@@ -24,6 +24,7 @@ from ..data.splits import default_date_split, parse_days, parse_fractions, split
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
+from ..parallel.slicer import BalancedBatchSampler, imbalance
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
@@ -32,6 +33,7 @@ log = logging.getLogger("stfast.train")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
+SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
 
 
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
@@ -100,7 +102,9 @@ def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dic
 class Trainer:
     """Trains DeepTTE per a :class:`TrainConfig`, writing into ``cfg.out``:
 
-    metrics.jsonl (one object per epoch), summary.json, checkpoint.pt (best validation MAPE) and
+    metrics.jsonl (one object per epoch; under data parallelism also one per step with "type": "step":
+    the slicer's shard sizes, predicted and measured imbalance, idle seconds per rank, cost model),
+    summary.json, checkpoint.pt (best validation MAPE) and
     last.pt (the latest epoch or step, what ``--resume`` continues from). Both are written atomically.
     """
 
@@ -159,6 +163,43 @@ class Trainer:
                  f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
         if self.dropped:
             self.say("dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())))
+        self._setup_slicer()
+
+    # ---------------------------------------------------------------- load-balancing slicer
+    def _setup_slicer(self) -> None:
+        """Under data parallelism each global batch is cut by a BalancedBatchSampler (the same cut on
+        every rank); one process trains on whole batches."""
+        cfg, self.slicer = self.cfg, None
+        if self.info.distributed:
+            self.slicer = BalancedBatchSampler(
+                self.train_ds.lengths, cfg.batch_size, self.info.world_size, self.info.rank, cfg.seed,
+                method=cfg.slicer or "balanced",
+                batches=lambda e: epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, e))
+            self.say(f"slicer: {self.slicer.method}")
+
+    def _slicer_step(self, gb: np.ndarray, compute_s: float, t_start: float) -> None:
+        """After a step: gather every rank's measured forward + backward seconds, feed them to the cost
+        model (refit every SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so that all ranks
+        keep cutting identically), and append one metrics row (rank 0)."""
+        times = dp.all_gather_floats(np.array([compute_s]), self.info)[:, 0]
+        step_s = time.perf_counter() - t_start
+        lens = [self.train_ds.lengths[sh] for sh in self.slicer.shards(gb)]
+        model = self.slicer.cost_model
+        predicted = [model.predict(ln) for ln in lens]
+        model.observe(lens, times)
+        if self.step % SLICER_REFIT_EVERY == 0:
+            model.fit()
+            model.coefficients = dp.broadcast_floats(model.coefficients, self.info)
+        if not self.info.is_main:
+            return
+        rec = {"type": "step", "step": self.step, "epoch": self.epoch, "slicer": self.slicer.method,
+               "shard_trips": [len(ln) for ln in lens], "shard_points": [int(ln.sum()) for ln in lens],
+               "predicted_imbalance": imbalance(predicted) if max(predicted) > 0 else None,
+               "measured_imbalance": imbalance(times) if times.max() > 0 else None,
+               "compute_s": times.tolist(), "idle_s": (times.max() - times).tolist(), "step_s": step_s,
+               "cost_coefficients": model.to_dict(), "cost_fit_error": model.fit_error}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def _resume_state(self):
         self._resume_path = None
@@ -195,7 +236,8 @@ class Trainer:
     def train_step(self, gb: np.ndarray, use_local: bool) -> float:
         """One optimizer step on global batch ``gb``; returns the global batch's loss."""
         k = self.model.cfg.kernel_size
-        shard = dp.equal_shard(gb, self.info)
+        t_start = time.perf_counter()
+        shard = dp.equal_shard(gb, self.info) if self.slicer is None else self.slicer.shard(gb)
         n_local = int(np.maximum(self.train_ds.lengths[gb] - k + 1, 0).sum())
         self.opt.zero_grad(set_to_none=True)
         loss_val = 0.0
@@ -205,9 +247,14 @@ class Trainer:
             loss = combine_loss(parts, self.model.cfg.alpha, len(gb), n_local, use_local)
             loss.backward()
             loss_val = float(loss.detach())
+        if self.slicer is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
+        compute_s = time.perf_counter() - t_start
         dp.all_reduce_gradients(list(self.model.parameters()), self.info)
         self.opt.step()
         self.step += 1
+        if self.slicer is not None:
+            self._slicer_step(gb, compute_s, t_start)
         return loss_val
 
     def _step_limit(self) -> bool:
@@ -315,7 +362,8 @@ def plot_learning_curve(metrics_path: Path, png_path: Path, summary: dict) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in open(metrics_path)]
+    with open(metrics_path) as f:
+        rows = [r for r in map(json.loads, f) if "val_mape" in r]  # epoch rows, not the slicer's step rows
     ep = [r["epoch"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].plot(ep, [100 * r["val_mape"] for r in rows], "o-", label="DeepTTE validation")
