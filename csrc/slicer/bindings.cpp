@@ -68,6 +68,10 @@ PYBIND11_MODULE(_slicer, mod) {
     return run(weights, w, py::make_tuple(0.0, 0.0, 1.0, 0.0, 0.0),
                [](auto& l, int64_t w, auto&) { return stfast::slicer::karmarkar_karp(l, w); });
   }, py::arg("weights"), py::arg("world_size"));
+  mod.def("sorted_strided", [](const F64& l, int64_t w) {
+    return run(l, w, py::make_tuple(0.0, 0.0, 1.0, 0.0, 0.0),
+               [](auto& l, int64_t w, auto&) { return stfast::slicer::sorted_strided(l, w); });
+  }, py::arg("lengths"), py::arg("world_size"));
   mod.def("contiguous", [](const F64& l, int64_t w, const py::tuple& m) {
     return run(l, w, m, [](auto& l, int64_t w, auto& m) { return stfast::slicer::contiguous(l, w, m); });
   }, py::arg("lengths"), py::arg("world_size"), py::arg("model"));

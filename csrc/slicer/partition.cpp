@@ -267,6 +267,13 @@ Assignment karmarkar_karp(const std::vector<double>& weights, int64_t W) {
   return asg;
 }
 
+Assignment sorted_strided(const std::vector<double>& lengths, int64_t W) {
+  Assignment asg(lengths.size(), 0);
+  const std::vector<int64_t> order = order_by_length(lengths, /*descending=*/false);
+  for (size_t k = 0; k < order.size(); ++k) asg[order[k]] = int32_t(int64_t(k) % W);
+  return asg;
+}
+
 Assignment contiguous(const std::vector<double>& lengths, int64_t W, const CostModel& m) {
   const int64_t B = int64_t(lengths.size());
   Assignment asg(B, 0);
@@ -488,14 +495,14 @@ Assignment balanced(const std::vector<double>& lengths, int64_t W, const CostMod
   // Karmarkar–Karp only pays where shards hold few trips (beyond ~32 per shard LPT is within a few
   // per mille of optimal, Coffman & Sethi 1976) and it is the slowest construction.
   const bool use_kk = int64_t(lengths.size()) <= KK_MAX_TRIPS_PER_SHARD * W;
-  Assignment cands[3] = {lpt(lengths, W, m), use_kk ? karmarkar_karp(weights, W) : Assignment{},
-                         contiguous(lengths, W, m)};
+  Assignment cands[4] = {lpt(lengths, W, m), use_kk ? karmarkar_karp(weights, W) : Assignment{},
+                         contiguous(lengths, W, m), sorted_strided(lengths, W)};
   auto worst = [&](const Assignment& a) {
     const std::vector<double> t = shard_costs(lengths, a, W, m);
     return t.empty() ? 0.0 : *std::max_element(t.begin(), t.end());
   };
-  double start[3], best_start = 0.0;
-  for (int k = 0; k < 3; ++k) {
+  double start[4], best_start = 0.0;
+  for (int k = 0; k < 4; ++k) {
     start[k] = cands[k].size() == lengths.size() ? worst(cands[k]) : INFINITY;
     best_start = k == 0 ? start[k] : std::min(best_start, start[k]);
   }
@@ -503,7 +510,7 @@ Assignment balanced(const std::vector<double>& lengths, int64_t W, const CostMod
   // dominated by n·L_max, or the reverse) would only burn iterations.
   Assignment best;
   double best_t = 0.0;
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < 4; ++k) {
     if (start[k] > best_start * 1.05) continue;
     Assignment r = refine(lengths, std::move(cands[k]), W, m, max_iters);
     const double mx = worst(r);

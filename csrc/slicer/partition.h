@@ -50,6 +50,10 @@ Assignment lpt(const std::vector<double>& lengths, int64_t world_size, const Cos
 // joins the smallest subset), O(W log W) for the others.
 Assignment karmarkar_karp(const std::vector<double>& weights, int64_t world_size);
 
+// Sorted-strided: trips sorted by length (ties: index) and dealt round-robin, trip k to shard k mod W.
+// Equal counts, similar length mixes; the length-aware baseline.
+Assignment sorted_strided(const std::vector<double>& lengths, int64_t world_size);
+
 // Sorted contiguous split: trips sorted by length, cut into W contiguous runs minimising the maximum
 // predicted time under the full model (exact up to a relative 1e-12 by bisection on the bottleneck
 // with a greedy feasibility test; a run's time grows with its end). Runs of similar lengths keep
@@ -64,7 +68,7 @@ Assignment refine(const std::vector<double>& lengths, Assignment assignment, int
                   const CostModel& model, int64_t max_iters);
 
 // The balanced slicer: LPT under the full model, Karmarkar–Karp on the per-trip weights
-// b + c·l + d·l (when B <= 32·W), and the contiguous split; each whose predicted maximum is within 5 % of the best of
+// b + c·l + d·l (when B <= 32·W), the contiguous split and sorted-strided; each whose predicted maximum is within 5 % of the best of
 // them is refined by local search, and the refined one with the smallest maximum wins (ties: that
 // order).
 Assignment balanced(const std::vector<double>& lengths, int64_t world_size, const CostModel& model,

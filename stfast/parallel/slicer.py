@@ -185,8 +185,8 @@ def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
               max_iters: int = DEFAULT_MAX_ITERS) -> np.ndarray:
     """Shard id [B] int32 in [0, world_size) of each trip of a global batch with lengths [B] (points).
 
-    Methods: ``balanced`` (LPT, Karmarkar–Karp and contiguous split, each refined by local search
-    under the model; the best wins), ``lpt`` (LPT greedy on Σlen only), ``kk`` (Karmarkar–Karp on
+    Methods: ``balanced`` (LPT, Karmarkar–Karp, contiguous split and sorted-strided, the promising
+    ones refined by local search under the model; the best wins), ``lpt`` (LPT greedy on Σlen only), ``kk`` (Karmarkar–Karp on
     Σlen), ``contiguous`` (sorted contiguous split under the model), ``sorted`` (sorted by length,
     dealt round-robin: equal counts), ``equal`` (equal counts in a random order seeded by ``seed``:
     what torch's DistributedSampler does).
@@ -212,9 +212,7 @@ def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
         asg[perm] = np.arange(B) % W
         return asg
     if method == "sorted":
-        asg = np.empty(B, np.int32)
-        asg[np.argsort(lengths, kind="stable")] = np.arange(B) % W
-        return asg
+        return _slicer.sorted_strided(lengths, W)
     if method == "lpt":
         return _slicer.lpt(lengths, W, (0.0, 0.0, 1.0, 0.0, 0.0))
     if method == "kk":
