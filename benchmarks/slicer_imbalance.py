@@ -33,6 +33,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_geo_conv import source_lengths
 from conftest import random_trips
 
 from stfast.data.dataset import DriverVocab, NormStats, TripDataset
@@ -50,36 +52,16 @@ TABLE_METHODS = {"equal": "equal-count random", "sorted": "sorted-strided", "lpt
                  "balanced": "balanced (fitted)"}
 
 
-def _data_dir() -> Path | None:
-    env = os.environ.get("STFAST_DATA_DIR")
-    here = Path(__file__).resolve().parent.parent
-    for c in ([Path(env)] if env else []) + [here.parent / "shared" / "data"]:
-        if c.is_dir():
-            return c
-    return None
-
-
 @cache
 def dataset_lengths(name: str) -> tuple[np.ndarray, str]:
-    """Trip lengths (points) of a dataset and where they came from."""
-    d = _data_dir()
-    if name == "chengdu" and d is not None and (d / "chengdu_deeptte_sample" / "test").exists():
-        from stfast.data.readers import read_deeptte_jsonl
-
-        return read_deeptte_jsonl(d / "chengdu_deeptte_sample" / "test").lengths, "chengdu_deeptte_sample (1,400 trips)"
-    if name == "geolife" and d is not None and (d / "geolife_sample").exists():
-        from stfast.data.load import load_trips
-
-        lens = load_trips(str(d / "geolife_sample")).lengths
-        return lens, f"geolife_sample ({len(lens)} trips after preprocessing)"
+    """Trip lengths (points) of a dataset and where they came from (the samples as the geo-conv
+    benchmark reads them, stand-ins of their shape without ../shared/data)."""
     if name == "synthetic":
         from stfast.data.synthetic import synthetic_trips
 
         return synthetic_trips(20000, seed=0).lengths, "synthetic city (20,000 trips)"
-    rng = np.random.default_rng(1234)  # stand-ins with the samples' rough shape
-    if name == "chengdu":
-        return np.clip(rng.normal(36, 13, 1400), 15, 126).astype(int), "stand-in (normal 36 ± 13)"
-    return np.clip(rng.lognormal(2.6, 1.1, 290), 3, 593).astype(int), "stand-in (log-normal)"
+    lengths, source = source_lengths(name)
+    return lengths, f"{source} ({len(lengths)} trips)"
 
 
 # ---------------------------------------------------------------- trips of chosen lengths
