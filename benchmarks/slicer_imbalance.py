@@ -316,7 +316,8 @@ def main(argv=None) -> int:
         result["profile"] = prof
         print(f"\nfitted on {prof['n_shards']} timed shards ({prof['total_s']:.0f} s of fwd+bwd): "
               + ", ".join(f"{k} = {v:.3g}" for k, v in prof["coefficients"].items())
-              + f"; relative RMS error {prof['fit_error']['rel_rmse']:.3f}")
+              + f"; relative error: median {prof['fit_error']['rel_median']:.3f}, "
+              f"RMS {prof['fit_error']['rel_rmse']:.3f} (stalls of the shared machine included)")
         print("  standard errors: " + ", ".join(f"{k} {'-' if s is None else f'{s:.2g}'}"
                                               for k, s in zip(COEFFICIENTS, prof["fit_error"]["stderr"])))
     else:

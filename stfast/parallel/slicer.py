@@ -85,10 +85,11 @@ class LinearCostModel:
     ``observe`` adds measured shards (lengths, seconds) to a window of the last ``window``
     observations; ``fit`` refits the coefficients by Huber-weighted (δ = 1.345 robust σ, σ from the
     median absolute residual) iteratively reweighted non-negative least squares on column-scaled
-    features. Coefficients stay ≥ 0 so that a shard never gets cheaper by adding a trip.
+    features, with residuals relative to the measured time (timing noise is multiplicative). Coefficients stay ≥ 0 so that a shard never gets cheaper by adding a trip.
 
     Attributes: ``coefficients`` float64 [5] (a, b, c, d, e; seconds, s/trip, s/point, s/padded point,
-    s/step); ``fit_error``: dict with ``rel_rmse`` (RMS of residual/measured over the window),
+    s/step); ``fit_error``: dict with ``rel_rmse`` (RMS of residual/measured over the window, outliers
+    included), ``rel_median`` (median |residual|/measured),
     ``stderr`` (standard error of each coefficient, None where it sits at the bound 0) and ``n_obs``;
     None before the first fit.
     """
@@ -141,17 +142,20 @@ class LinearCostModel:
         if self.n_obs < self.min_obs:
             return False
         X, y = np.array(self._X), np.array(self._y)
-        scale = np.sqrt((X ** 2).mean(axis=0))
+        # timing noise grows with the shard (it is multiplicative), so residuals are taken relative to
+        # the measured time: rows divided by y, the target is 1
+        v = 1.0 / np.maximum(y, 1e-9)
+        scale = np.sqrt(((X * v[:, None]) ** 2).mean(axis=0))
         scale[scale == 0] = 1.0
-        Z = X / scale
+        Z = X * v[:, None] / scale
+        ones = np.ones(len(y))
         w = np.ones(len(y))
         beta = np.zeros(5)
-        sigma = 0.0
         for _ in range(iters):
             sw = np.sqrt(w)
-            new = _nnls(Z * sw[:, None], y * sw)
-            r = y - Z @ new
-            sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-12 * float(np.abs(y).max() or 1.0))
+            new = _nnls(Z * sw[:, None], ones * sw)
+            r = ones - Z @ new
+            sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-9)
             w = np.minimum(1.0, 1.345 * sigma / np.maximum(np.abs(r), 1e-300))
             if np.allclose(new, beta, rtol=1e-9, atol=0):
                 beta = new
@@ -163,16 +167,17 @@ class LinearCostModel:
         r = y - X @ self.coefficients
         active = np.flatnonzero(beta > 0)
         stderr: list = [None] * 5
-        Xa = X[:, active] * np.sqrt(w)[:, None]
+        Xa = X[:, active] * (v * np.sqrt(w))[:, None]  # the weighted design of the final IRLS step
         dof = max(len(y) - len(active), 1)
-        s2 = float((w * r ** 2).sum()) / dof
+        s2 = float((w * (r * v) ** 2).sum()) / dof
         try:
             cov = s2 * np.linalg.inv(Xa.T @ Xa)
             for j, k in enumerate(active):
                 stderr[k] = float(np.sqrt(max(cov[j, j], 0.0)))
         except np.linalg.LinAlgError:
             pass
-        self.fit_error = {"rel_rmse": float(np.sqrt(np.mean((r / np.maximum(y, 1e-12)) ** 2))),
+        rel = r / np.maximum(y, 1e-12)
+        self.fit_error = {"rel_rmse": float(np.sqrt(np.mean(rel ** 2))), "rel_median": float(np.median(np.abs(rel))),
                           "stderr": stderr, "n_obs": len(y)}
         return True
 
