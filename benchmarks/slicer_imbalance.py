@@ -10,7 +10,8 @@
 3. cluster: W up to 1,024 simulated with the fitted model: predicted imbalance and the rank-seconds
    per epoch spent waiting, equal-count vs balanced.
 4. live: 2 Gloo ranks (one thread each) on GeoLife lengths, balanced and equal-count steps
-   interleaved on the same global batches in one run: measured imbalance and step time.
+   interleaved on the same global batches in one run: measured imbalance and step time; a third arm
+   gives both ranks the same shard, whose measured imbalance is the machine's noise floor.
 
     python benchmarks/slicer_imbalance.py                       # everything (several minutes)
     python benchmarks/slicer_imbalance.py --parts profile,table --batches 200 --json out.json
@@ -232,15 +233,16 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, q) 
     src = src[src >= K]
     rng = np.random.default_rng(7)  # the same global batches on every rank
     cm = LinearCostModel()
-    rec = {"equal": [], "balanced": []}
+    rec = {"equal": [], "balanced": [], "identical": []}
     params = list(model.parameters())
     for step in range(n_steps + 2):
         idx_g = pool.pick(rng.choice(src, batch, replace=batch > len(src)))
         lens_g = pool.ds.lengths[idx_g]
-        order = ("balanced", "equal") if step % 2 == 0 else ("equal", "balanced")
+        # "identical": every rank computes the same shard (the noise floor of the measured imbalance)
+        order = ("balanced", "equal", "identical") if step % 2 == 0 else ("identical", "equal", "balanced")
         for m in order:
-            asg = partition(lens_g, world, m, cm, seed=step)
-            mine = idx_g[asg == rank]
+            asg = partition(lens_g, world, "equal" if m == "identical" else m, cm, seed=step)
+            mine = idx_g[asg == 0] if m == "identical" else idx_g[asg == rank]
             dist.barrier()
             t0 = time.perf_counter()
             model.zero_grad(set_to_none=True)
@@ -248,8 +250,8 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, q) 
             dp.all_reduce_gradients(params, info)
             step_s = time.perf_counter() - t0
             times = dp.all_gather_floats(np.array([compute]), info)[:, 0]
-            shards = [lens_g[asg == r] for r in range(world)]
-            pred = predicted_times(lens_g, asg, world, cm)
+            shards = [lens_g[asg == (0 if m == "identical" else r)] for r in range(world)]
+            pred = np.array([cm.predict(sh) for sh in shards])
             cm.observe(shards, times)
             if step >= 2:  # warm-up steps are not recorded
                 rec[m].append({"compute_s": times.tolist(), "step_s": step_s,
@@ -290,6 +292,7 @@ def live(n_steps: int, batch: int) -> dict:
     summ["speedup_ratio_of_mean_step_s"] = summ["equal"]["mean_step_s"] / summ["balanced"]["mean_step_s"]
     summ["steps"] = len(paired)
     summ["coefficients"], summ["fit_error"] = out["coefficients"], out["fit_error"]
+    summ["records"] = rec
     return summ
 
 
@@ -358,10 +361,11 @@ def main(argv=None) -> int:
                       f"{r['equal_epoch_s']:>15.1f}{r['balanced_epoch_s']:>10.1f}{r['balanced_max_over_bound']:>8.3f}")
     if "live" in parts:
         print(f"\nlive: 2 Gloo ranks x 1 thread, GeoLife lengths, global batch {a.live_batch}, "
-              f"{a.live_steps} steps of each slicer interleaved on the same batches")
+              f"{a.live_steps} steps of each slicer interleaved on the same batches (identical: both ranks "
+              "compute the same shard, the noise floor of the measured imbalance)")
         lv = live(a.live_steps, a.live_batch)
         result["live"] = lv
-        for m in ("equal", "balanced"):
+        for m in ("equal", "balanced", "identical"):
             s = lv[m]
             print(f"  {m:<9} measured imbalance {s['median_measured_imbalance']:.3f} (predicted "
                   f"{s['median_predicted_imbalance']:.3f}), step {s['median_step_s']:.3f} s median, {s['mean_step_s']:.3f} s mean")
