@@ -272,8 +272,8 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     assert max(abs(a - b) for a, b in (r["shard_trips"] for r in steps)) >= 3  # deliberately unequal
     for r in steps:
         assert len(r["compute_s"]) == len(r["idle_s"]) == 2 and min(r["idle_s"]) == 0.0
-        assert r["measured_imbalance"] >= 1.0 and r["predicted_imbalance"] >= 1.0
-        assert set(r["cost_coefficients"]) == {"a", "b", "c", "d", "e"}
+        assert r["imbalance_measured"] >= 1.0 and r["imbalance_predicted"] >= 1.0
+        assert len(r["cost_coef"]) == 5 and min(r["cost_coef"]) >= 0  # a, b, c, d, e
     assert steps[-1]["cost_fit_error"] is not None  # refitted from the measured times
     a, b = ckpt.load(tmp_path / "one" / "last.pt"), ckpt.load(tmp_path / "two" / "last.pt")
     assert a["step"] == b["step"] == 10

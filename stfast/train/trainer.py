@@ -194,10 +194,10 @@ class Trainer:
             return
         rec = {"type": "step", "step": self.step, "epoch": self.epoch, "slicer": self.slicer.method,
                "shard_trips": [len(ln) for ln in lens], "shard_points": [int(ln.sum()) for ln in lens],
-               "predicted_imbalance": imbalance(predicted) if max(predicted) > 0 else None,
-               "measured_imbalance": imbalance(times) if times.max() > 0 else None,
+               "imbalance_predicted": imbalance(predicted) if max(predicted) > 0 else None,
+               "imbalance_measured": imbalance(times) if times.max() > 0 else None,
                "compute_s": times.tolist(), "idle_s": (times.max() - times).tolist(), "step_s": step_s,
-               "cost_coefficients": model.to_dict(), "cost_fit_error": model.fit_error}
+               "cost_coef": model.coefficients.tolist(), "cost_fit_error": model.fit_error}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
 
