@@ -47,4 +47,4 @@ test: setup-test
 	$(TEST_PY) -m pytest -q benchmarks --benchmark-disable
 
 clean:
-	rm -rf $(VENV) $(TEST_VENV) build *.egg-info runs stfast/_C*.so
+	rm -rf $(VENV) $(TEST_VENV) build *.egg-info runs stfast/_C*.so stfast/_slicer*.so

@@ -1,6 +1,6 @@
 """Build script. Metadata lives in pyproject.toml; this file drives the native build: CMakeLists.txt
-compiles csrc/ into the extension ``stfast._C`` (CPU kernels always; CUDA kernels when the installed
-torch is a CUDA build and nvcc is found). Install with ``pip install --no-build-isolation .`` (or
+compiles csrc/ into the extensions ``stfast._C`` (CPU kernels always; CUDA kernels when the installed
+torch is a CUDA build and nvcc is found) and ``stfast._slicer`` (the slicer's partitioners). Install with ``pip install --no-build-isolation .`` (or
 ``-e .``) so that the extension is built against the torch that will run it.
 
 Environment:
@@ -113,12 +113,15 @@ class CMakeBuild(build_ext):
         jobs = os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1)
         _log(f"cmake in {build_dir} (MAX_JOBS={jobs})")
         subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build_dir), *args], check=True, env=env)
-        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs], check=True, env=env)
+        target = ext.name.rsplit(".", 1)[-1]  # one CMake target per extension module (_C, _slicer)
+        subprocess.run(["cmake", "--build", str(build_dir), "--parallel", jobs, "--target", target], check=True, env=env)
 
 
 def native_extensions() -> list:
-    """The one extension module, stfast._C, built from CMakeLists.txt."""
-    return [CMakeExtension("stfast._C")] if (ROOT / "CMakeLists.txt").is_file() else []
+    """The extension modules built from CMakeLists.txt: stfast._C (the ops) and stfast._slicer (the
+    slicer's partitioners, no torch)."""
+    names = ["stfast._C", "stfast._slicer"]
+    return [CMakeExtension(n) for n in names] if (ROOT / "CMakeLists.txt").is_file() else []
 
 
 setup(ext_modules=native_extensions(), cmdclass={"build_ext": CMakeBuild})

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nproc", type=int, default=1, help="data-parallel processes (torch.distributed)")
     t.add_argument("--comm", default="torch", choices=("torch", "nccl"),
                    help="gradient-sync communicator: torch.distributed, or stfast's C++ NCCL communicator")
+    t.add_argument("--slicer", default=None, choices=("balanced", "equal", "sorted"),
+                   help="how a global batch is cut into per-rank shards: balanced (cost model; default with "
+                        "--nproc > 1), equal (equal counts, random), sorted (sorted by length, dealt round-robin)")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
     t.add_argument("--device", default="cpu", help="cpu or cuda")
     t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -131,7 +134,7 @@ def cmd_train(a) -> int:
                       driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed,
                       data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
-                      nproc=a.nproc, comm=a.comm, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
+                      nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
                       accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget)
     cfg.validate()

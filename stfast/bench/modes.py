@@ -99,7 +99,8 @@ def _measure(out: Path) -> dict:
         "samples_per_s": sps,
         "test_mape": s["test_mape"], "test_mae": s["test_mae"], "test_rmse": s["test_rmse"],
         "best_val_mape": s.get("best_val_mape"), "steps": s.get("steps"),
-        "imbalance": statistics.mean(r["imbalance_measured"] for r in sl) if sl else None,
+        "imbalance": statistics.mean(m) if (m := [r["imbalance_measured"] for r in sl
+                                                  if r.get("imbalance_measured")]) else None,
         "comm_share": sum(r["comm_s"] for r in win) / busy if busy else None,
     }
 

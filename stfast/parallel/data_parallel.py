@@ -95,6 +95,33 @@ def all_reduce_sum(values: np.ndarray, info: DistInfo) -> np.ndarray:
     return t.numpy()
 
 
+def _small_tensor(values: np.ndarray) -> torch.Tensor:
+    """float64 tensor of ``values`` on the device the process group's backend needs (NCCL: CUDA)."""
+    t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64))
+    return t.cuda() if dist.get_backend() == "nccl" else t
+
+
+def all_gather_floats(values: np.ndarray, info: DistInfo) -> np.ndarray:
+    """Every rank's float64 vector ``values`` [k] (same k on all ranks) as an array [W, k], rank order
+    (one process: values[None])."""
+    values = np.asarray(values, dtype=np.float64)
+    if not info.distributed:
+        return values[None].copy()
+    t = _small_tensor(values)
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return torch.stack(out).cpu().numpy()
+
+
+def broadcast_floats(values: np.ndarray, info: DistInfo, src: int = 0) -> np.ndarray:
+    """Rank ``src``'s float64 vector ``values`` on every rank."""
+    if not info.distributed:
+        return np.asarray(values, dtype=np.float64)
+    t = _small_tensor(values)
+    dist.broadcast(t, src)
+    return t.cpu().numpy()
+
+
 def launch(nproc: int, argv: list[str]) -> int:
     """Start ``python -m stfast.cli argv`` on ``nproc`` local processes exactly as torchrun does
     (standalone rendezvous). Returns the exit code."""

@@ -38,6 +38,7 @@ class TrainConfig:
     dtype: str = "float32"  # or "float64"
     nproc: int = 1
     comm: str = "torch"  # gradient-sync communicator: "torch" (torch.distributed) or "nccl" (stfast's C++ NCCL)
+    slicer: str | None = None  # balanced, equal or sorted shards per rank (None: balanced when distributed)
     threads: int | None = None  # torch intra-op threads per process (default: cores / processes)
     max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
     out: str = "runs/latest"
@@ -69,6 +70,8 @@ class TrainConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.nproc < 1:
             raise ValueError(f"--nproc must be ≥ 1, got {self.nproc}")
+        if self.slicer not in (None, "balanced", "equal", "sorted"):
+            raise ValueError(f"--slicer must be balanced, equal or sorted, got {self.slicer}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"--dtype must be float32 or float64, got {self.dtype}")
         from ..data.splits import parse_days, parse_fractions

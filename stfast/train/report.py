@@ -76,18 +76,20 @@ def _panels(rows: dict[str, list[dict]]) -> list:
             ax.legend(fontsize=6)
         out.append(("per-rank compute and idle time", load))
         out.append(("imbalance (max / mean compute time)", lambda ax: (
-            ax.plot([r["step"] for r in sl], [r["imbalance_measured"] for r in sl], lw=0.8, label="measured"),
-            ax.plot([r["step"] for r in sl], [r["imbalance_predicted"] for r in sl], lw=0.8, label="predicted"),
+            ax.plot([r["step"] for r in sl], [r["imbalance_measured"] or float("nan") for r in sl], lw=0.8,
+                    label="measured"),
+            ax.plot([r["step"] for r in sl], [r["imbalance_predicted"] or float("nan") for r in sl], lw=0.8,
+                    label="predicted"),
             ax.set(xlabel="optimizer step", ylabel="max / mean"), ax.legend(fontsize=7))))
         if any(r.get("cost_coef") for r in sl):
             def coef(ax):
                 fitted = [r for r in sl if r.get("cost_coef")]
-                names = ("a (s)", "b (s/trip)", "c (s/point)", "d (s/(trip·L_max))")
-                for j, name in enumerate(names):
+                names = ("a (s)", "b (s/trip)", "c (s/point)", "d (s/(trip·L_max))", "e (s/step of L_max)")
+                for j, name in enumerate(names[:len(fitted[0]["cost_coef"])]):
                     ax.plot([r["step"] for r in fitted], [r["cost_coef"][j] for r in fitted], label=name)
                 ax.set(xlabel="optimizer step", yscale="symlog", ylabel="coefficient")
                 ax.legend(fontsize=6)
-            out.append(("fitted cost model t = a + b·n + c·Σlen + d·n·L_max", coef))
+            out.append(("fitted cost model t = a + b·n + c·Σlen + d·n·L_max + e·L_max", coef))
     return out
 
 

@@ -35,6 +35,7 @@ from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
+from ..parallel.slicer import BalancedBatchSampler, imbalance
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
@@ -43,6 +44,7 @@ log = logging.getLogger("stfast.train")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
+SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
 
 
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
@@ -111,7 +113,9 @@ def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dic
 class Trainer:
     """Trains DeepTTE per a :class:`TrainConfig`, writing into ``cfg.out``:
 
-    metrics.jsonl (one object per epoch), summary.json, checkpoint.pt (best validation MAPE) and
+    metrics.jsonl (one object per epoch; under data parallelism also one per step with "type": "step":
+    the slicer's shard sizes, predicted and measured imbalance, idle seconds per rank, cost model),
+    summary.json, checkpoint.pt (best validation MAPE) and
     last.pt (the latest epoch or step, what ``--resume`` continues from). Both are written atomically.
     """
 
@@ -176,6 +180,50 @@ class Trainer:
                  f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
         if self.dropped:
             self.say("dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())))
+        self._setup_slicer()
+
+    # ---------------------------------------------------------------- load-balancing slicer
+    def _setup_slicer(self) -> None:
+        """Under data parallelism each global batch is cut by a BalancedBatchSampler (the same cut on
+        every rank); one process trains on whole batches."""
+        cfg, self.slicer = self.cfg, None
+        if self.info.distributed:
+            self.slicer = BalancedBatchSampler(
+                self.train_ds.lengths, cfg.batch_size, self.info.world_size, self.info.rank, cfg.seed,
+                method=cfg.slicer or "balanced",
+                batches=lambda e: epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, e))
+            self.say(f"slicer: {self.slicer.method}")
+
+    def _slicer_step(self, micro: list[np.ndarray], compute_s: list[float], t_start: float) -> None:
+        """After a step of micro-batches ``micro``: gather every rank's measured forward + backward seconds
+        of each micro-batch, feed each micro-batch's shards and times to the cost model (refit every
+        SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so that all ranks keep cutting
+        identically), and append one metrics row (rank 0; per rank, sums over the micro-batches)."""
+        gathered = dp.all_gather_floats(np.asarray(compute_s, dtype=np.float64), self.info)  # [W, k]
+        step_s = time.perf_counter() - t_start
+        model = self.slicer.cost_model
+        predicted = np.zeros(self.info.world_size)
+        for j, m in enumerate(micro):
+            lens_j = [self.train_ds.lengths[sh] for sh in self.slicer.shards(m)]
+            predicted += [model.predict(ln) for ln in lens_j]
+            model.observe(lens_j, gathered[:, j])
+        times = gathered.sum(axis=1)
+        lens = [np.concatenate([self.train_ds.lengths[sh] for sh in parts])
+                for parts in zip(*(self.slicer.shards(m) for m in micro))]
+        predicted = predicted.tolist()
+        if self.step % SLICER_REFIT_EVERY == 0:
+            model.fit()
+            model.coefficients = dp.broadcast_floats(model.coefficients, self.info)
+        if not self.info.is_main:
+            return
+        rec = {"type": "step", "step": self.step, "epoch": self.epoch, "slicer": self.slicer.method,
+               "shard_trips": [len(ln) for ln in lens], "shard_points": [int(ln.sum()) for ln in lens],
+               "imbalance_predicted": imbalance(predicted) if max(predicted) > 0 else None,
+               "imbalance_measured": imbalance(times) if times.max() > 0 else None,
+               "compute_s": times.tolist(), "idle_s": (times.max() - times).tolist(), "step_s": step_s,
+               "cost_coef": model.coefficients.tolist(), "cost_fit_error": model.fit_error}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
     def _setup_accumulation(self, resume) -> None:
         """The accumulation scheduler (built on rank 0; the others follow its broadcast k) and the
@@ -244,18 +292,23 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.accum.begin_step()
         loss_val = 0.0
+        compute = []  # this rank's forward + backward seconds per micro-batch (the slicer's cost model)
         for i, m in enumerate(micro):
             # micro-steps 1..k-1 accumulate locally; the last one's backward starts the bucketed sync
             last = i == len(micro) - 1
             quiet = self.grad_sync.no_sync() if self.grad_sync is not None and not last else contextlib.nullcontext()
+            t_micro = time.perf_counter()
             with quiet:
-                shard = dp.equal_shard(m, self.info)
+                shard = dp.equal_shard(m, self.info) if self.slicer is None else self.slicer.shard(m)
                 if len(shard):
                     b = self.train_ds.batch(shard).to(self.device)
                     parts = loss_parts(self.model, self.model(b), b)
                     loss = combine_loss(parts, self.model.cfg.alpha, n_trips, n_local, use_local)
                     loss.backward()
                     loss_val += float(loss.detach())
+            if self.slicer is not None and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
+            compute.append(time.perf_counter() - t_micro)
             self.accum.after_micro_step(len(shard), n_trips)
         t_sync = time.perf_counter()
         extra = self.accum.extra(loss_val)
@@ -264,6 +317,8 @@ class Trainer:
         self.opt.step()
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
+        if self.slicer is not None:
+            self._slicer_step(micro, compute, t0)
         return loss_val
 
     def _end_window(self, epoch_done: float) -> bool:
@@ -415,7 +470,7 @@ def plot_learning_curve(metrics_path: Path, png_path: Path, summary: dict) -> No
     import matplotlib.pyplot as plt
 
     with open(metrics_path) as f:
-        rows = [r for r in map(json.loads, f) if "epoch" in r]  # not the accumulation windows
+        rows = [r for r in map(json.loads, f) if "val_mape" in r]  # epoch rows, not the slicer's step rows
     ep = [r["epoch"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].plot(ep, [100 * r["val_mape"] for r in rows], "o-", label="DeepTTE validation")

@@ -1,0 +1,328 @@
+"""The load-balancing data-parallel slicer (Lv et al., WASA 2021, contribution 1): each global batch
+of trips is cut into one shard per rank so that every rank finishes its forward + backward at the
+same time, predicted by a cost model fitted online to measured per-rank times.
+
+Cost model: a shard S of n trips with lengths l_i (points) takes
+
+    t(S) = a + b·n + c·Σ l_i + d·n·L_max + e·L_max        seconds,  L_max = max l_i
+
+(Σlen: geo-conv and projections on packed points; n·L_max: work on the padded [n, L_max] batch;
+L_max: the packed LSTM's sequential steps, each with a fixed cost). Coefficients are fitted by
+non-negative, Huber-weighted least squares (IRLS) on a window of observations; the prior before any
+fit is Σlen + n·L_max. Any callable ``cost(lengths [n]) -> seconds`` can stand in for the model.
+
+Partitioners live in C++ (csrc/slicer/partition.{h,cpp}, module ``stfast._slicer``): LPT greedy,
+Karmarkar–Karp differencing, sorted contiguous split, local-search refinement under the full model.
+All are deterministic, so every rank computes the same partition from the same batch and model
+without communication. Gradients stay exact under unequal shards when each rank divides its shard's
+loss SUM by the GLOBAL batch's count and gradients are summed (stfast.parallel.data_parallel).
+"""
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+try:
+    from .. import _slicer
+except ImportError as e:  # pragma: no cover - only a broken build gets here
+    raise ImportError(f"stfast's native slicer module stfast._slicer is missing ({e}); rebuild stfast: "
+                      "pip install --no-build-isolation -e .") from e
+
+COEFFICIENTS = ("a", "b", "c", "d", "e")  # intercept, per trip, per point, per padded point, per LSTM step
+PRIOR = (0.0, 0.0, 1.0, 1.0, 0.0)  # Σlen + n·L_max (arbitrary units) until timings arrive
+METHODS = ("balanced", "equal", "sorted", "lpt", "kk", "contiguous")
+DEFAULT_MAX_ITERS = 2000  # local-search changes per partition (each lowers the slowest shard)
+
+CostFunction = Callable[[np.ndarray], float]
+
+
+def shard_features(lengths: np.ndarray) -> np.ndarray:
+    """Features [5] float64 of one shard with trip lengths ``lengths`` [n]: (1, n, Σlen, n·L_max, L_max);
+    all zeros for an empty shard (an idle rank computes nothing)."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if len(lengths) == 0:
+        return np.zeros(5)
+    n, lmax = float(len(lengths)), float(lengths.max())
+    return np.array([1.0, n, float(lengths.sum()), n * lmax, lmax])
+
+
+def imbalance(times: Sequence[float]) -> float:
+    """max / mean of per-rank times (1.0 = perfectly balanced). Raises ValueError on an empty or
+    all-zero input."""
+    t = np.asarray(times, dtype=np.float64)
+    if t.size == 0 or not t.mean() > 0:
+        raise ValueError(f"imbalance needs positive times, got {t.tolist()}")
+    return float(t.max() / t.mean())
+
+
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min ||Xβ − y|| subject to β ≥ 0, exactly, for a handful of columns: the unconstrained solution
+    when it is feasible, otherwise the best feasible solution over all column subsets (2^p ≤ 32)."""
+    p = X.shape[1]
+    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    if (beta >= 0).all():
+        return beta
+    best, best_sse = np.zeros(p), float(y @ y)
+    for k in range(1, p):
+        for cols in itertools.combinations(range(p), k):
+            b = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
+            if (b < 0).any():
+                continue
+            sse = float(((X[:, cols] @ b - y) ** 2).sum())
+            if sse < best_sse:
+                best_sse, best = sse, np.zeros(p)
+                best[list(cols)] = b
+    return best
+
+
+class LinearCostModel:
+    """t = a + b·n + c·Σlen + d·n·L_max + e·L_max seconds per shard, fitted online.
+
+    ``observe`` adds measured shards (lengths, seconds) to a window of the last ``window``
+    observations; ``fit`` refits the coefficients by Huber-weighted (δ = 1.345 robust σ, σ from the
+    median absolute residual) iteratively reweighted non-negative least squares on column-scaled
+    features, with residuals relative to the measured time (timing noise is multiplicative). Coefficients stay ≥ 0 so that a shard never gets cheaper by adding a trip.
+
+    Attributes: ``coefficients`` float64 [5] (a, b, c, d, e; seconds, s/trip, s/point, s/padded point,
+    s/step); ``fit_error``: dict with ``rel_rmse`` (RMS of residual/measured over the window, outliers
+    included), ``rel_median`` (median |residual|/measured),
+    ``stderr`` (standard error of each coefficient, None where it sits at the bound 0) and ``n_obs``;
+    None before the first fit.
+    """
+
+    def __init__(self, coefficients: Sequence[float] = PRIOR, window: int = 1024, min_obs: int = 10):
+        self.coefficients = self._check(coefficients)
+        if window < 5 or min_obs < 5:
+            raise ValueError(f"window and min_obs must be ≥ 5, got {window}, {min_obs}")
+        self.window, self.min_obs = window, min_obs
+        self._X: deque = deque(maxlen=window)
+        self._y: deque = deque(maxlen=window)
+        self.fit_error: dict | None = None
+
+    @staticmethod
+    def _check(coefficients) -> np.ndarray:
+        c = np.asarray(coefficients, dtype=np.float64)
+        if c.shape != (5,) or not np.isfinite(c).all() or (c < 0).any() or not (c > 0).any():
+            raise ValueError(f"coefficients must be 5 finite values ≥ 0, not all 0, got {np.asarray(coefficients).tolist()}")
+        return c
+
+    @property
+    def as_tuple(self) -> tuple:
+        return tuple(float(v) for v in self.coefficients)
+
+    def predict(self, lengths: np.ndarray) -> float:
+        """Predicted seconds of one shard with trip lengths ``lengths`` [n] (0 when empty)."""
+        return float(shard_features(lengths) @ self.coefficients)
+
+    __call__ = predict
+
+    @property
+    def n_obs(self) -> int:
+        return len(self._y)
+
+    def observe(self, shard_lengths: Sequence[np.ndarray], seconds: Sequence[float]) -> None:
+        """Add one measurement per shard: its trips' lengths and its measured forward + backward
+        seconds. Empty shards are skipped. Raises ValueError on mismatched sizes or a time < 0."""
+        if len(shard_lengths) != len(seconds):
+            raise ValueError(f"{len(shard_lengths)} shards but {len(seconds)} times")
+        for lens, t in zip(shard_lengths, seconds):
+            if not np.isfinite(t) or t < 0:
+                raise ValueError(f"measured seconds must be finite and ≥ 0, got {t}")
+            if len(lens):
+                self._X.append(shard_features(lens))
+                self._y.append(float(t))
+
+    def fit(self, iters: int = 20) -> bool:
+        """Refit the coefficients on the window (when it holds ≥ min_obs observations). Returns
+        whether a fit was made."""
+        if self.n_obs < self.min_obs:
+            return False
+        X, y = np.array(self._X), np.array(self._y)
+        # timing noise grows with the shard (it is multiplicative), so residuals are taken relative to
+        # the measured time: rows divided by y, the target is 1
+        v = 1.0 / np.maximum(y, 1e-9)
+        scale = np.sqrt(((X * v[:, None]) ** 2).mean(axis=0))
+        scale[scale == 0] = 1.0
+        Z = X * v[:, None] / scale
+        ones = np.ones(len(y))
+        w = np.ones(len(y))
+        beta = np.zeros(5)
+        for _ in range(iters):
+            sw = np.sqrt(w)
+            new = _nnls(Z * sw[:, None], ones * sw)
+            r = ones - Z @ new
+            sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-9)
+            w = np.minimum(1.0, 1.345 * sigma / np.maximum(np.abs(r), 1e-300))
+            if np.allclose(new, beta, rtol=1e-9, atol=0):
+                beta = new
+                break
+            beta = new
+        if not (beta > 0).any():
+            return False  # nothing explains the timings (all zero): keep the previous coefficients
+        self.coefficients = beta / scale
+        r = y - X @ self.coefficients
+        active = np.flatnonzero(beta > 0)
+        stderr: list = [None] * 5
+        Xa = X[:, active] * (v * np.sqrt(w))[:, None]  # the weighted design of the final IRLS step
+        dof = max(len(y) - len(active), 1)
+        s2 = float((w * (r * v) ** 2).sum()) / dof
+        try:
+            cov = s2 * np.linalg.inv(Xa.T @ Xa)
+            for j, k in enumerate(active):
+                stderr[k] = float(np.sqrt(max(cov[j, j], 0.0)))
+        except np.linalg.LinAlgError:
+            pass
+        rel = r / np.maximum(y, 1e-12)
+        self.fit_error = {"rel_rmse": float(np.sqrt(np.mean(rel ** 2))), "rel_median": float(np.median(np.abs(rel))),
+                          "stderr": stderr, "n_obs": len(y)}
+        return True
+
+    def to_dict(self) -> dict:
+        return {k: float(v) for k, v in zip(COEFFICIENTS, self.coefficients)}
+
+
+def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
+              cost: LinearCostModel | CostFunction | None = None, seed: int = 0,
+              max_iters: int = DEFAULT_MAX_ITERS) -> np.ndarray:
+    """Shard id [B] int32 in [0, world_size) of each trip of a global batch with lengths [B] (points).
+
+    Methods: ``balanced`` (LPT, Karmarkar–Karp, contiguous split and sorted-strided, the promising
+    ones refined by local search under the model; the best wins), ``lpt`` (LPT greedy on Σlen only), ``kk`` (Karmarkar–Karp on
+    Σlen), ``contiguous`` (sorted contiguous split under the model), ``sorted`` (sorted by length,
+    dealt round-robin: equal counts), ``equal`` (equal counts in a random order seeded by ``seed``:
+    what torch's DistributedSampler does).
+    ``cost``: a :class:`LinearCostModel` (default: the prior), or any callable mapping a shard's
+    lengths [n] to seconds; with a callable, ``balanced`` runs LPT and Karmarkar–Karp on the per-trip
+    costs cost([l]) and keeps whichever (or sorted-strided) has the smallest max cost(shard).
+    Every shard is non-empty when B ≥ world_size. Deterministic.
+    Raises ValueError for an unknown method, world_size < 1, or negative / non-finite lengths.
+    """
+    lengths = np.ascontiguousarray(lengths, dtype=np.float64)
+    if lengths.ndim != 1:
+        raise ValueError(f"lengths must be 1-D [B], got shape {lengths.shape}")
+    if not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be an int ≥ 1, got {world_size!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if not np.isfinite(lengths).all() or (lengths < 0).any():
+        raise ValueError("lengths must be finite and ≥ 0")
+    B, W = len(lengths), int(world_size)
+    if method == "equal":
+        perm = np.random.default_rng([seed, zlib.crc32(lengths.tobytes()), B]).permutation(B)
+        asg = np.empty(B, np.int32)
+        asg[perm] = np.arange(B) % W
+        return asg
+    if method == "sorted":
+        return _slicer.sorted_strided(lengths, W)
+    if method == "lpt":
+        return _slicer.lpt(lengths, W, (0.0, 0.0, 1.0, 0.0, 0.0))
+    if method == "kk":
+        return _slicer.karmarkar_karp(lengths, W)
+    model = LinearCostModel() if cost is None else cost
+    if isinstance(model, LinearCostModel):
+        if method == "contiguous":
+            return _slicer.contiguous(lengths, W, model.as_tuple)
+        return _slicer.balanced(lengths, W, model.as_tuple, int(max_iters))
+    if not callable(model):
+        raise TypeError(f"cost must be a LinearCostModel or a callable of shard lengths, got {type(model).__name__}")
+    weights = np.array([float(model(lengths[i:i + 1])) for i in range(B)], dtype=np.float64)
+    if method == "contiguous":
+        raise ValueError("method 'contiguous' needs a LinearCostModel (its split uses the model's structure)")
+    cands = [_slicer.lpt(weights, W, (0.0, 0.0, 1.0, 0.0, 0.0)), _slicer.karmarkar_karp(weights, W),
+             partition(lengths, W, "sorted")]
+    worst = [max(float(model(lengths[c == s])) for s in range(W)) for c in cands]
+    return cands[int(np.argmin(worst))]
+
+
+def predicted_times(lengths: np.ndarray, assignment: np.ndarray, world_size: int,
+                    cost: LinearCostModel | CostFunction | None = None) -> np.ndarray:
+    """Predicted seconds [W] of each shard of ``assignment`` [B] (shard ids) under ``cost``."""
+    model = LinearCostModel() if cost is None else cost
+    lengths = np.asarray(lengths, dtype=np.float64)
+    assignment = np.asarray(assignment)
+    if isinstance(model, LinearCostModel):
+        return _slicer.shard_costs(lengths, assignment.astype(np.int32), world_size, model.as_tuple)
+    return np.array([float(model(lengths[assignment == s])) for s in range(world_size)])
+
+
+def random_global_batches(n_trips: int, global_batch_size: int, seed: int, epoch: int,
+                          drop_last: bool = False) -> list[np.ndarray]:
+    """Global batches of trip indices for one epoch: a permutation seeded by (seed, epoch), cut into
+    runs of ``global_batch_size``; the last one is smaller unless ``drop_last``."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n_trips)
+    out = [perm[i:i + global_batch_size] for i in range(0, n_trips, global_batch_size)]
+    if drop_last and out and len(out[-1]) < global_batch_size:
+        out.pop()
+    return out
+
+
+class BalancedBatchSampler:
+    """Yields this rank's trip indices [n_r] int64 for each optimizer step of an epoch.
+
+    Every rank builds the same global batches from ``seed`` (and the epoch, see ``set_epoch``) and
+    the same partition of each (deterministic, no communication), so all ranks run the same number of
+    steps; the last, smaller global batch is a step like the others (when it holds fewer trips than
+    ranks, some ranks get none and contribute zero gradients). Usable as a DataLoader
+    ``batch_sampler``. For exact gradients divide the shard's loss SUM by ``len(self.global_batch)``
+    (the current global batch, set before each yield) and SUM gradients over ranks.
+
+    Args: ``lengths`` [T] trip lengths (points); ``global_batch_size`` trips per step over all ranks;
+    ``world_size``, ``rank``; ``seed``; ``cost_model`` (LinearCostModel or a callable of shard lengths;
+    default: the prior model); ``method`` (see :func:`partition`); ``batches``: optional callable
+    epoch → list of global batches (index arrays) replacing the seeded random batching; ``drop_last``.
+    Raises ValueError on sizes < 1 or a rank outside [0, world_size).
+    """
+
+    def __init__(self, lengths: np.ndarray, global_batch_size: int, world_size: int, rank: int, seed: int = 0,
+                 cost_model: LinearCostModel | CostFunction | None = None, method: str = "balanced",
+                 batches: Callable[[int], list[np.ndarray]] | None = None, drop_last: bool = False):
+        if global_batch_size < 1:
+            raise ValueError(f"global_batch_size must be ≥ 1, got {global_batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need world_size ≥ 1 and 0 ≤ rank < world_size, got {world_size}, {rank}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+        self.lengths = np.asarray(lengths)
+        self.global_batch_size, self.world_size, self.rank, self.seed = global_batch_size, world_size, rank, seed
+        self.cost_model = LinearCostModel() if cost_model is None else cost_model
+        self.method, self._batches, self.drop_last = method, batches, drop_last
+        self.epoch = 0
+        self.global_batch: np.ndarray = np.zeros(0, np.int64)
+        self._last: tuple | None = None  # (global batch bytes, coefficients, shards) of the last partition
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def global_batches(self, epoch: int | None = None) -> list[np.ndarray]:
+        e = self.epoch if epoch is None else epoch
+        if self._batches is not None:
+            return self._batches(e)
+        return random_global_batches(len(self.lengths), self.global_batch_size, self.seed, e, self.drop_last)
+
+    def __len__(self) -> int:
+        return len(self.global_batches())
+
+    def shards(self, global_batch: np.ndarray) -> list[np.ndarray]:
+        """All ranks' trip indices [n_r] for ``global_batch`` [B] (trip indices), in batch order."""
+        gb = np.asarray(global_batch, dtype=np.int64)
+        coef = self.cost_model.as_tuple if isinstance(self.cost_model, LinearCostModel) else None
+        key = (gb.tobytes(), coef)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        asg = partition(self.lengths[gb], self.world_size, self.method, self.cost_model, seed=self.seed)
+        out = [gb[asg == r] for r in range(self.world_size)]
+        self._last = (key, out)
+        return out
+
+    def shard(self, global_batch: np.ndarray) -> np.ndarray:
+        """This rank's trip indices of ``global_batch``."""
+        return self.shards(global_batch)[self.rank]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for gb in self.global_batches():
+            self.global_batch = np.asarray(gb, dtype=np.int64)
+            yield self.shard(gb)
