@@ -8,11 +8,10 @@ the goodput over the k = 1 pace), and progress follows dP/dt = goodput(k, P), so
 largest goodput at every moment maximizes the progress made by any time (the comparison principle
 for a scalar ODE); what a window's k changes later — more progress, hence a larger noise scale —
 the next observation shows. So the best policy is greedy in the expected per-window reward and no
-credit has to travel across windows. The previous agent (PPO with the progress return over a
-40-window episode, γ = 1) settled on one constant k for every state: the per-window credit was
-buried in the episode's noise. Regressing the reward of every k (supervised, every window a
-labelled example) is also far more sample-efficient than a policy gradient, so pre-training takes
-seconds.
+credit has to travel across windows. Regressing the reward of each k (every window a labelled
+example) is also more sample-efficient than a policy gradient, so pre-training takes seconds. (The
+earlier PPO agent, γ = 1 over a 40-window episode, chose one constant k for every state; its offline
+training also stored views of an observation array that it then overwrote, which record() now copies.)
 
 Why our own ~120 lines instead of stable-baselines3: the policy must act and learn *inside* the
 training loop one window at a time (record a transition, update every few windows) and travel in
