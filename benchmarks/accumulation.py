@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -156,15 +157,16 @@ def time_to(curve, target: float) -> float:
 
 def run_live(datasets: dict, seeds, budget_s: float, root: Path, n_synthetic: int, batch_size: int,
              window: int) -> dict:
-    """datasets: {name: (data, modes)}; runs each (mode, seed) in turn, the modes interleaved within a
-    seed so that the shared machine's load drifts over all of them alike."""
-    res = {}
-    for name, (data, modes) in datasets.items():
-        res[name] = {m: [] for m in modes}
-        for seed in seeds:
+    """datasets: {name: (data, modes)}; runs each (dataset, mode) for the first seed, then for the next
+    (so the modes are interleaved and the shared machine's load drifts over all of them alike).
+    Finished runs (summary.json present) are read, not rerun."""
+    res = {name: {m: [] for m in modes} for name, (_, modes) in datasets.items()}
+    for seed in seeds:
+        for name, (data, modes) in datasets.items():
             for mode in modes:
                 out = root / "live" / name / f"{mode.replace(':', '')}_s{seed}"
                 if not (out / "summary.json").is_file():
+                    shutil.rmtree(out, ignore_errors=True)  # an unfinished run: metrics.jsonl is appended to
                     cmd = live_command(data, mode, seed, budget_s, out, n_synthetic, batch_size, window)
                     print("$", " ".join(cmd), flush=True)
                     t0 = time.time()
