@@ -1,19 +1,32 @@
-"""A small PPO agent (Schulman et al. 2017, clipped surrogate; GAE, Schulman et al. 2016) in plain
-PyTorch, one file in the manner of CleanRL: every hyper-parameter named at the top, seeded end to end.
+"""The RL agent that picks the accumulation steps k each window: a neural contextual bandit — a
+Q-network regressing each k's reward (one-step DQN, Mnih et al. 2015, with the discount γ = 0;
+ε-greedy exploration, a replay memory) in plain PyTorch, one file in the manner of CleanRL: every
+hyper-parameter named at the top, seeded end to end.
 
-Why our own ~150 lines instead of stable-baselines3: the policy must act and learn *inside* the
+Why a bandit: the reward of a window is its log goodput gain (schedulers.log_goodput_gain: ln of
+the goodput over the k = 1 pace), and progress follows dP/dt = goodput(k, P), so taking the k of the
+largest goodput at every moment maximizes the progress made by any time (the comparison principle
+for a scalar ODE); what a window's k changes later — more progress, hence a larger noise scale —
+the next observation shows. So the best policy is greedy in the expected per-window reward and no
+credit has to travel across windows. Regressing the reward of each k (every window a labelled
+example) is also more sample-efficient than a policy gradient, so pre-training takes seconds. (The
+earlier PPO agent, γ = 1 over a 40-window episode, chose one constant k for every state; its offline
+training also stored views of an observation array that it then overwrote, which record() now copies.)
+
+Why our own ~120 lines instead of stable-baselines3: the policy must act and learn *inside* the
 training loop one window at a time (record a transition, update every few windows) and travel in
-the training checkpoint; SB3's learn() owns the loop and its own environment stepping, which fits
-offline pre-training but not online fine-tuning driven by the trainer.
+the training checkpoint; SB3's learn() owns the loop and its own environment stepping.
 
-Use: ``act(obs)`` → (action, log-prob, value); ``record(...)`` one transition; ``update()`` a PPO
-update on the recorded transitions (then cleared). ``train_offline`` runs the same cycle on a
-gymnasium environment; ``pretrained_agent`` pre-trains one on the randomized SimulatedTrainingEnv.
+Use: ``act(obs)`` → (action, log-probability of it under the ε-greedy policy, Q of it);
+``record(...)`` one transition; ``update()`` gradient steps on the replay memory. ``train_offline``
+runs the same cycle on gymnasium environments; ``pretrained_agent`` pre-trains one on the
+randomized SimulatedTrainingEnv.
 """
 from __future__ import annotations
 
 import copy
 import functools
+import math
 
 import numpy as np
 import torch
@@ -21,148 +34,145 @@ from torch import nn
 
 from .schedulers import OBS_DIM
 
-HIDDEN = 64  # units of both hidden layers (policy and value networks)
+HIDDEN = 64  # units of both hidden layers of the Q-network
 LR = 1e-3  # Adam step size
-GAMMA = 1.0  # no discount: the return over the wall budget is the progress (see schedulers.reward)
-GAE_LAMBDA = 0.95
-CLIP = 0.2  # PPO ratio clip
-EPOCHS = 4  # passes over a rollout per update
-MINIBATCH = 64
-ENT_COEF = 0.01  # entropy bonus (exploration)
-VF_COEF = 0.5
-MAX_GRAD_NORM = 0.5
-REWARD_SCALE = 0.2  # rewards are multiplied by this before learning (keeps returns O(1) for the critic)
+EPSILON = 0.05  # ε-greedy exploration when acting non-deterministically (online, inside training)
+EPSILON_OFFLINE = (1.0, 0.2)  # pre-training: ε falls linearly from the first to the second value
+MINIBATCH = 128
+GRAD_STEPS = 32  # minibatch steps per update
+REPLAY = 20_000  # transitions kept (the oldest are dropped)
+MAX_GRAD_NORM = 1.0
 ROLLOUT = 256  # transitions per update when training offline
 PARALLEL_ENVS = 16  # simulated environments stepped side by side offline (one batched act)
-PRETRAIN_STEPS = 12_000  # offline pre-training transitions (about 10–25 s on one shared core)
+PRETRAIN_STEPS = 8_000  # offline pre-training transitions (about 5–20 s on one shared core)
 
 
-def _mlp(n_in: int, n_out: int, out_gain: float) -> nn.Sequential:
+def _mlp(n_in: int, n_out: int) -> nn.Sequential:
     layers = [nn.Linear(n_in, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, n_out)]
     for layer in layers:
         if isinstance(layer, nn.Linear):
-            nn.init.orthogonal_(layer.weight, out_gain if layer is layers[-1] else np.sqrt(2))
+            nn.init.orthogonal_(layer.weight, 0.1 if layer is layers[-1] else np.sqrt(2))
             nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
 
 
 class Agent:
-    """PPO actor-critic for a discrete action (index into the k choices) from an observation
-    [OBS_DIM] float32 in [-1, 1]. All randomness (init, sampling, minibatches) from ``seed``."""
+    """Contextual-bandit Q-network for a discrete action (index into the k choices) from an
+    observation [OBS_DIM] float32 in [-1, 1]: Q(obs) [n_actions] estimates each action's reward.
+    All randomness (init, exploration, minibatches) from ``seed``."""
 
     def __init__(self, n_actions: int, obs_dim: int = OBS_DIM, seed: int = 0):
+        if n_actions < 1:
+            raise ValueError(f"n_actions must be ≥ 1, got {n_actions}")
         self.n_actions, self.obs_dim = n_actions, obs_dim
         self.gen = torch.Generator().manual_seed(seed)
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            self.actor = _mlp(obs_dim, n_actions, 0.01)
-            self.critic = _mlp(obs_dim, 1, 1.0)
-        self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=LR, eps=1e-5)
-        self.buffer: list[tuple] = []
+            self.q = _mlp(obs_dim, n_actions)
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=LR)
+        self.epsilon = EPSILON
+        self.replay: list[tuple] = []  # (obs, action, reward)
+        self.n_recorded = 0  # transitions recorded since the last update
 
-    @property
-    def n_recorded(self) -> int:
-        return len(self.buffer)
+    def _rand(self, n: int) -> torch.Tensor:
+        return torch.rand(n, generator=self.gen, dtype=torch.float64)
 
     @torch.no_grad()
     def act_batch(self, obs: np.ndarray, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Actions [N] int, their log-probabilities [N] and values [N] for observations [N, obs_dim]."""
+        """Actions [N] int, their log-probabilities [N] under the ε-greedy policy and Q values [N] for
+        observations [N, obs_dim]. deterministic: the greedy action (argmax Q)."""
         x = torch.as_tensor(np.asarray(obs, np.float32)).reshape(-1, self.obs_dim)
-        logp = torch.log_softmax(self.actor(x), -1)
-        if deterministic:
-            a = logp.argmax(-1)
-        else:
-            a = torch.multinomial(logp.exp(), 1, generator=self.gen)[:, 0]
-        return a.numpy(), logp.gather(1, a[:, None])[:, 0].numpy(), self.critic(x)[:, 0].numpy()
+        q = self.q(x)
+        greedy = q.argmax(-1)
+        eps = 0.0 if deterministic else self.epsilon
+        explore = self._rand(len(x)) < eps
+        rand = torch.randint(self.n_actions, (len(x),), generator=self.gen)
+        a = torch.where(explore, rand, greedy)
+        p = eps / self.n_actions + (1 - eps) * (a == greedy).double()
+        return a.numpy(), np.log(p.numpy()), q.gather(1, a[:, None])[:, 0].numpy()
 
     def act(self, obs: np.ndarray, deterministic: bool = False) -> tuple[int, float, float]:
-        """Sample (or, deterministic, take the most likely) action for ``obs`` [obs_dim]:
-        (action, log-probability, value)."""
+        """ε-greedy (or, deterministic, greedy) action for ``obs`` [obs_dim]: (action, log-probability, Q)."""
         a, lp, v = self.act_batch(obs, deterministic)
         return int(a[0]), float(lp[0]), float(v[0])
 
-    def record(self, obs, action: int, logp: float, value: float, reward: float, next_obs, terminated: bool,
-               truncated: bool = False) -> None:
-        """One transition (the value and log-prob as returned by act when the action was taken).
-        terminated: no value after it; truncated: the episode was cut (its value is bootstrapped
-        from next_obs, but the advantage chain ends)."""
-        self.buffer.append((np.asarray(obs, np.float32), action, logp, value, REWARD_SCALE * float(reward),
-                            np.asarray(next_obs, np.float32), bool(terminated), bool(terminated or truncated)))
+    def record(self, obs, action: int, logp: float, value: float, reward: float, next_obs=None,
+               terminated: bool = False, truncated: bool = False) -> None:
+        """One transition: the window after ``obs`` ran ``action`` and earned ``reward``. The
+        remaining arguments keep the general RL signature (act's outputs, the next observation,
+        episode ends) and are not needed by a bandit (γ = 0)."""
+        if not 0 <= int(action) < self.n_actions:
+            raise ValueError(f"action must be in 0..{self.n_actions - 1}, got {action!r}")
+        if not math.isfinite(reward):
+            raise ValueError(f"reward must be finite, got {reward!r}")
+        # a copy: callers (train_offline) reuse their observation arrays in place
+        self.replay.append((np.array(obs, np.float32), int(action), float(reward)))
+        if len(self.replay) > REPLAY:
+            del self.replay[: len(self.replay) - REPLAY]
+        self.n_recorded += 1
 
     def update(self) -> dict:
-        """A PPO update on the recorded transitions (in order, one or more episodes), then clear them.
-        Returns the last minibatch's losses."""
-        obs, act, logp, val, rew, nxt, term, end = (np.array(x) for x in zip(*self.buffer))
-        self.buffer = []
-        with torch.no_grad():
-            next_v = self.critic(torch.as_tensor(nxt)).squeeze(-1).numpy()
-        adv = np.zeros(len(rew), np.float32)
-        last = 0.0
-        for t in reversed(range(len(rew))):  # GAE; the chain runs to the next transition within an episode
-            cont = 0.0 if end[t] or t + 1 == len(rew) else 1.0
-            delta = rew[t] + GAMMA * next_v[t] * (0.0 if term[t] else 1.0) - val[t]
-            last = delta + GAMMA * GAE_LAMBDA * cont * last
-            adv[t] = last
-        ret = adv + val
-        obs_t, act_t = torch.as_tensor(obs), torch.as_tensor(act, dtype=torch.long)
-        logp_t, adv_t, ret_t = (torch.as_tensor(x, dtype=torch.float32) for x in (logp, adv, ret))
-        stats = {}
-        for _ in range(EPOCHS):
-            perm = torch.randperm(len(rew), generator=self.gen)
-            for s in range(0, len(rew), MINIBATCH):
-                i = perm[s:s + MINIBATCH]
-                a = adv_t[i]
-                a = (a - a.mean()) / (a.std() + 1e-8) if len(i) > 1 else a
-                dist = torch.distributions.Categorical(logits=self.actor(obs_t[i]))
-                ratio = torch.exp(dist.log_prob(act_t[i]) - logp_t[i])
-                pg = torch.max(-a * ratio, -a * ratio.clamp(1 - CLIP, 1 + CLIP)).mean()
-                vf = (self.critic(obs_t[i]).squeeze(-1) - ret_t[i]).square().mean()
-                ent = dist.entropy().mean()
-                loss = pg + VF_COEF * vf - ENT_COEF * ent
-                self.opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_([*self.actor.parameters(), *self.critic.parameters()], MAX_GRAD_NORM)
-                self.opt.step()
-                stats = {"policy_loss": pg.item(), "value_loss": vf.item(), "entropy": ent.item()}
-        return stats
+        """GRAD_STEPS minibatch steps of the squared error of Q(obs, action) to the reward, on
+        minibatches drawn from the replay memory. Returns the last minibatch's loss."""
+        self.n_recorded = 0
+        if not self.replay:
+            return {}
+        obs = torch.as_tensor(np.stack([t[0] for t in self.replay]))
+        act = torch.as_tensor([t[1] for t in self.replay])
+        rew = torch.as_tensor([t[2] for t in self.replay], dtype=torch.float32)
+        loss = torch.zeros(())
+        for _ in range(GRAD_STEPS):
+            i = torch.randint(len(rew), (min(MINIBATCH, len(rew)),), generator=self.gen)
+            q = self.q(obs[i]).gather(1, act[i, None])[:, 0]
+            loss = (q - rew[i]).square().mean()
+            self.opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.q.parameters(), MAX_GRAD_NORM)
+            self.opt.step()
+        return {"q_loss": loss.item()}
 
     def state_dict(self) -> dict:
-        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict(), "opt": self.opt.state_dict(),
-                "gen": self.gen.get_state(), "buffer": list(self.buffer), "n_actions": self.n_actions}
+        return {"q": self.q.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
+                "replay": list(self.replay), "n_recorded": self.n_recorded, "epsilon": self.epsilon,
+                "n_actions": self.n_actions}
 
     def load_state_dict(self, s: dict) -> None:
         if s["n_actions"] != self.n_actions:
             raise ValueError(f"checkpoint agent has {s['n_actions']} actions, this one {self.n_actions}")
-        self.actor.load_state_dict(s["actor"])
-        self.critic.load_state_dict(s["critic"])
+        self.q.load_state_dict(s["q"])
         self.opt.load_state_dict(s["opt"])
         self.gen.set_state(s["gen"])
-        self.buffer = list(s["buffer"])
+        self.replay, self.n_recorded, self.epsilon = list(s["replay"]), s["n_recorded"], s["epsilon"]
 
 
-def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0) -> list[float]:
+def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_from: str | None = "log_goodput_gain") -> list[float]:
     """Train ``agent`` on gymnasium environments ``envs`` (stepped side by side, one batched act) for
-    ``steps`` transitions in all, a PPO update every ROLLOUT; returns the finished episodes' returns."""
+    ``steps`` transitions in all, ε falling over EPSILON_OFFLINE, an update every ROLLOUT; returns
+    the finished episodes' returns (of the environments' rewards). The agent learns from
+    ``info[learn_from]`` of each step (the log goodput gain), or from the reward when ``learn_from`` is
+    None. The agent's online ε is restored afterwards."""
+    eps_online = agent.epsilon
     obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)])
-    bufs: list[list] = [[] for _ in envs]
     returns, ep_ret = [], np.zeros(len(envs))
-    for _ in range(0, steps, len(envs)):
+    since = 0
+    for done in range(0, steps, len(envs)):
+        agent.epsilon = EPSILON_OFFLINE[0] + (EPSILON_OFFLINE[1] - EPSILON_OFFLINE[0]) * done / steps
         acts, logps, vals = agent.act_batch(obs)
         for i, e in enumerate(envs):
-            nxt, r, term, trunc, _ = e.step(int(acts[i]))
+            nxt, r, term, trunc, info = e.step(int(acts[i]))
             ep_ret[i] += r
-            bufs[i].append((obs[i], int(acts[i]), float(logps[i]), float(vals[i]), r, nxt, term, trunc))
+            agent.record(obs[i], int(acts[i]), float(logps[i]), float(vals[i]),
+                         r if learn_from is None else info[learn_from], nxt, term, trunc)
             if term or trunc:
                 returns.append(ep_ret[i])
                 ep_ret[i] = 0.0
                 nxt, _ = e.reset()
             obs[i] = nxt
-        if sum(map(len, bufs)) >= ROLLOUT:
-            for b in bufs:  # each environment's segment in order; its last transition ends the GAE chain
-                for j, tr in enumerate(b):
-                    agent.record(*tr[:7], tr[7] or j == len(b) - 1)
-            bufs = [[] for _ in envs]
+        since += len(envs)
+        if since >= ROLLOUT:
             agent.update()
+            since = 0
+    agent.epsilon = eps_online
     return returns
 
 
@@ -175,7 +185,7 @@ def _pretrained_state(n_actions: int, seed: int, steps: int) -> dict:
     envs = [SimulatedTrainingEnv(base, randomize=True) for _ in range(PARALLEL_ENVS)]
     agent = Agent(n_actions, seed=seed)
     train_offline(agent, envs, steps, seed=seed)
-    agent.buffer = []
+    agent.replay, agent.n_recorded = [], 0  # the checkpoint carries only what is learned live
     return copy.deepcopy(agent.state_dict())
 
 

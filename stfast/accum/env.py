@@ -2,11 +2,12 @@
 
 Both share the RL scheduler's spaces (stfast.accum.schedulers):
 - action: Discrete(len(choices)), index into ``choices`` (default k ∈ {1, 2, 4, 8, 16});
-- observation: Box(-1, 1, (7,), float32), see ``schedulers.observation``/OBS_NAMES: log2(noise
-  scale / (k·B))/8, 10·loss slope, log2(samples_per_s / reference)/4, log2 k / log2 k_max, budget
-  used, imbalance − 1, communication share;
+- observation: Box(-1, 1, (OBS_DIM,), float32), see ``schedulers.observation``/OBS_NAMES: log2(noise
+  scale / B)/8, log2(t_sync / t_micro)/6, log2 k / log2 k_max, communication share, budget used,
+  10·loss slope, log2(samples_per_s / reference)/4, imbalance − 1;
 - reward: the window's progress beyond the k = 1 pace, in base-batch trips over W·B
-  (``schedulers.reward``): 0 for a window at k = 1;
+  (``schedulers.reward``): 0 for a window at k = 1. info["log_goodput_gain"] is ln of the window's
+  goodput over the k = 1 pace (``schedulers.log_goodput_gain``), what the agent learns from;
 - an episode: a wall-clock budget; each decision runs a window of W optimizer steps with the chosen
   k, and the episode is truncated when the budget is spent (no terminal state: training would go on).
   The return is then the progress made within the budget minus what k = 1 would have made.
@@ -26,7 +27,14 @@ from gymnasium.envs.registration import EnvSpec
 
 from .goodput import statistical_efficiency
 from .profile import ComputeProfile
-from .schedulers import DEFAULT_CHOICES, OBS_DIM, WindowStats, observation, reward
+from .schedulers import (
+    DEFAULT_CHOICES,
+    OBS_DIM,
+    WindowStats,
+    log_goodput_gain,
+    observation,
+    reward,
+)
 
 
 def ring_allreduce_s(n_bytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
@@ -98,12 +106,14 @@ class SimConfig:
 
 
 def randomized_config(rng: np.random.Generator, base: SimConfig) -> SimConfig:
-    """Domain randomization for pre-training: the k = 1 communication share uniform in [0.02, 0.8],
-    the initial noise scale 0.1–3 micro-batches, its growth over the episode ×3–×100, imbalance 1–1.3."""
-    share = rng.uniform(0.02, 0.8)
+    """Domain randomization for pre-training: the k = 1 communication share uniform in [0.01, 0.9],
+    the initial noise scale 0.05–4 micro-batches and its growth over the episode ×1–×300 (both
+    log-uniform), imbalance 1–1.3. The policy sees only scale-free inputs (see
+    schedulers.observation), so the base's absolute times and batch size do not matter."""
+    share = rng.uniform(0.01, 0.9)
     t_comm = share * (base.t_micro_s + base.t_opt_s) / (1 - share)
-    phi0 = base.micro_batch * math.exp(rng.uniform(math.log(0.1), math.log(3.0)))
-    growth = math.exp(rng.uniform(math.log(3), math.log(100)))
+    phi0 = base.micro_batch * math.exp(rng.uniform(math.log(0.05), math.log(4.0)))
+    growth = math.exp(rng.uniform(0.0, math.log(300)))
     # P_s such that φ grows about ×growth when training at k = 1 for the whole episode
     base_trips = base.budget_windows * base.window * base.micro_batch
     return replace(base, t_comm_s=t_comm, noise_scale0=phi0, progress_scale=base_trips / growth,
@@ -114,9 +124,12 @@ class SimulatedTrainingEnv(gym.Env):
     """Analytic training (see SimConfig). reset() runs a first window at k = 1 (as the live RL
     scheduler does) and returns its observation; each step(action) runs a window at k =
     choices[action]. ``randomize=True`` draws a new model per reset (randomized_config).
+    ``last_stats``: the last window's WindowStats (noisy like a live measurement), so measurement-
+    driven schedulers (GoodputScheduler) can run on it too.
 
     info: k, loss, time_s (simulated wall time), progress, window_progress, time_to_target_s (None
-    until the loss reaches target_loss), best_k (the k of maximal true goodput now)."""
+    until the loss reaches target_loss), best_k (the k of maximal true goodput now), log_goodput_gain
+    (ln of the window's true goodput over the k = 1 pace)."""
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
@@ -138,7 +151,7 @@ class SimulatedTrainingEnv(gym.Env):
     def _window(self, k: int) -> tuple[np.ndarray, float]:
         """Run W steps at k; returns the observation and the progress made within the budget / (W·B)."""
         c = self.cfg
-        loss_start, wall, gained, dt_in = c.loss(self.progress), 0.0, 0.0, 0.0
+        loss_start, wall, gained, dt_in, made = c.loss(self.progress), 0.0, 0.0, 0.0, 0.0
         for _ in range(c.window):
             dt = c.step_s(k) * (1 + c.thr_noise * self.np_random.standard_normal())
             m = k * c.micro_batch
@@ -147,6 +160,7 @@ class SimulatedTrainingEnv(gym.Env):
             gained += dp * fits
             dt_in += dt * fits
             self.progress += dp
+            made += dp
             wall += dt
             self.time += dt
             if math.isnan(self.time_to_target) and c.loss(self.progress) <= c.target_loss:
@@ -156,17 +170,19 @@ class SimulatedTrainingEnv(gym.Env):
                             wall_s=wall, comm_s=c.window * c.t_comm_s, noise_scale=phi_hat,
                             loss_slope=(c.loss(self.progress) - loss_start) / loss_start,
                             budget_used=min(self.time / c.budget_s, 1.0), imbalance=c.imbalance)
+        self.last_stats = stats  # what a scheduler measuring the window would see (e.g. GoodputScheduler)
         if self.ref is None:
             self.ref = stats.samples_per_s
         # rewards from the TRUE progress (what the agent should maximize); the observation carries the
         # noisy noise-scale estimate, as live
         self.last_progress = gained / (c.window * c.micro_batch)
         pace_1 = c.micro_batch / c.step_s(1)  # progress rate at k = 1 (E = 1 there), base-batch trips/s
+        self.last_gain = math.log(made / wall / pace_1)
         return observation(stats, self.ref, self.choices), (gained - pace_1 * dt_in) / (c.window * c.micro_batch)
 
     def _info(self, k: int) -> dict:
         return {"k": k, "loss": self.cfg.loss(self.progress), "time_s": self.time, "progress": self.progress,
-                "window_progress": self.last_progress,
+                "window_progress": self.last_progress, "log_goodput_gain": self.last_gain,
                 "time_to_target_s": None if math.isnan(self.time_to_target) else self.time_to_target,
                 "best_k": self.best_k()}
 
@@ -270,5 +286,5 @@ class AccumulationEnv(gym.Env):
         if self.ref is None:
             self.ref = stats.samples_per_s
         obs = observation(stats, self.ref, self.choices)
-        info = {"k": k, **stats.to_dict(), "loss_ema": tr.accum.loss_ema}
+        info = {"k": k, **stats.to_dict(), "loss_ema": tr.accum.loss_ema, "log_goodput_gain": log_goodput_gain(stats, self.ref)}
         return obs, float(reward(stats, self.ref)), False, self.time >= self.budget_s, info

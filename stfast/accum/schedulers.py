@@ -16,8 +16,8 @@ import numpy as np
 from .goodput import StepTimeModel, statistical_efficiency
 
 DEFAULT_CHOICES = (1, 2, 4, 8, 16)
-OBS_NAMES = ("log_noise_over_batch", "loss_slope", "log_throughput", "log_k", "budget_used", "imbalance",
-             "comm_share")
+OBS_NAMES = ("log_noise_over_micro_batch", "log_comm_over_compute", "log_k", "comm_share", "budget_used",
+             "loss_slope", "log_throughput", "imbalance")
 OBS_DIM = len(OBS_NAMES)
 
 
@@ -134,19 +134,44 @@ class GoodputScheduler(AccumulationScheduler):
 
 
 def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CHOICES) -> np.ndarray:
-    """The RL observation [OBS_DIM] float32, each entry in [-1, 1] (names in OBS_NAMES):
-    log2(B_noise / (k·B))/8 (0 when unknown), 10·loss slope, log2(samples_per_s / ref)/4,
-    log2 k / log2 k_max, budget used, imbalance − 1, communication share. The communication share
-    is added to the issue's list: with k and the throughput it tells how much larger k would speed up
-    a step, which the other entries cannot."""
+    """The RL observation [OBS_DIM] float32, each entry clipped to [-1, 1] (names in OBS_NAMES).
+
+    The first two entries are what determines the best k (under the Pollux model the goodput of k
+    is kB/(k·t_micro + t_sync) · (φ + B)/(φ + kB), a function of φ/B and t_sync/t_micro only):
+    - log2(φ / B)/8: the gradient noise scale φ over the micro-batch B (both in trips); 0 when not
+      yet estimable (nan), +1 when infinite (all noise so far: large batches lose nothing);
+    - log2(t_sync / t_micro)/6: time per optimizer step in the all-reduce (and waiting for the
+      slowest rank) over compute per micro-step, both measured in the window (−1 without any).
+    Then log2 k / log2 k_max, the communication share of the window, the budget used, 10·the
+    relative loss slope, log2(samples_per_s / ref)/4 and imbalance − 1. Logarithms make the
+    mapping scale-free: a GPU-class compute profile or another batch size shifts the inputs, it does
+    not leave the range the policy was trained on."""
     k = stats.k
     ns = stats.noise_scale
-    noise = math.log2(max(ns, 1e-9) / (k * stats.micro_batch)) / 8 if math.isfinite(ns) and ns > 0 else 0.0
+    if math.isnan(ns):
+        noise = 0.0
+    elif math.isinf(ns) and ns > 0:
+        noise = 1.0
+    else:
+        noise = math.log2(max(ns, 1e-9) / stats.micro_batch) / 8
+    t_sync = stats.comm_s / max(stats.steps, 1)
+    t_micro = max(stats.wall_s - stats.comm_s, 1e-12) / (max(stats.steps, 1) * k)
+    comm = math.log2(t_sync / t_micro) / 6 if t_sync > 0 else -1.0
     thr = math.log2(stats.samples_per_s / ref_samples_per_s) / 4
     kmax = max(choices)
-    obs = [noise, 10 * stats.loss_slope, thr, math.log2(k) / math.log2(kmax) if kmax > 1 else 0.0,
-           stats.budget_used, stats.imbalance - 1.0, stats.comm_share]
+    obs = [noise, comm, math.log2(k) / math.log2(kmax) if kmax > 1 else 0.0, stats.comm_share,
+           stats.budget_used, 10 * stats.loss_slope, thr, stats.imbalance - 1.0]
     return np.clip(np.nan_to_num(np.array(obs, dtype=np.float32)), -1.0, 1.0)
+
+
+def log_goodput_gain(stats: WindowStats, ref_samples_per_s: float) -> float:
+    """ln(goodput / ref): the window's goodput, samples_per_s·E(k·B), over the k = 1 pace (ref: the
+    k = 1 throughput, the first window's; 0 for a window at k = 1). What the RL agent maximizes per
+    window: training progress is dP/dt = goodput(k, P), so choosing the k of the largest goodput at
+    every moment maximizes the progress made by any time (the comparison principle for the scalar
+    ODE), i.e. the per-window decision is a contextual bandit. The logarithm makes gains scale-free:
+    a ×8 goodput where communication dominates does not drown a 3 % difference elsewhere."""
+    return math.log(max(stats.goodput(), 1e-300) / ref_samples_per_s)
 
 
 def reward(stats: WindowStats, ref_samples_per_s: float) -> float:
@@ -169,7 +194,7 @@ def reward(stats: WindowStats, ref_samples_per_s: float) -> float:
 
 class RLScheduler(AccumulationScheduler):
     """A policy network (stfast.accum.agent) picks k from ``choices`` every window; the reward of
-    each window (see :func:`reward`) is fed back and the agent is fine-tuned online every
+    each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
     ``update_every`` windows (``online=False``: act only)."""
 
     def __init__(self, agent, choices=DEFAULT_CHOICES, k0: int = 1, online: bool = True, update_every: int = 8):
@@ -188,7 +213,7 @@ class RLScheduler(AccumulationScheduler):
             self.ref = stats.samples_per_s
         obs = observation(stats, self.ref, self.choices)
         if self._pending is not None and self.online:
-            self.last_reward = reward(stats, self.ref)
+            self.last_reward = log_goodput_gain(stats, self.ref)
             self.agent.record(*self._pending, self.last_reward, obs, False, stats.budget_used >= 1.0)
             if self.agent.n_recorded >= self.update_every:
                 self.agent.update()

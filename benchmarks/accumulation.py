@@ -1,0 +1,302 @@
+"""Gradient accumulation benchmark: fixed k vs the goodput (Pollux-style) and RL schedulers.
+
+(b) simulated cluster (seconds): SimulatedTrainingEnv calibrated from the measured CPU profile
+    (stfast/accum/profile_deeptte_cpu.json) with its compute scaled down by --gpu-factor (a GPU-class
+    compute profile: an ASSUMPTION, not measured here) plus a ring all-reduce over --ranks ranks on
+    --bandwidth Gbit/s links. Per held-out seed: the shaped return (progress beyond the k = 1 pace),
+    the progress within the budget and the time to the target loss of each policy, and the
+    oracle (the k of the largest true goodput each window). The RL agent acts deterministically and
+    does not learn online here (pre-trained offline on other seeds and randomized calibrations).
+(a) live (minutes): `stfast train --nproc 2 --threads 1` with --accumulation k ∈ {1, 2, 4, 8},
+    goodput and rl under a wall-clock budget on the synthetic city and on the Chengdu sample; the
+    time to a target validation MAPE (TARGET_FACTOR × the best validation MAPE of the reference run,
+    k = 1 with the first seed), the best validation and the test MAPE within the budget, and the
+    measured communication share of a step (time in the gradient sync, including waiting for the
+    other rank, over the step time; from the windows in metrics.jsonl).
+(c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs).
+
+    python benchmarks/accumulation.py --out runs/bench_accum                  # (b) and (c): simulated
+    python benchmarks/accumulation.py --out runs/bench_accum --live           # plus (a), ~25 min
+    pytest benchmarks/bench_accumulation.py --benchmark-disable               # smoke run
+
+Prints markdown tables; writes results.json and k_over_time.png into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from stfast.accum.env import SimConfig, SimulatedTrainingEnv, rollout
+from stfast.accum.profile import ComputeProfile
+from stfast.accum.schedulers import DEFAULT_CHOICES, GoodputScheduler
+
+FIXED = (1, 2, 4, 8, 16)
+TARGET_FACTOR = 1.1  # live target: 1.1 × the reference run's best validation MAPE
+
+
+# ------------------------------------------------------------------------------ (b) simulated cluster
+def cluster_config(gpu_factor: float = 20.0, ranks: int = 64, trips_per_rank: int = 4, bandwidth_gbps: float = 25.0,
+                   latency_s: float = 50e-6, noise_over_batch0: float = 1.0, growth: float = 30.0,
+                   target_at: float = 0.8) -> SimConfig:
+    """The simulated cluster: the measured CPU profile's compute (micro-step and optimizer step) divided
+    by ``gpu_factor``, ``ranks`` × ``trips_per_rank`` trips per micro-step, a ring all-reduce of the
+    measured gradient size. The noise scale starts at ``noise_over_batch0`` micro-batches and grows
+    ``growth``-fold over the budget at k = 1 (L0 = 1, L_inf = 0.1); the target loss is the loss k = 1
+    reaches after ``target_at`` of the budget (as the live target is set from the k = 1 run)."""
+    prof = ComputeProfile.load()
+    gpu = ComputeProfile(prof.t_fixed_s / gpu_factor, prof.t_per_trip_s / gpu_factor, prof.t_opt_s / gpu_factor,
+                         prof.grad_bytes)
+    b = ranks * trips_per_rank
+    base = SimConfig.from_profile(gpu, ranks=ranks, micro_batch=b, bandwidth_gbps=bandwidth_gbps, latency_s=latency_s)
+    trips = base.budget_windows * base.window * b
+    cfg = SimConfig.from_profile(gpu, ranks=ranks, micro_batch=b, bandwidth_gbps=bandwidth_gbps, latency_s=latency_s,
+                                 noise_scale0=noise_over_batch0 * b, progress_scale=trips / growth)
+    cfg.target_loss = cfg.loss(target_at * trips)
+    return cfg
+
+
+def _fixed(k):
+    return lambda: (lambda e, o: e.choices.index(k))
+
+
+def _goodput():
+    def make():
+        sched = GoodputScheduler(DEFAULT_CHOICES)
+        return lambda e, o: e.choices.index(sched.observe(e.last_stats))
+    return make
+
+
+def _rl(agent):
+    return lambda: (lambda e, o: agent.act(o, deterministic=True)[0])
+
+
+def sim_policies(agent) -> dict:
+    pols = {f"k={k}": _fixed(k) for k in FIXED}
+    pols["goodput"] = _goodput()
+    pols["rl"] = _rl(agent)
+    pols["oracle"] = lambda: (lambda e, o: e.best_action())
+    return pols
+
+
+def run_sim(cfg: SimConfig, seeds, agent, randomize: bool = False) -> dict:
+    """{policy: [per-seed rollout dicts]}; each rollout is run past the budget until the target (for
+    time-to-target), the return and progress count the budget only."""
+    env = SimulatedTrainingEnv(cfg, randomize=randomize)
+    out = {}
+    for name, make in sim_policies(agent).items():
+        out[name] = [rollout(env, make(), seed=s, until_target=True) for s in seeds]
+    return out
+
+
+def _q(xs, q):
+    return float(np.percentile(xs, q))
+
+
+def sim_table(res: dict, with_return: bool = True) -> tuple[str, dict]:
+    """Markdown table: medians [p10–p90] over seeds of the return / optimal (``with_return``; the
+    ratio is ill-conditioned where the optimal return is near 0, i.e. k = 1 is best), progress /
+    optimal, time to target / k = 1's; plus a summary dict."""
+    orc, k1 = res["oracle"], res["k=1"]
+    lines = ["| policy | return / optimal | progress / optimal | time-to-target / k=1 | mean k |",
+             "|---|---|---|---|---|"]
+    if not with_return:
+        lines = [x.replace(" return / optimal |", "").replace("---|", "", 1) for x in lines]
+    summ = {}
+    for name, runs in res.items():
+        ret = [r["return"] / o["return"] for r, o in zip(runs, orc)]
+        prog = [r["progress"] / o["progress"] for r, o in zip(runs, orc)]
+        ttt = [(r["time_to_target_s"] or math.inf) / b["time_to_target_s"] for r, b in zip(runs, k1)]
+        mk = [float(np.mean(r["k"])) for r in runs]
+        summ[name] = {"return_over_optimal": ret, "progress_over_optimal": prog, "ttt_over_k1": ttt, "mean_k": mk}
+        rcol = f"{np.median(ret):.3f} [{_q(ret, 10):.3f}–{_q(ret, 90):.3f}] | " if with_return else ""
+        lines.append(f"| {name} | {rcol}{np.median(prog):.3f} [{_q(prog, 10):.3f}–{_q(prog, 90):.3f}] | "
+                     f"{np.median(ttt):.3f} [{_q(ttt, 10):.3f}–{_q(ttt, 90):.3f}] | {np.median(mk):.1f} |")
+    return "\n".join(lines), summ
+
+
+# ------------------------------------------------------------------------------ (a) live
+def live_command(dataset: str, mode: str, seed: int, budget_s: float, out: Path, n_synthetic: int,
+                 batch_size: int, window: int) -> list[str]:
+    cmd = [sys.executable, "-m", "stfast.cli", "train", "--nproc", "2", "--threads", "1", "--accumulation", mode,
+           "--time-budget", str(budget_s), "--epochs", "1000", "--batch-size", str(batch_size),
+           "--accum-window", str(window), "--seed", str(seed), "--data-seed", "0", "--no-progress", "--out", str(out)]
+    if dataset == "synthetic":
+        cmd += ["--n-synthetic", str(n_synthetic)]
+    else:
+        cmd += ["--data", dataset, "--format", "deeptte"]
+    return cmd
+
+
+def read_run(out: Path) -> dict:
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in rows if "epoch" in r]
+    windows = [r for r in rows if "window" in r]
+    summ = json.loads((out / "summary.json").read_text())
+    return {"curve": [(r["wall_s"], r["val_mape"]) for r in epochs],
+            "k": [(r["wall_s"], r["k"]) for r in windows],
+            "comm_s": sum(r["comm_s"] for r in windows), "window_s": sum(r["window_s"] for r in windows),
+            "comm_s_k1": sum(r["comm_s"] for r in windows if r["k"] == 1),
+            "window_s_k1": sum(r["window_s"] for r in windows if r["k"] == 1),
+            "steps": summ["steps"], "epochs": summ["epochs"], "test_mape": summ["test_mape"],
+            "best_val_mape": summ["best_val_mape"]}
+
+
+def time_to(curve, target: float) -> float:
+    return next((t for t, m in curve if m <= target), math.inf)
+
+
+def run_live(datasets: dict, seeds, budget_s: float, root: Path, n_synthetic: int, batch_size: int,
+             window: int) -> dict:
+    """datasets: {name: (data, modes)}; runs each (dataset, mode) for the first seed, then for the next
+    (so the modes are interleaved and the shared machine's load drifts over all of them alike).
+    Finished runs (summary.json present) are read, not rerun."""
+    res = {name: {m: [] for m in modes} for name, (_, modes) in datasets.items()}
+    for seed in seeds:
+        for name, (data, modes) in datasets.items():
+            for mode in modes:
+                out = root / "live" / name / f"{mode.replace(':', '')}_s{seed}"
+                if not (out / "summary.json").is_file():
+                    shutil.rmtree(out, ignore_errors=True)  # an unfinished run: metrics.jsonl is appended to
+                    cmd = live_command(data, mode, seed, budget_s, out, n_synthetic, batch_size, window)
+                    print("$", " ".join(cmd), flush=True)
+                    t0 = time.time()
+                    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                    print(f"  {time.time() - t0:.0f} s", flush=True)
+                res[name][mode].append(read_run(out))
+    return res
+
+
+def live_table(runs: dict) -> tuple[str, dict]:
+    ref = runs["1"][0] if "1" in runs else next(iter(runs.values()))[0]
+    target = TARGET_FACTOR * min(m for _, m in ref["curve"])
+    lines = [f"target validation MAPE {100 * target:.2f} % ({TARGET_FACTOR} × the best of k = 1, first seed)", "",
+             "| mode | time to target (s) | best val MAPE % | test MAPE % | steps | mean k | comm share (all / k=1 windows) |",
+             "|---|---|---|---|---|---|---|"]
+    summ = {"target_val_mape": target}
+    for mode, rs in runs.items():
+        ttt = [time_to(r["curve"], target) for r in rs]
+        comm = sum(r["comm_s"] for r in rs) / sum(r["window_s"] for r in rs)
+        w1 = sum(r["window_s_k1"] for r in rs)
+        comm1 = sum(r["comm_s_k1"] for r in rs) / w1 if w1 else math.nan
+        mk = [float(np.mean([k for _, k in r["k"]])) for r in rs]
+        summ[mode] = {"ttt_s": ttt, "best_val_mape": [r["best_val_mape"] for r in rs],
+                      "test_mape": [r["test_mape"] for r in rs], "comm_share": comm, "comm_share_k1": comm1}
+        ttt_s = " / ".join("—" if not math.isfinite(x) else f"{x:.0f}" for x in ttt)
+        val = " / ".join(f"{100 * r['best_val_mape']:.2f}" for r in rs)
+        test = " / ".join(f"{100 * r['test_mape']:.2f}" for r in rs)
+        steps = " / ".join(str(r["steps"]) for r in rs)
+        c1 = "—" if math.isnan(comm1) else f"{100 * comm1:.1f} %"
+        lines.append(f"| {mode} | {ttt_s} | {val} | {test} | {steps} | {statistics.median(mk):.1f} | "
+                     f"{100 * comm:.1f} % / {c1} |")
+    return "\n".join(lines), summ
+
+
+# ------------------------------------------------------------------------------ (c) plot
+def plot_k(sim: dict, live: dict | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = 1 + (len(live) if live else 0)
+    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
+    ax = axes[0][0]
+    for name, style in (("oracle", ":"), ("goodput", "--"), ("rl", "-")):
+        r = sim[name][0]
+        ax.step(r["time_s"], r["k"], style, where="pre", label=name)
+    ax.set(xlabel="simulated wall time (s)", ylabel="accumulation steps k", yscale="log", title="simulated cluster")
+    ax.set_yticks(list(DEFAULT_CHOICES), [str(k) for k in DEFAULT_CHOICES])
+    ax.legend()
+    for ax, (name, runs) in zip(axes[0][1:], (live or {}).items()):
+        for mode, style in (("goodput", "--"), ("rl", "-")):
+            if mode in runs:
+                t, k = zip(*runs[mode][0]["k"])
+                ax.step(t, k, style, where="pre", label=mode)
+        ax.set(xlabel="training wall time (s)", yscale="log", title=f"live, 2 Gloo ranks: {name}")
+        ax.set_yticks(list(DEFAULT_CHOICES), [str(k) for k in DEFAULT_CHOICES])
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/bench_accum")
+    ap.add_argument("--sim-seeds", type=int, default=20, help="held-out seeds (1000, 1001, ...)")
+    ap.add_argument("--gpu-factor", type=float, default=20.0, help="CPU profile compute ÷ this = the cluster's")
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--bandwidth", type=float, default=25.0, help="link bandwidth, Gbit/s")
+    ap.add_argument("--noise0", type=float, default=1.0, help="initial noise scale, in micro-batches")
+    ap.add_argument("--growth", type=float, default=30.0, help="noise-scale growth over the budget at k = 1")
+    ap.add_argument("--live", action="store_true", help="also run the live benchmark (minutes)")
+    ap.add_argument("--live-budget", type=float, default=60.0, help="training seconds per live run")
+    ap.add_argument("--live-seeds", type=int, default=2)
+    ap.add_argument("--n-synthetic", type=int, default=1500)
+    ap.add_argument("--chengdu", default=str(Path(__file__).resolve().parents[2] / "shared/data/chengdu_deeptte_sample/test"))
+    ap.add_argument("--batch-size", type=int, default=32, help="global micro-batch of the live runs")
+    ap.add_argument("--window", type=int, default=4, help="optimizer steps per decision in the live runs")
+    a = ap.parse_args(argv)
+    root = Path(a.out)
+    root.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    from stfast.accum.agent import pretrained_agent
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    agent = pretrained_agent(len(DEFAULT_CHOICES), seed=0)
+    t_pre = time.perf_counter() - t0
+    cfg = cluster_config(a.gpu_factor, a.ranks, bandwidth_gbps=a.bandwidth, noise_over_batch0=a.noise0, growth=a.growth)
+    seeds = range(1000, 1000 + a.sim_seeds)
+    print(f"## (b) simulated cluster\n\n{a.ranks} ranks × 4 trips per micro-step (B = {cfg.micro_batch}), compute = "
+          f"CPU profile / {a.gpu_factor:g}: t_micro {1e3 * cfg.t_micro_s:.2f} ms, t_opt {1e3 * cfg.t_opt_s:.2f} ms; "
+          f"ring all-reduce of {ComputeProfile.load().grad_bytes / 1e6:.2f} MB on {a.bandwidth:g} Gbit/s: "
+          f"{1e3 * cfg.t_comm_s:.2f} ms = {100 * cfg.comm_share(1):.0f} % of a k = 1 step. Noise scale "
+          f"{cfg.noise_scale0:.0f} → ×{cfg.budget_windows * cfg.window * cfg.micro_batch / cfg.progress_scale:.0f} "
+          f"over the budget ({cfg.budget_windows:g} windows of {cfg.window} steps at k = 1); target loss "
+          f"{cfg.target_loss:.3f} (k = 1 reaches it at 80 % of the budget). Agent pre-trained in "
+          f"{t_pre:.1f} s (seed 0; offline, randomized calibrations); held-out seeds {seeds.start}–{seeds.stop - 1}; "
+          f"medians [p10–p90].\n")
+    sim = run_sim(cfg, seeds, agent)
+    table, sim_summ = sim_table(sim)
+    print(table)
+    print("\nrandomized calibrations (randomized_config around this cluster; held-out seeds):\n")
+    rand = run_sim(cfg, range(5000, 5000 + 2 * a.sim_seeds), agent, randomize=True)
+    rtable, rand_summ = sim_table(rand, with_return=False)
+    print(rtable)
+    results = {"sim": sim_summ, "sim_randomized": rand_summ, "pretrain_s": t_pre,
+               "cluster": {"gpu_factor": a.gpu_factor, "ranks": a.ranks, "bandwidth_gbps": a.bandwidth,
+                           "comm_share_k1": cfg.comm_share(1)}}
+    live = None
+    if a.live:
+        seeds_l = list(range(a.live_seeds))
+        datasets = {"synthetic": ("synthetic", ("1", "2", "4", "8", "goodput", "rl")),
+                    "chengdu": (a.chengdu, ("1", "goodput", "rl"))}
+        live = run_live(datasets, seeds_l, a.live_budget, root, a.n_synthetic, a.batch_size, a.window)
+        results["live"] = {}
+        for name, runs in live.items():
+            t, s = live_table(runs)
+            results["live"][name] = s
+            print(f"\n## (a) live: {name}, 2 Gloo ranks × 1 thread, budget {a.live_budget:g} s, seeds {seeds_l}, "
+                  f"micro-batch {a.batch_size}, window {a.window} (per-seed values)\n\n{t}")
+    plot_k(sim, live, root / "k_over_time.png")
+    (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    print(f"\nwrote {root / 'results.json'}, {root / 'k_over_time.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
