@@ -36,3 +36,30 @@ class SeqRegressor(nn.Module):
         _, h = self.rnn(packed)
         h = h[0] if isinstance(h, tuple) else h  # LSTM: (h_n, c_n)
         return self.head(h[-1]).squeeze(-1)
+
+
+def run_gloo(worker, world_size: int = 2) -> None:
+    """Start ``worker(rank, world_size)`` in ``world_size`` processes joined in a Gloo process group on
+    this machine (what torchrun would set up), one torch thread each."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gloo_entry, args=(worker, world_size, port), nprocs=world_size)
+
+
+def _gloo_entry(rank: int, worker, world_size: int, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        worker(rank, world_size)
+    finally:
+        dist.destroy_process_group()

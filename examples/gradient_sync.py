@@ -10,16 +10,13 @@ single-process run and prints the largest parameter difference.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _sequences import SeqRegressor, make_sequences
+from _sequences import SeqRegressor, make_sequences, run_gloo
 
 from stfast.parallel.comm import GradientSync, TorchCommunicator
 
@@ -48,9 +45,7 @@ def train(rank: int, world: int) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def worker(rank: int, world: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank: int, world: int) -> None:
     params = train(rank, world)
     if rank == 0:
         one = train(0, 1)
@@ -58,16 +53,7 @@ def worker(rank: int, world: int, port: int) -> None:
         print(f"2 ranks (shards {SHARD0} + {BATCH - SHARD0}) vs 1 process, {STEPS} Adam steps: "
               f"largest parameter difference {diff:.2e}")
         torch.save(diff, os.environ.get("STFAST_EXAMPLE_OUT", os.devnull))
-    dist.destroy_process_group()
-
-
-def main() -> None:
-    torch.set_num_threads(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(2, port), nprocs=2)
 
 
 if __name__ == "__main__":
-    main()
+    run_gloo(worker, 2)

@@ -38,3 +38,15 @@ def test_gradient_sync_two_ranks_equal_one_process(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "largest parameter difference" in p.stdout
     assert torch.load(out) < 1e-9
+
+
+def test_balanced_sampler_two_ranks_equal_one_process_with_unequal_shards(tmp_path):
+    out = tmp_path / "sampler.pt"
+    env = {**os.environ, "STFAST_EXAMPLE_OUT": str(out), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(EXAMPLES / "balanced_sampler.py")], check=False, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = torch.load(out)
+    assert r["diff"] < 1e-9
+    (n0, _), (n1, _) = r["sizes"][0][0], r["sizes"][1][0]
+    assert n0 + n1 == 32 and n0 != n1  # the cut balances cost, not counts
