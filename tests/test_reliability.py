@@ -314,8 +314,8 @@ def _torchrun(args, out, cwd, max_restarts):
 @pytest.mark.slow
 def test_torchrun_restarts_after_a_rank_is_killed_and_finishes(trips_file, tmp_path, reference):
     out = tmp_path / "run"
-    proc = _torchrun(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "4", "--timeout-s", "30"], out,
-                     tmp_path, max_restarts=2)
+    proc = _torchrun(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "4", "--timeout-s", "30",
+                      "--accumulation", "1"], out, tmp_path, max_restarts=2)
     try:
         _wait_for_checkpoint(out / "last.pt", proc, lambda s: s["step"] >= 8, timeout_s=240)
         victim = _rank_pid(proc.pid, 1)

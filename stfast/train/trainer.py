@@ -234,7 +234,9 @@ class Trainer:
     def _resume_progress(self, resume: dict) -> None:
         """Mid-epoch resume: the epoch's loss sums so far; metrics.jsonl cut back to what it held when
         the checkpoint was written (rows written after it would be written again)."""
-        self._epoch_progress = tuple(resume.get("epoch_progress", (0.0, 0))) if self.epoch_batch else (0.0, 0)
+        loss_sum, n_done = resume.get("epoch_progress", (0.0, 0)) if self.epoch_batch else (0.0, 0)
+        # rank 0's sum is in the checkpoint; the epoch's loss is summed over ranks at its end
+        self._epoch_progress = (loss_sum if self.info.is_main else 0.0, n_done)
         size = resume.get("metrics_bytes")
         m = self.out / "metrics.jsonl"
         if self.info.is_main and size is not None and m.is_file() and m.stat().st_size > size:
