@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-scaling", default="sqrt", choices=("sqrt", "linear", "none"),
                    help="learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows")
     t.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
+    # ---- reliability (stfast.train.guards)
+    t.add_argument("--checkpoint-every", type=int, default=None,
+                   help="also write last.pt every N optimizer steps (resume mid-epoch after a crash)")
+    t.add_argument("--max-bad-steps", type=int, default=5,
+                   help="stop after N optimizer steps in a row with a non-finite loss or gradient (each is skipped)")
+    t.add_argument("--timeout-s", type=float, default=300.0,
+                   help="timeout of every torch.distributed collective: a dead or hung rank ends the job")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
@@ -136,9 +143,13 @@ def cmd_train(a) -> int:
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
-                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget)
+                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
+                      checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
+        from .train.trainer import preflight
+
+        preflight(cfg)  # inconsistent arguments fail here, once, before any process starts
         return launch(a.nproc, sys.argv[1:])
     if cfg.ensemble > 1:
         from .train.ensemble import train_ensemble
@@ -220,11 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
             "bench": cmd_bench}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
+    from .train.guards import RankFailure, TrainingDiverged
+
     try:
         return fn(a)
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         return 2
+    except (TrainingDiverged, RankFailure) as e:  # the run failed (not the arguments)
+        print(f"stfast: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -179,3 +179,21 @@ def test_other_config_changes_output():
     small = SyntheticCityConfig(grid_km=8.0, dist_median_km=4.0, dist_max_km=14.0, dist_min_km=1.0)
     trips = synthetic_trips(300, seed=0, config=small)
     assert len(trips) == 300 and trips.dist.mean() < 6.0
+
+
+def test_trips_save_and_memory_mapped_load_round_trip(tmp_path):
+    tr = synthetic_trips(300, seed=4)
+    tr.dropped = {"short": 2}
+    tr.save(tmp_path / "city")
+    tr.save(tmp_path / "city")  # replaces an existing folder
+    for mmap in (True, False):
+        got = Trips.load(tmp_path / "city", mmap=mmap)
+        assert isinstance(got.lng, np.memmap) == mmap and got.dropped == {"short": 2}
+        for name in ("offsets", *Trips._POINT_FIELDS, "dist", "time", "week_id", "time_id", "date_id"):
+            a, b = getattr(tr, name), getattr(got, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert got.driver.tolist() == tr.driver.tolist()
+        sub = got.subset(np.array([5, 1]))  # a memory-mapped container works like an in-memory one
+        assert sub.lengths.tolist() == tr.lengths[[5, 1]].tolist()
+    with pytest.raises(ValueError, match="not a trips folder"):
+        Trips.load(tmp_path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -204,6 +205,44 @@ class Trips(_CSR):
             for r in self.records():
                 f.write(json.dumps(r) + "\n")
         os.replace(tmp, path)
+
+    # ---- binary save / memory-mapped load (large data sets)
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the trips as a folder of ``.npy`` files (one per field; ``driver`` as fixed-width
+        unicode) plus ``meta.json`` (format, ``dropped``), atomically: a temp folder renamed into place.
+        An existing folder at ``path`` is replaced. Raises OSError on write failures."""
+        import shutil
+
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in ("offsets", *self._POINT_FIELDS, *self._TRIP_FIELDS):
+            a = getattr(self, name)
+            np.save(tmp / f"{name}.npy", a.astype(str) if a.dtype == object else a, allow_pickle=False)
+        (tmp / "meta.json").write_text(json.dumps({"format": TRIPS_FORMAT, "dropped": self.dropped}))
+        old = path.with_name(f".{path.name}.old{os.getpid()}")
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, mmap: bool = True) -> "Trips":
+        """Trips written by :meth:`save`. With ``mmap`` the arrays are read-only memory maps (pages
+        are read on first touch; resident memory stays small until used); ``driver`` is then a
+        fixed-width unicode array ``<U*``, not object. Raises ValueError if ``path`` is not such a folder."""
+        path = Path(path)
+        meta_p = path / "meta.json"
+        meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
+        if meta.get("format") != TRIPS_FORMAT:
+            raise ValueError(f"{path} is not a trips folder written by Trips.save (no {TRIPS_FORMAT} meta.json)")
+        kw = {name: np.load(path / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+              for name in ("offsets", *cls._POINT_FIELDS, *cls._TRIP_FIELDS)}
+        return cls(**kw, dropped=meta.get("dropped", {}))
+
+
+TRIPS_FORMAT = "stfast-trips/1"
 
 
 def _driver_json(d):

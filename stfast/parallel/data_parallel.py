@@ -49,8 +49,21 @@ def init_from_env(device: str, timeout_s: float = 300.0) -> DistInfo:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **_restart_store(info, timeout_s))
     return info
+
+
+def _restart_store(info: DistInfo, timeout_s: float) -> dict:
+    """After a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) with the agent's store, the keys the
+    previous attempt's ranks published (their Gloo addresses) are still in that store and the new ranks
+    would dial the dead ones; a prefix per attempt keeps the attempts apart. {} otherwise (env://)."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    return {"store": dist.PrefixStore(f"stfast/attempt_{attempt}", store), "rank": info.rank,
+            "world_size": info.world_size}
 
 
 def shutdown() -> None:

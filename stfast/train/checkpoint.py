@@ -1,9 +1,17 @@
-"""Atomic checkpoints: write to a temp file in the same folder, fsync, then rename over the target.
+"""Atomic, hashed checkpoints with a previous generation.
 
-A run that dies midway therefore leaves the previous checkpoint intact.
+A checkpoint file is ``torch.save`` of a small wrapper ``{"format", "sha256", "payload"}``: ``payload``
+is the ``torch.save`` bytes of the state dict and ``sha256`` their SHA-256, so a truncated or corrupted
+file is detected on load (a ValueError naming the file) instead of resuming from garbage. Writes go to a
+temp file in the same folder, are fsynced, then renamed over the target (POSIX rename is atomic), so a
+run that dies midway leaves the previous checkpoint intact. With ``keep_previous`` the file being
+replaced is first renamed to ``<name>.prev.pt``, the generation :func:`load_first` falls back to.
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import logging
 import os
 import random
 from pathlib import Path
@@ -11,32 +19,98 @@ from pathlib import Path
 import numpy as np
 import torch
 
+FORMAT = "stfast-checkpoint/1"
+log = logging.getLogger("stfast.train")
 
-def save_atomic(obj: dict, path: str | os.PathLike) -> None:
-    """torch.save ``obj`` to ``path`` atomically."""
+
+def previous_path(path: str | os.PathLike) -> Path:
+    """``last.pt`` → ``last.prev.pt``: where :func:`save_atomic` keeps the generation it replaces."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.prev{p.suffix}")
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # not supported here (the rename itself is still atomic)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> None:
+    """torch.save ``obj`` to ``path`` atomically, with the SHA-256 of its bytes; with ``keep_previous``
+    an existing ``path`` becomes :func:`previous_path` first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    payload = buf.getvalue()
+    wrapper = {"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            torch.save(wrapper, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.is_file():
+            os.replace(path, previous_path(path))  # a crash right here leaves .prev.pt: load_first uses it
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
-    """Load a checkpoint. Raises FileNotFoundError naming the path, or ValueError if it is unreadable."""
+    """Load a checkpoint and check its SHA-256 (files without a hash, from before stfast wrote one,
+    load unchecked). Raises FileNotFoundError naming the path, or ValueError if the file is truncated,
+    corrupt (hash mismatch) or not a checkpoint."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=False)
+        obj = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:  # truncated or not a checkpoint
         raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from e
+    if not (isinstance(obj, dict) and obj.get("format") == FORMAT):
+        return obj
+    payload = obj.get("payload")
+    if not isinstance(payload, bytes) or hashlib.sha256(payload).hexdigest() != obj.get("sha256"):
+        raise ValueError(f"checkpoint {path} is corrupt (SHA-256 of its payload does not match)")
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def load_first(paths, map_location="cpu") -> tuple[dict, Path]:
+    """The first of ``paths`` that exists and loads intact, and its path. A corrupt or truncated one is
+    skipped with a warning naming it and the file used instead.
+
+    Raises:
+        FileNotFoundError: none of the paths exists.
+        ValueError: every existing one is corrupt (the message names them).
+    """
+    bad = []
+    for p in map(Path, paths):
+        if not p.is_file():
+            continue
+        try:
+            state = load(p, map_location)
+        except ValueError as e:
+            bad.append(str(e))
+            continue
+        for msg in bad:
+            log.warning("%s; using %s instead", msg, p)
+        return state, p
+    if bad:
+        raise ValueError("no intact checkpoint: " + "; ".join(bad))
+    raise FileNotFoundError(f"no checkpoint at any of {', '.join(map(str, paths))}")
 
 
 def rng_state() -> dict:

@@ -49,6 +49,10 @@ class TrainConfig:
     accum_window: int = 10  # optimizer steps per scheduler decision (a window)
     lr_scaling: str = "sqrt"  # LR rule when the effective batch k·B changes: sqrt (Adam), linear, none
     time_budget_s: float | None = None  # stop after this wall time (checked at window ends)
+    # ---- reliability (stfast.train.guards)
+    checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch)
+    max_bad_steps: int = 5  # stop after this many optimizer steps in a row with a non-finite loss/gradient
+    timeout_s: float = 300.0  # torch.distributed timeout of the process group (every collective), s
 
     @property
     def split_seed(self) -> int:
@@ -117,6 +121,13 @@ class TrainConfig:
             raise ValueError(f"--accum-window must be ≥ 1, got {self.accum_window}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ValueError(f"--time-budget must be > 0 s, got {self.time_budget_s}")
+        # ---- reliability
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ValueError(f"--checkpoint-every must be ≥ 1, got {self.checkpoint_every}")
+        if self.max_bad_steps < 1:
+            raise ValueError(f"--max-bad-steps must be ≥ 1, got {self.max_bad_steps}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
         if self.device.startswith("cuda"):
             import torch
 

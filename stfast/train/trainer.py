@@ -37,6 +37,7 @@ from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from ..parallel.slicer import BalancedBatchSampler, imbalance
 from . import checkpoint as ckpt
+from . import guards
 from .config import TrainConfig
 from .metrics import ConstantSpeedBaseline, MeanTimeBaseline, errors
 
@@ -45,6 +46,32 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
+
+
+def load_config_trips(cfg: TrainConfig) -> Trips:
+    """The trips ``cfg`` names (file or synthetic city), read and preprocessed."""
+    return load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
+                      min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
+                      seed=cfg.split_seed)
+
+
+def resume_checkpoint(cfg: TrainConfig) -> tuple[dict | None, Path | None]:
+    """The checkpoint a run continues from, and its path: on ``--resume``, or when torchrun restarted
+    the job (TORCHELASTIC_RESTART_COUNT > 0) and a checkpoint exists; else (None, None). The first
+    intact one of last.pt, last.prev.pt, checkpoint.pt in ``cfg.out`` (a corrupt one is skipped with a
+    warning naming it), checked against this version and model configuration (guards.check_resume).
+    Raises FileNotFoundError (--resume without a checkpoint) or ValueError (mismatch, all corrupt)."""
+    out = Path(cfg.out)
+    names = [out / "last.pt", ckpt.previous_path(out / "last.pt"), out / "checkpoint.pt"]
+    restarted = guards.restart_count() > 0 and any(p.is_file() for p in names)
+    if not (cfg.resume or restarted):
+        return None, None
+    try:
+        state, path = ckpt.load_first(names)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--resume: no last.pt or checkpoint.pt in {out}") from None
+    guards.check_resume(state, cfg, path)
+    return state, path
 
 
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
@@ -122,7 +149,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         cfg.validate()
         self.cfg = cfg
-        self.info = dp.init_from_env(cfg.device)
+        self.info = dp.init_from_env(cfg.device, timeout_s=cfg.timeout_s)
         if cfg.threads or self.info.distributed:
             torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.info.world_size))
         self.device = torch.device(cfg.device if not cfg.device.startswith("cuda") or not self.info.distributed
@@ -139,21 +166,18 @@ class Trainer:
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         cfg = self.cfg
-        trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                           min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
-                           seed=cfg.split_seed)
+        resume = self._resume_state()  # before any data is read: a mismatched checkpoint fails fast
+        trips = load_config_trips(cfg)
         self.dropped = dict(trips.dropped)
         self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
-        resume = self._resume_state()
+        guards.check_world_size(len(self.train_trips), self.info.world_size)
         if resume is not None:
             self.stats = NormStats.from_dict(resume["norm_stats"])
             self.vocab = DriverVocab.from_list(resume["drivers"])
             mcfg = DeepTTEConfig.from_dict(resume["model_config"])
         else:
             self.vocab = DriverVocab(self.train_trips.driver)
-            mcfg = DeepTTEConfig(n_drivers=len(self.vocab), alpha=cfg.alpha, compat=cfg.compat, head=cfg.head,
-                                 loss=cfg.loss, dropout=cfg.dropout, driver_dim=cfg.driver_dim,
-                                 time_bin_min=cfg.time_bin_min, kernels=cfg.kernels)
+            mcfg = DeepTTEConfig(n_drivers=len(self.vocab), **guards.model_options(cfg))
             self.stats = NormStats.from_trips(self.train_trips, mcfg.kernel_size)
         self.train_ds, self.val_ds, self.test_ds = (TripDataset(t, self.vocab, self.dtype) for t in
                                                     (self.train_trips, self.val_trips, self.test_trips))
@@ -173,6 +197,7 @@ class Trainer:
             self.epoch, self.step, self.best = resume["epoch"], resume["step"], resume["best_val_mape"]
             self.epoch_batch = resume.get("epoch_batch", 0)
             ckpt.set_rng_state(resume["rng"])
+            self._resume_progress(resume)
             self.say(f"resumed from {self._resume_path} at epoch {self.epoch}, step {self.step}")
         self.say(f"stfast {__version__}: {len(trips)} trips → train {len(self.train_trips)}, "
                  f"val {len(self.val_trips)}, test {len(self.test_trips)}; "
@@ -246,18 +271,25 @@ class Trainer:
             g["lr"] = self.cfg.lr * lr_scale(self.accum.k, self.cfg.lr_scaling)
 
     def _resume_state(self):
-        self._resume_path = None
-        if not self.cfg.resume:
-            return None
-        for name in ("last.pt", "checkpoint.pt"):
-            p = self.out / name
-            if p.is_file():
-                self._resume_path = p
-                state = ckpt.load(p)
-                if state.get("stfast_version") != __version__:
-                    raise ValueError(f"{p} was written by stfast {state.get('stfast_version')}, this is {__version__}")
-                return state
-        raise FileNotFoundError(f"--resume: no last.pt or checkpoint.pt in {self.out}")
+        self._epoch_progress = (0.0, 0)
+        state, self._resume_path = resume_checkpoint(self.cfg)
+        if state is None and guards.restart_count() > 0 and self.info.is_main:
+            (self.out / "metrics.jsonl").unlink(missing_ok=True)  # restarted before any checkpoint: afresh
+        if state is not None and not self.cfg.resume:
+            self.say(f"restarted by torchrun (restart {guards.restart_count()}): resuming")
+        return state
+
+    def _resume_progress(self, resume: dict) -> None:
+        """Mid-epoch resume: the epoch's loss sums so far; metrics.jsonl cut back to what it held when
+        the checkpoint was written (rows written after it would be written again)."""
+        loss_sum, n_done = resume.get("epoch_progress", (0.0, 0)) if self.epoch_batch else (0.0, 0)
+        # rank 0's sum is in the checkpoint; the epoch's loss is summed over ranks at its end
+        self._epoch_progress = (loss_sum if self.info.is_main else 0.0, n_done)
+        size = resume.get("metrics_bytes")
+        m = self.out / "metrics.jsonl"
+        if self.info.is_main and size is not None and m.is_file() and m.stat().st_size > size:
+            with open(m, "r+b") as f:
+                f.truncate(size)
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict:
@@ -275,6 +307,9 @@ class Trainer:
             "best_val_mape": self.best,
             "train_config": self.cfg.to_dict(),
             "accumulation": self.accum.state_dict(),
+            # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and metrics.jsonl's length
+            "epoch_progress": self._epoch_progress,
+            "metrics_bytes": (self.out / "metrics.jsonl").stat().st_size if (self.out / "metrics.jsonl").is_file() else 0,
         }
 
     # ---------------------------------------------------------------- training
@@ -314,6 +349,11 @@ class Trainer:
         extra = self.accum.extra(loss_val)
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
         t_sync = time.perf_counter() - t_sync
+        # a non-finite loss or gradient (the same on every rank after the sync): no update (guards)
+        self.bad_step = guards.BadStepGuard.problem(self.model.parameters(), float(reduced[-1]))
+        if self.bad_step is not None:
+            self.opt.zero_grad(set_to_none=True)
+            return loss_val
         self.opt.step()
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
@@ -344,8 +384,39 @@ class Trainer:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
     def fit(self) -> dict:
+        """Train (see the class doc). SIGTERM/SIGINT stop after the current step with last.pt written;
+        a failed collective is reported naming the ranks that stopped responding (guards)."""
+        with guards.StopSignals() as self.signals:
+            try:
+                return self._fit()
+            except (RuntimeError, OSError) as e:
+                if not self.info.distributed or isinstance(e, (guards.TrainingDiverged, guards.RankFailure)):
+                    raise
+                raise guards.RankFailure(guards.describe_collective_failure(
+                    e, self.info.rank, self.info.world_size, self.step, self.cfg.timeout_s)) from e
+
+    def _after_step(self, bi: int, loss: float, loss_sum: float, n_done: int) -> bool:
+        """Reliability after each optimizer step (guards): log a skipped non-finite step (and stop
+        after --max-bad-steps in a row), write last.pt every --checkpoint-every steps, and agree over
+        all ranks whether a stop signal arrived. True: stop now (last.pt is written by the caller)."""
+        where = f"at epoch {self.epoch + 1}, batch {bi}"
+        if self.bad_step is not None and self.info.is_main:
+            with open(self.out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"bad_step": self.step + 1, "at_epoch": self.epoch, "at_batch": bi,
+                                    "reason": self.bad_step, "loss": loss}) + "\n")
+            log.warning("skipped optimizer step %d %s: %s", self.step + 1, where, self.bad_step)
+        self.guard.record(self.bad_step, where)
+        self.epoch_batch, self._epoch_progress = bi, (loss_sum, n_done)
+        every = self.cfg.checkpoint_every
+        if every and self.bad_step is None and self.step % every == 0 and self.info.is_main:
+            ckpt.save_atomic(self.state(), self.out / "last.pt", keep_previous=True)
+        flag = np.array([1.0 if self.signals.received else 0.0])
+        return bool(dp.all_reduce_sum(flag, self.info)[0] > 0) if self.info.distributed else bool(flag[0])
+
+    def _fit(self) -> dict:
         cfg = self.cfg
         self.setup()
+        self.guard, self.bad_step = guards.BadStepGuard(cfg.max_bad_steps), None
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         t_start = time.perf_counter()
@@ -358,17 +429,24 @@ class Trainer:
             use_local = cfg.compat != "original" or self.epoch == 0
             batches = epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, self.epoch)
             t0, loss_sum, n_done, trips_done = time.perf_counter(), 0.0, 0, 0
+            if self.epoch_batch:  # resumed mid-epoch: the epoch's sums so far
+                loss_sum, n_done = self._epoch_progress
             bar = _progress(None, self.show, total=len(batches), initial=self.epoch_batch,
                             desc=f"epoch {self.epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
             bi = self.epoch_batch
             while bi < len(batches):
                 group = batches[bi:bi + self.accum.k]  # k micro-batches per optimizer step
-                loss_sum += self.train_step(group[0] if len(group) == 1 else group, use_local)
+                loss = self.train_step(group[0] if len(group) == 1 else group, use_local)
                 bi += len(group)
-                n_done += 1
+                if self.bad_step is None:
+                    loss_sum += loss
+                    n_done += 1
                 trips_done += sum(len(g) for g in group)
                 if self.show:
                     bar.update(len(group))
+                if self._after_step(bi, loss, loss_sum, n_done):  # a stop signal (guards)
+                    stopped = True
+                    break
                 if self.accum.window_due():
                     out_of_time = self._end_window(self.epoch + bi / len(batches))
                 if self._step_limit() or out_of_time:
@@ -379,7 +457,7 @@ class Trainer:
                 bar.close()
             if stopped:
                 break
-            self.epoch_batch = 0
+            self.epoch_batch, self._epoch_progress = 0, (0.0, 0)
             wall = time.perf_counter() - t0
             train_loss = float(dp.all_reduce_sum(np.array([loss_sum]), self.info)[0]) / max(n_done, 1)
             val = evaluate(self.model, self.val_ds, self.info, self.device, self.show)
@@ -398,7 +476,7 @@ class Trainer:
                 st = self.state()
                 if improved:
                     ckpt.save_atomic(st, self.out / "checkpoint.pt")
-                ckpt.save_atomic(st, self.out / "last.pt")
+                ckpt.save_atomic(st, self.out / "last.pt", keep_previous=True)
             self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
                      f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {rec['samples_per_s']:.0f} trips/s"
                      + ("  *" if improved else ""))
@@ -407,9 +485,12 @@ class Trainer:
                 break
         if stopped:
             if self.info.is_main:
-                ckpt.save_atomic(self.state(), self.out / "last.pt")
-            why = "--time-budget" if out_of_time else "--max-steps"
-            self.say(f"stopped after {self.step} steps ({why}); state in {self.out / 'last.pt'}")
+                ckpt.save_atomic(self.state(), self.out / "last.pt", keep_previous=True)
+            why = self.signals.received or ("--time-budget" if out_of_time else "--max-steps")
+            self.say(f"stopped after {self.step} steps ({why}); state in {self.out / 'last.pt'}"
+                     + ("; continue with --resume" if self.signals.received else ""))
+            if self.signals.received:  # exit promptly: no test evaluation (a scheduler's grace period is short)
+                return {"stopped_by": self.signals.received, "steps": self.step, "epochs": self.epoch}
         return self.finish()
 
     def finish(self) -> dict:
@@ -496,6 +577,15 @@ def format_summary(s: dict) -> str:
     lines = [f"test split ({s['n_test']} trips)      MAPE       MAE      RMSE"]
     lines += [f"  {n:<24}{100 * a:7.2f} %{b:8.1f} s{c:8.1f} s" for n, a, b, c in rows]
     return "\n".join(lines)
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """What the ranks would reject, checked once in the launching process (``stfast train --nproc``)
+    before any rank starts: the --resume checkpoint (version, model configuration), then more ranks
+    than training trips (this reads and splits the data once more). Raises ValueError / FileNotFoundError."""
+    cfg.validate()
+    resume_checkpoint(cfg)
+    guards.check_world_size(len(split_trips(load_config_trips(cfg), cfg)[0]), cfg.nproc)
 
 
 def train(cfg: TrainConfig) -> dict:

@@ -148,7 +148,7 @@ def read_deeptte_jsonl(
         try:
             try:
                 obj = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as e:
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, or an integer of > 4300 digits
                 raise _BadField(None, f"invalid JSON: {e}") from None
             try:
                 recs.append(_parse_record(obj, time_tolerance_s))

@@ -45,7 +45,7 @@ def _day_seconds(y: int, m: int, d: int, field: str) -> int:
     """Unix seconds of 00:00 UTC on the civil date y-m-d; _BadField if no such date."""
     try:
         return (_dt.date(y, m, d).toordinal() - _UNIX_EPOCH_ORDINAL) * 86400
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:  # OverflowError: a year beyond C long
         raise _BadField(field, f"invalid date: {e}") from None
 
 

@@ -1,0 +1,163 @@
+"""Guards of a training run: what keeps a long run on a shared cluster from losing work or hanging.
+
+* :func:`check_resume` — a ``--resume`` checkpoint must come from this stfast version and the same
+  model configuration (the differing fields are named), checked before any data is read.
+* :func:`check_world_size` — more ranks than training trips is rejected before the model is built.
+* :class:`StopSignals` — SIGTERM/SIGINT ask the run to finish its current step, write ``last.pt`` and
+  exit 0 (a second signal acts as usual: the process ends at once).
+* :class:`BadStepGuard` — an optimizer step with a non-finite loss or gradient is skipped and logged;
+  ``max_bad`` of them in a row stop the run (:class:`TrainingDiverged`), the last checkpoint untouched.
+* :func:`describe_collective_failure` — when a collective fails (a rank died, or stopped answering
+  within ``--timeout-s``), the survivors meet in the rendezvous store and name the ranks that did not.
+* :func:`restart_count` — torchrun's restart counter (``TORCHELASTIC_RESTART_COUNT``): a restarted
+  job resumes from its last checkpoint without ``--resume``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import torch
+
+from .. import __version__
+
+# model configuration fields set from the command line (TrainConfig name → DeepTTEConfig name)
+MODEL_OPTIONS = {"alpha": "alpha", "compat": "compat", "head": "head", "loss": "loss", "dropout": "dropout",
+                 "driver_dim": "driver_dim", "time_bin_min": "time_bin_min", "kernels": "kernels"}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient."""
+
+
+class RankFailure(RuntimeError):
+    """A collective failed because another rank died or stopped answering."""
+
+
+def model_options(cfg) -> dict:
+    """The DeepTTEConfig keyword arguments a TrainConfig sets (all but ``n_drivers``)."""
+    return {m: getattr(cfg, c) for c, m in MODEL_OPTIONS.items()}
+
+
+def check_resume(state: dict, cfg, path) -> None:
+    """Raise ValueError (one line, naming the differing fields) when the checkpoint ``state`` read from
+    ``path`` was written by another stfast version, for another model configuration or dtype."""
+    ver = state.get("stfast_version")
+    if ver != __version__:
+        raise ValueError(f"--resume: {path} was written by stfast {ver}, this is stfast {__version__}")
+    saved = dict(state.get("model_config", {}))
+    want = model_options(cfg)
+    diff = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} now" for k, v in want.items() if saved.get(k) != v]
+    saved_dtype = state.get("train_config", {}).get("dtype", cfg.dtype)
+    if saved_dtype != cfg.dtype:
+        diff.append(f"dtype {saved_dtype!r} in the checkpoint, {cfg.dtype!r} now")
+    if diff:
+        raise ValueError(f"--resume: {path} is from another model configuration: " + "; ".join(diff))
+
+
+def check_world_size(n_train: int, world_size: int) -> None:
+    """Raise ValueError when there are more ranks than training trips (some would never see data)."""
+    if world_size > n_train:
+        raise ValueError(f"--nproc {world_size} is larger than the {n_train} training trips; "
+                         f"use at most {n_train} processes")
+
+
+def restart_count() -> int:
+    """How often torchrun restarted this job (0 when not under torchrun or on the first attempt)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+class StopSignals:
+    """Context manager: while active, SIGTERM and SIGINT set :attr:`received` (the signal's name)
+    instead of ending the process; a second one restores the previous handler and re-raises it.
+    Only the main thread can install handlers; elsewhere it does nothing."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: str | None = None
+        self._old: dict = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received is not None:  # second signal: the usual behaviour
+            self.__exit__(None, None, None)
+            signal.raise_signal(signum)
+            return
+        self.received = name
+        print(f"stfast: {name} received: finishing the current step, then writing last.pt "
+              f"(send it again to stop at once)", flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+
+class BadStepGuard:
+    """Counts optimizer steps with a non-finite loss or gradient; ``max_bad`` in a row raise
+    :class:`TrainingDiverged`.
+
+    Every rank decides from the all-reduced loss and gradients, so all ranks skip the same steps."""
+
+    def __init__(self, max_bad: int):
+        self.max_bad = max_bad
+        self.in_a_row = 0
+        self.total = 0
+
+    @staticmethod
+    def problem(params, reduced_loss: float) -> str | None:
+        """Why this step must be skipped (``"non-finite loss"`` / ``"non-finite gradient"``) or None.
+        ``params``: the parameters after the gradient sync; ``reduced_loss``: the loss summed over ranks."""
+        if not torch.isfinite(torch.tensor(reduced_loss)):
+            return "non-finite loss"
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            return "non-finite gradient"
+        return None
+
+    def record(self, problem: str | None, where: str) -> None:
+        """Count a step; raise TrainingDiverged after ``max_bad`` bad ones in a row."""
+        if problem is None:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        if self.in_a_row >= self.max_bad:
+            raise TrainingDiverged(f"{self.in_a_row} optimizer steps in a row had a {problem} (the last {where}); "
+                                   f"stopped (--max-bad-steps {self.max_bad}); the last good checkpoint is kept")
+
+
+def describe_collective_failure(err: BaseException, rank: int, world_size: int, step: int,
+                                timeout_s: float, wait_s: float = 5.0) -> str:
+    """One line for a failed collective on ``rank``: the ranks that did not check in to the
+    rendezvous store within ``wait_s`` (the dead or hung ones), or why they could not be found."""
+    who = "unknown"
+    try:
+        store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                           is_master=False, timeout=timedelta(seconds=wait_s))
+        prefix = f"stfast/alive/{restart_count()}/"
+        store.set(prefix + str(rank), "1")
+        deadline = time.monotonic() + wait_s
+        missing = [r for r in range(world_size) if r != rank]
+        while missing and time.monotonic() < deadline:
+            missing = [r for r in missing if not store.check([prefix + str(r)])]
+            time.sleep(0.1)
+        who = ", ".join(map(str, missing)) if missing else "none (all ranks are alive)"
+    except (RuntimeError, OSError, KeyError, ValueError) as e:  # the store lives in torchrun's agent (or rank 0): it may be gone too
+        who = f"unknown (rendezvous store unreachable: {type(e).__name__})"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"rank {rank} of {world_size}: a collective failed at step {step} (timeout {timeout_s:g} s); "
+            f"rank(s) not responding: {who}; cause: {first}")

@@ -1,0 +1,370 @@
+"""Crashes and restarts: hashed checkpoints with a previous generation, arguments rejected before any
+work, kill -9 mid-epoch then --resume (bitwise), SIGTERM/SIGINT, non-finite steps, and under torchrun a
+killed rank (restart from the last checkpoint) or a hung one (timeout naming it)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_trips
+
+from stfast.cli import main
+from stfast.train import checkpoint as ckpt
+from stfast.train import trainer as trainer_mod
+from stfast.train.config import TrainConfig
+from stfast.train.guards import TrainingDiverged
+from stfast.train.trainer import Trainer
+
+ARGS = {"format": "deeptte", "epochs": 2, "batch_size": 4, "seed": 3, "dtype": "float64", "progress": False,
+        "threads": 1}
+CLI_ARGS = ["--format", "deeptte", "--epochs", "2", "--batch-size", "4", "--seed", "3", "--dtype", "float64",
+            "--threads", "1", "--no-progress"]
+N_STEPS = 2 * 21  # 120 trips → 84 training trips → 21 batches of 4 per epoch
+
+
+@pytest.fixture(scope="module")
+def trips_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "trips.jsonl"
+    random_trips(120, seed=21, max_len=25).to_jsonl(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(trips_file, tmp_path_factory):
+    """Final parameters of an uninterrupted run (one process, CPU, float64)."""
+    out = tmp_path_factory.mktemp("reference")
+    Trainer(TrainConfig(data=trips_file, out=str(out), **ARGS)).fit()
+    st = ckpt.load(out / "last.pt")
+    assert st["step"] == N_STEPS
+    return st["model_state"]
+
+
+def assert_bitwise(state: dict, ref: dict) -> None:
+    for k, v in ref.items():
+        assert torch.equal(state["model_state"][k], v), k
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONSAFEPATH="1")
+
+
+def _start(args, out, cwd):
+    cmd = [sys.executable, "-m", "stfast.cli", "train", *args, "--out", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=cwd)
+
+
+def _wait_for_checkpoint(path: Path, proc, ok, timeout_s: float = 120.0) -> dict:
+    """Poll ``path`` until its state satisfies ``ok`` (the process must still be running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file():
+            try:
+                st = ckpt.load(path)
+            except (ValueError, FileNotFoundError):  # replaced while read: try again
+                st = None
+            if st is not None and ok(st):
+                return st
+        assert proc.poll() is None, f"finished before the wanted checkpoint: {proc.communicate()[0][-3000:]}"
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"no checkpoint satisfying the condition after {timeout_s} s")
+
+
+# ---------------------------------------------------------------- checkpoints: hash and generations
+def test_checkpoint_hash_detects_corruption_and_truncation(tmp_path):
+    p = tmp_path / "last.pt"
+    ckpt.save_atomic({"step": 1, "w": torch.randn(1000)}, p, keep_previous=True)
+    ckpt.save_atomic({"step": 2, "w": torch.randn(1000)}, p, keep_previous=True)
+    assert ckpt.load(p)["step"] == 2 and ckpt.load(ckpt.previous_path(p))["step"] == 1
+    assert ckpt.previous_path(p).name == "last.prev.pt"
+    data = bytearray(p.read_bytes())
+    i = data.find(b"step") + 40  # a byte inside the payload (the state's own bytes)
+    data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="last.pt is (corrupt|unreadable)"):
+        ckpt.load(p)
+    p.write_bytes(p.read_bytes()[: len(data) // 2])
+    with pytest.raises(ValueError, match="last.pt is unreadable"):
+        ckpt.load(p)
+
+
+def test_load_first_falls_back_to_the_previous_generation(tmp_path, caplog):
+    p = tmp_path / "last.pt"
+    ckpt.save_atomic({"step": 1}, p, keep_previous=True)
+    ckpt.save_atomic({"step": 2}, p, keep_previous=True)
+    p.write_bytes(p.read_bytes()[:100])  # truncated by a crash of the file system, say
+    with caplog.at_level("WARNING", logger="stfast.train"):
+        st, used = ckpt.load_first([p, ckpt.previous_path(p)])
+    assert st["step"] == 1 and used == ckpt.previous_path(p)
+    assert str(p) in caplog.text and "last.prev.pt" in caplog.text
+    ckpt.previous_path(p).write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="no intact checkpoint"):
+        ckpt.load_first([p, ckpt.previous_path(p)])
+
+
+def test_resume_from_a_corrupt_last_pt_uses_the_previous_one(trips_file, tmp_path, reference, caplog):
+    out = tmp_path / "run"
+    Trainer(TrainConfig(data=trips_file, out=str(out), checkpoint_every=5, max_steps=12, **ARGS)).fit()
+    assert ckpt.load(ckpt.previous_path(out / "last.pt"))["step"] == 10
+    raw = bytearray((out / "last.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0x55
+    (out / "last.pt").write_bytes(bytes(raw))
+    with caplog.at_level("WARNING", logger="stfast.train"):
+        Trainer(TrainConfig(data=trips_file, out=str(out), resume=True, checkpoint_every=5, **ARGS)).fit()
+    assert "last.pt" in caplog.text and "using" in caplog.text and "last.prev.pt" in caplog.text
+    assert_bitwise(ckpt.load(out / "last.pt"), reference)
+
+
+# ---------------------------------------------------------------- arguments rejected before any work
+def _one_line_error(capsys, rc, expect_rc=2):
+    err = capsys.readouterr().err.strip()
+    assert rc == expect_rc, err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_resume_rejects_another_model_config_or_version(trips_file, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["train", "--data", trips_file, *CLI_ARGS, "--max-steps", "2", "--out", str(out)]
+    assert main(base) == 0
+    capsys.readouterr()
+    err = _one_line_error(capsys, main(base + ["--resume", "--head", "prior", "--driver-dim", "8"]))
+    assert "another model configuration" in err and "head 'paper' in the checkpoint, 'prior' now" in err
+    assert "driver_dim 16 in the checkpoint, 8 now" in err and "last.pt" in err
+    f32 = [x if x != "float64" else "float32" for x in base]
+    err = _one_line_error(capsys, main(f32 + ["--resume"]))
+    assert "dtype 'float64' in the checkpoint, 'float32' now" in err
+    st = ckpt.load(out / "last.pt")
+    st["stfast_version"] = "0.0.1"
+    ckpt.save_atomic(st, out / "last.pt")
+    err = _one_line_error(capsys, main(base + ["--resume"]))
+    assert "written by stfast 0.0.1" in err
+    st = ckpt.load(out / "last.pt")
+    assert st["step"] == 2  # the rejected runs trained nothing
+
+
+def test_nproc_larger_than_training_trips_is_rejected_before_starting_ranks(trips_file, tmp_path):
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "stfast.cli", "train", "--data", trips_file, *CLI_ARGS,
+                        "--nproc", "85", "--out", str(tmp_path / "r")], capture_output=True, text=True,
+                       env=_env(), timeout=300, check=False)
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert errors == ["stfast: error: --nproc 85 is larger than the 84 training trips; use at most 84 processes"]
+    assert "torch.distributed" not in r.stdout + r.stderr and not (tmp_path / "r").exists()
+    assert time.monotonic() - t0 < 120
+
+
+def test_zero_batch_and_bad_reliability_options(trips_file, tmp_path, capsys):
+    for opt, val, words in (("--batch-size", "0", "--batch-size must be ≥ 1"),
+                            ("--checkpoint-every", "0", "--checkpoint-every must be ≥ 1"),
+                            ("--max-bad-steps", "0", "--max-bad-steps must be ≥ 1"),
+                            ("--timeout-s", "0", "--timeout-s must be > 0")):
+        err = _one_line_error(capsys, main(["train", "--data", trips_file, opt, val, "--out", str(tmp_path)]))
+        assert words in err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------- kill -9, SIGTERM, SIGINT
+def test_kill_9_mid_epoch_then_resume_is_bitwise_identical(trips_file, tmp_path, reference):
+    out = tmp_path / "run"
+    proc = _start(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "5"], out, tmp_path)
+    seen = _wait_for_checkpoint(out / "last.pt", proc, lambda s: 0 < s["epoch_batch"] and s["step"] <= 25)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(60) == -signal.SIGKILL
+    killed = ckpt.load(out / "last.pt")
+    assert killed["step"] >= seen["step"] and killed["step"] < N_STEPS
+    assert 0 < killed["epoch_batch"] < 21 and killed["step"] % 5 == 0  # written mid-epoch by --checkpoint-every
+    r = subprocess.run([sys.executable, "-m", "stfast.cli", "train", "--data", trips_file, *CLI_ARGS,
+                        "--checkpoint-every", "5", "--resume", "--out", str(out)], capture_output=True, text=True,
+                       env=_env(), timeout=300, cwd=tmp_path, check=False)
+    assert r.returncode == 0, r.stderr
+    assert f"step {killed['step']}" in r.stdout
+    final = ckpt.load(out / "last.pt")
+    assert final["step"] == N_STEPS
+    assert_bitwise(final, reference)
+    epochs = [json.loads(r)["epoch"] for r in (out / "metrics.jsonl").read_text().splitlines()
+              if '"epoch"' in r]
+    assert epochs == [1, 2]  # rows written after the checkpoint were cut, then written once
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_finishes_the_step_writes_last_pt_and_exits_0(trips_file, tmp_path, reference, sig):
+    out = tmp_path / "run"
+    proc = _start(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "7"], out, tmp_path)
+    _wait_for_checkpoint(out / "last.pt", proc, lambda s: s["step"] >= 7)
+    proc.send_signal(sig)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout[-3000:]
+    name = signal.Signals(sig).name
+    assert f"{name} received" in stdout
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("stopped after"))
+    step = int(line.split()[2])
+    assert f"({name})" in line and "--resume" in line
+    st = ckpt.load(out / "last.pt")
+    assert st["step"] == step and 7 <= step < N_STEPS
+    assert "test split (" not in stdout  # exited promptly, without the test evaluation
+    if sig == signal.SIGTERM:  # and the run continues from there to the same end
+        assert main(["train", "--data", trips_file, *CLI_ARGS, "--resume", "--out", str(out)]) == 0
+        assert_bitwise(ckpt.load(out / "last.pt"), reference)
+
+
+# ---------------------------------------------------------------- non-finite loss or gradient
+def _poison(monkeypatch, bad_calls, kind="loss"):
+    """Make combine_loss's n-th call (1-based, in bad_calls) give a NaN loss, or a finite loss whose
+    gradient is NaN (sqrt|u| at u = 0: value 0, derivative 0·inf)."""
+    calls = {"n": 0}
+    orig = trainer_mod.combine_loss
+
+    def poisoned(*a, **k):
+        calls["n"] += 1
+        loss = orig(*a, **k)
+        if calls["n"] not in bad_calls:
+            return loss
+        return loss * float("nan") if kind == "loss" else loss + (loss - loss.detach()).abs().sqrt()
+
+    monkeypatch.setattr(trainer_mod, "combine_loss", poisoned)
+
+
+@pytest.mark.parametrize("kind", ["loss", "gradient"])
+def test_nonfinite_steps_are_skipped_and_logged(trips_file, tmp_path, monkeypatch, kind):
+    _poison(monkeypatch, {3, 4}, kind)
+    tr = Trainer(TrainConfig(data=trips_file, out=str(tmp_path), **{**ARGS, "epochs": 1}))
+    snaps = []
+    orig_step = tr.train_step
+
+    def spy(gb, use_local):
+        before = [p.detach().clone() for p in tr.model.parameters()]
+        loss = orig_step(gb, use_local)
+        same = all(torch.equal(a, p) for a, p in zip(before, tr.model.parameters()))
+        snaps.append((tr.bad_step, same))
+        return loss
+
+    tr.train_step = spy
+    tr.fit()
+    assert [b for b, _ in snaps] == [None, None, f"non-finite {kind}", f"non-finite {kind}"] + [None] * 17
+    assert all(same == (b is not None) for b, same in snaps)  # skipped steps leave the parameters alone
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    bad = [r for r in rows if "bad_step" in r]
+    assert [(r["bad_step"], r["at_batch"], r["reason"]) for r in bad] == [(3, 3, f"non-finite {kind}"),
+                                                                          (3, 4, f"non-finite {kind}")]
+    st = ckpt.load(tmp_path / "last.pt")
+    assert st["step"] == 19 and all(torch.isfinite(v).all() for v in st["model_state"].values())
+    assert st["optimizer_state"]["state"][0]["step"] == 19
+    assert [r["epoch"] for r in rows if "epoch" in r] == [1] and np.isfinite(rows[-1]["train_loss"])
+
+
+def test_too_many_bad_steps_stop_with_the_last_good_checkpoint(trips_file, tmp_path, monkeypatch, capsys):
+    _poison(monkeypatch, set(range(6, 1000)))
+    out = tmp_path / "run"
+    rc = main(["train", "--data", trips_file, *CLI_ARGS, "--checkpoint-every", "2", "--max-bad-steps", "3",
+               "--out", str(out)])
+    err = _one_line_error(capsys, rc, expect_rc=1)
+    assert "3 optimizer steps in a row had a non-finite loss" in err and "--max-bad-steps 3" in err
+    st = ckpt.load(out / "last.pt")
+    assert st["step"] == 4 and ckpt.load(ckpt.previous_path(out / "last.pt"))["step"] == 2
+    assert all(torch.isfinite(v).all() for v in st["model_state"].values())
+    with pytest.raises(TrainingDiverged):
+        Trainer(TrainConfig(data=trips_file, out=str(tmp_path / "again"), max_bad_steps=3, **ARGS)).fit()
+
+
+# ---------------------------------------------------------------- torchrun: a killed rank, a hung rank
+def _descendants(pid: int) -> list[int]:
+    kids = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _rank_pid(root: int, rank: int) -> int | None:
+    for pid in _descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"stfast.cli" in cmd:
+                return pid
+    return None
+
+
+def _kill_tree(proc) -> None:
+    """SIGKILL a still-running torchrun and its workers (a failed test must not leave ranks behind)."""
+    if proc.poll() is None:
+        for pid in _descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+
+
+def _torchrun(args, out, cwd, max_restarts):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--max-restarts", str(max_restarts), "--monitor-interval", "0.5", "-m", "stfast.cli", "train", *args,
+           "--out", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=cwd)
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_after_a_rank_is_killed_and_finishes(trips_file, tmp_path, reference):
+    out = tmp_path / "run"
+    proc = _torchrun(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "4", "--timeout-s", "30",
+                      "--accumulation", "1"], out, tmp_path, max_restarts=2)
+    try:
+        _wait_for_checkpoint(out / "last.pt", proc, lambda s: s["step"] >= 8, timeout_s=240)
+        victim = _rank_pid(proc.pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=300)
+    finally:
+        _kill_tree(proc)
+    assert proc.returncode == 0, stdout[-5000:]
+    assert "restarted by torchrun (restart 1): resuming" in stdout
+    assert "rank 0 of 2: a collective failed" in stdout and "rank(s) not responding: 1" in stdout, stdout[-5000:]
+    final = ckpt.load(out / "last.pt")
+    assert final["step"] == N_STEPS
+    for k, v in reference.items():  # two ranks compute the one-process step (float64, within rounding)
+        assert (final["model_state"][k] - v).abs().max().item() < 1e-9, k
+
+
+@pytest.mark.slow
+def test_a_hung_rank_times_out_with_an_error_naming_it(trips_file, tmp_path):
+    out = tmp_path / "run"
+    proc = _torchrun(["--data", trips_file, *CLI_ARGS, "--checkpoint-every", "4", "--timeout-s", "20"], out,
+                     tmp_path, max_restarts=0)
+    hung = None
+    try:
+        _wait_for_checkpoint(out / "last.pt", proc, lambda s: s["step"] >= 4, timeout_s=240)
+        hung, rank0 = _rank_pid(proc.pid, 1), _rank_pid(proc.pid, 0)
+        os.kill(hung, signal.SIGSTOP)
+        t0 = time.monotonic()
+        while Path(f"/proc/{rank0}").exists() and time.monotonic() - t0 < 120:
+            status = Path(f"/proc/{rank0}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(
+                f"/proc/{rank0}/stat").exists() else "X"
+            if status == "Z":
+                break
+            time.sleep(0.2)
+        waited = time.monotonic() - t0
+        os.kill(hung, signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        _kill_tree(proc)
+    assert waited < 90, "rank 0 kept waiting for the stopped rank"  # 20 s timeout + 5 s to name it, loaded CI
+    assert proc.returncode != 0
+    assert "rank 0 of 2: a collective failed" in stdout and "rank(s) not responding: 1" in stdout, stdout[-5000:]
+    assert "timeout 20 s" in stdout

@@ -1,0 +1,20 @@
+"""benchmarks/scale.py runs end to end on small sizes (the 100k–1M figures are in the README)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
+
+
+def test_scale_script_small(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "300", "600", "--out", str(tmp_path),
+                        "--world-size", "4"], capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    builds = [x for x in rows if x["stage"] == "build"]
+    epochs = [x for x in rows if x["stage"] == "load+epoch"]
+    assert [x["trips"] for x in builds] == [x["trips"] for x in epochs] and len(builds) == 2
+    assert all(x["global_batches"] == -(-x["trips"] // 64) and x["peak_mib"] > 0 for x in epochs)
+    assert (tmp_path / "trips_600" / "meta.json").is_file()
+    assert "KiB/trip" in r.stdout
