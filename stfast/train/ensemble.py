@@ -93,16 +93,16 @@ def train_ensemble(cfg) -> dict:
 
 def _plot_members(dirs, png_path, summary: dict) -> None:
     """Validation MAPE per epoch of every member, with the ensemble's and constant speed's."""
-    import json
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .report import read_rows
+
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for d in dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        rows = read_rows(d)["epochs"]
         ax.plot([r["epoch"] for r in rows], [100 * r["val_mape"] for r in rows], alpha=0.6, label=d.name)
     ax.axhline(100 * summary["val_mape"], color="k", label="ensemble (best epochs)")
     ax.axhline(100 * summary["baseline_const_speed_val_mape"], color="tab:orange", ls="--", label="constant speed")
