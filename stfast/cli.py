@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-scaling", default="sqrt", choices=("sqrt", "linear", "none"),
                    help="learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows")
     t.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
+    # ---- component parallelism (stfast.parallel.components)
+    t.add_argument("--parallel", default="dp", choices=("dp", "cp", "dp+cp"),
+                   help="dp: data parallel; cp: DeepTTE's components concurrently (1 process) or as 2 pipeline "
+                        "stages (--nproc 2); dp+cp: --nproc/2 data-parallel replicas of 2 stages")
+    t.add_argument("--micro-batches", type=int, default=None,
+                   help="GPipe micro-batches per batch with --parallel cp/dp+cp (default 4 with 2 stages, else 1)")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
@@ -114,7 +120,8 @@ def cmd_train(a) -> int:
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
                       nproc=a.nproc, comm=a.comm, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
-                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget)
+                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
+                      parallel=a.parallel, micro_batches=a.micro_batches)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
         return launch(a.nproc, sys.argv[1:])
