@@ -188,8 +188,8 @@ class Trainer:
         self.executor, self.layout, self.data_info = None, None, self.info
         if self.cfg.parallel == "dp":
             return
-        from ..parallel.components import ComponentExecutor, ComponentPlan, ParallelLayout
         from ..parallel.comm import TorchCommunicator
+        from ..parallel.components import ComponentExecutor, ComponentPlan, ParallelLayout
         from .config import CP_STAGES
 
         graph = self.model.component_graph()
