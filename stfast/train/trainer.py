@@ -189,7 +189,11 @@ class Trainer:
         if self.cfg.parallel == "dp":
             return
         from ..parallel.comm import TorchCommunicator
-        from ..parallel.components import ComponentExecutor, ComponentPlan, ParallelLayout
+        from ..parallel.components import (
+            ComponentExecutor,
+            ComponentPlan,
+            ParallelLayout,
+        )
         from .config import CP_STAGES
 
         graph = self.model.component_graph()
