@@ -5,8 +5,9 @@ the Amdahl bounds they imply, and the measured speed-up of every plan that runs 
     python benchmarks/components.py --quick         # smoke run
     python benchmarks/components.py --json out.json
 
-Baseline: the plain ``model(b)`` + ``loss.backward()`` training step (float32) with all cores as torch
-intra-op threads. Plans (same cores): ``sequential`` (the executor, one thread: its overhead),
+Baseline: the plain ``model(b)`` + ``loss.backward()`` training step (float32), torch intra-op threads
+``--threads`` (default 1; every lane and process gets as many, so the concurrent plans may use 2 cores
+where the baseline uses 1 — an upper estimate of their benefit). Plans: ``sequential`` (the executor, one thread: its overhead),
 ``threads`` (attr ∥ geo-conv, entire ∥ local on two lanes), ``pipeline-M`` (attr + geo-conv + LSTM |
 estimators as two CPU "devices", one thread each, M micro-batches), ``gloo-2proc`` (the same two stages
 in 2 Gloo processes with send/recv, one core each). Step times are medians of interleaved repetitions
@@ -34,12 +35,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import random_trips  # noqa: E402
+from conftest import random_trips
 
-from stfast.data.dataset import DriverVocab, NormStats, TripDataset  # noqa: E402
-from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts  # noqa: E402
-from stfast.parallel.comm import TorchCommunicator  # noqa: E402
-from stfast.parallel.components import ComponentExecutor, ComponentPlan  # noqa: E402
+from stfast.data.dataset import DriverVocab, NormStats, TripDataset
+from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
+from stfast.parallel.comm import TorchCommunicator
+from stfast.parallel.components import ComponentExecutor, ComponentPlan
 
 # name: (trips B, min points, max points, hidden H) — Chengdu-like taxi trips, long GeoLife-like trips, a big LSTM
 SHAPES = {"chengdu B64 H128": (64, 15, 80, 128), "long trips B16 L200-400": (16, 200, 400, 128),
@@ -140,10 +141,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="one small shape, 2 repetitions, no Gloo run")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads (all cores)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads per lane / process (1: on a shared machine 2 OpenMP threads per "
+                         "process were 5-10x slower, spinning against other work)")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    shapes = {"chengdu B16 H128": (16, 15, 40, 128)} if a.quick else SHAPES
+    shapes = {"chengdu B16 H128": (16, 15, 40, 128)} if a.quick else {k: SHAPES[k] for k in a.shapes.split(",")}
     reps = 2 if a.quick else a.reps
     micro = (2, 4)
     results = {}
@@ -158,10 +162,10 @@ def main(argv=None):
         ex_pipe = {m: ComponentExecutor(ComponentPlan.split_after(g, STAGE0, ["cpu", "cpu"]), micro_batches=m,
                                         threads=True) for m in micro}
 
-        def run(ex):
+        def run(ex, model=model, b=b, loss_fn=loss_fn):
             return lambda: (model.zero_grad(set_to_none=True), ex.forward_backward(b, loss_fn))
 
-        fns = {"plain": lambda: plain_step(model, b, loss_fn), "sequential": run(ex_seq), "threads": run(ex_thr),
+        fns = {"plain": lambda model=model, b=b, loss_fn=loss_fn: plain_step(model, b, loss_fn), "sequential": run(ex_seq), "threads": run(ex_thr),
                **{f"pipeline-{m}": run(e) for m, e in ex_pipe.items()}}
         t = measure(fns, reps)
         for e in (ex_thr, *ex_pipe.values()):
@@ -171,12 +175,13 @@ def main(argv=None):
             t["gloo-2proc"] = gloo_time(shape, reps)
             t["plain"] = statistics.median([t["plain"], t_plain_again])
         results[name] = {"times_s": t, "bounds": bd}
-    print_table(results, micro, a)
+        print_table({name: results[name]}, micro, a)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
 
 def print_table(results, micro, a):
+    print(flush=True)
     print(f"DeepTTE component parallelism on CPU ({os.cpu_count()} cores, torch threads {a.threads}, float32; "
           "the machine is shared: ratios measured side by side, medians)\n")
     for name, r in results.items():
@@ -198,7 +203,7 @@ def print_table(results, micro, a):
         for label, key, bound in rows:
             sp = t["plain"] / t[key]
             print(f"   {label:<24}{1e3 * t[key]:9.1f}{sp:10.2f}{'' if bound is None else f'{bound:14.2f}'}")
-        print(f"   {'GPU streams / 2 GPUs':<24}{'not executed (no GPU here)':>33}\n")
+        print(f"   {'GPU streams / 2 GPUs':<24}{'not executed (no GPU here)':>33}\n", flush=True)
 
 
 if __name__ == "__main__":
