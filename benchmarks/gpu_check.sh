@@ -24,6 +24,15 @@ if [ $build_rc -eq 0 ]; then
   timeout 180 $PY -m pytest -q tests/test_comm.py -k "cuda or build or nccl" \
     --junitxml="$OUT/tests_comm.xml" > "$OUT/tests_comm.log" 2>&1
   [ $? -eq 0 ] || tests_rc=1
+  # component parallelism: the streams plan (and two GPUs where present) equals the plain model; racecheck
+  # (shared-memory races inside kernels) where compute-sanitizer runs
+  timeout 240 $PY -m pytest -q tests/test_components.py -k "cuda or gpu" \
+    --junitxml="$OUT/tests_components.xml" > "$OUT/tests_components.log" 2>&1
+  [ $? -eq 0 ] || tests_rc=1
+  if command -v compute-sanitizer > /dev/null; then
+    timeout 300 compute-sanitizer --tool racecheck $PY -m pytest -q tests/test_components.py \
+      -k "cuda_streams" > "$OUT/racecheck_components.log" 2>&1
+  fi
   timeout 180 $PY benchmarks/bench_geo_conv.py --device cuda --batch 512 --json "$OUT/bench_cuda.json" \
     > "$OUT/bench_cuda.txt" 2>&1
   bench_rc=$?

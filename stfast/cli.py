@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N optimizer steps in a row with a non-finite loss or gradient (each is skipped)")
     t.add_argument("--timeout-s", type=float, default=300.0,
                    help="timeout of every torch.distributed collective: a dead or hung rank ends the job")
+    # ---- component parallelism (stfast.parallel.components)
+    t.add_argument("--parallel", default="dp", choices=("dp", "cp", "dp+cp"),
+                   help="dp: data parallel; cp: DeepTTE's components concurrently (1 process) or as 2 pipeline "
+                        "stages (--nproc 2); dp+cp: --nproc/2 data-parallel replicas of 2 stages")
+    t.add_argument("--micro-batches", type=int, default=None,
+                   help="GPipe micro-batches per batch with --parallel cp/dp+cp (default 4 with 2 stages, else 1)")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
@@ -144,7 +150,8 @@ def cmd_train(a) -> int:
                       nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
                       accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
-                      checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s)
+                      checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s,
+                      parallel=a.parallel, micro_batches=a.micro_batches)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
         from .train.trainer import preflight

@@ -24,7 +24,10 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..data.dataset import NormStats, TripBatch
+from ..parallel.components.graph import Component, ComponentGraph
 
+_SOURCES = ("driver", "week_id", "time_id", "dist_n", "lng_n", "lat_n", "state", "local_dist_n",
+            "point_lengths", "lengths", "mask", "dist")  # keys of DeepTTE.component_inputs
 EPS_LOCAL_S = 10.0  # seconds added to the local label in the local MAPE (the original's EPS)
 
 
@@ -265,7 +268,10 @@ class DeepTTE(nn.Module):
     def _n(self, x, name):
         return (x - getattr(self, name + "_mean").to(x.dtype)) / getattr(self, name + "_std").to(x.dtype)
 
-    def forward(self, b: TripBatch) -> DeepTTEOutput:
+    def component_inputs(self, b: TripBatch) -> dict[str, torch.Tensor]:
+        """The source values of the component graph for batch ``b`` (all batch-major, [B] or [B, L] /
+        [B, L']): normalized inputs, valid-position counts and mask. Raises ValueError when a trip has
+        fewer than ``kernel_size`` points (fault 7)."""
         k = self.cfg.kernel_size
         if not torch.compiler.is_compiling() and int(b.lengths.min()) < k:  # (a host read: skipped when traced)
             bad = int(torch.argmin(b.lengths))
@@ -274,22 +280,53 @@ class DeepTTE(nn.Module):
         dist_n = self._n(b.dist, "dist")
         if self.cfg.compat == "original":  # fault 2 reproduced: normalized a second time
             dist_n = self._n(dist_n, "dist")
-        attr = self.attr(b.driver, b.week_id, b.time_id, dist_n)
         local_dist = b.dist_gap[:, k - 1:] - b.dist_gap[:, :-k + 1 or None]
         lengths = b.lengths - k + 1
         mask = torch.arange(local_dist.shape[1], device=lengths.device)[None, :] < lengths[:, None]
-        st = self.spatio_temporal
-        geo = st.geo_conv(self._n(b.lng, "lng"), self._n(b.lat, "lat"), b.state,
-                          self._n(local_dist, "local_dist") * mask, b.lengths)
-        h = st(geo, attr, lengths)
+        return {"driver": b.driver, "week_id": b.week_id, "time_id": b.time_id, "dist_n": dist_n,
+                "lng_n": self._n(b.lng, "lng"), "lat_n": self._n(b.lat, "lat"), "state": b.state,
+                "local_dist_n": self._n(local_dist, "local_dist") * mask, "point_lengths": b.lengths,
+                "lengths": lengths, "mask": mask, "dist": b.dist}
+
+    def entire_time(self, h, attr, mask, dist):
+        """Attention pooling + entire estimator + head: [B, L', H], [B, A], [B, L'], [B] km → [B] s."""
         pooled = self.attention(h, attr, mask)
         est = self.entire(torch.cat([pooled, attr], dim=-1))
         if self.cfg.head == "prior":  # t = dist / v̂ · exp(correction); clamped so early steps cannot overflow
-            time = b.dist / self.speed_km_s.to(h.dtype) * torch.exp(est.clamp(-6.0, 6.0))
-        else:
-            time = est * self.time_std.to(h.dtype) + self.time_mean.to(h.dtype)
-        local = self.local(h) * self.local_time_std.to(h.dtype) + self.local_time_mean.to(h.dtype)
-        return DeepTTEOutput(time=time, local_time=local, mask=mask)
+            return dist / self.speed_km_s.to(h) * torch.exp(est.clamp(-6.0, 6.0))
+        return est * self.time_std.to(h) + self.time_mean.to(h)
+
+    def local_time(self, h):
+        """Local estimator: [B, L', H] → [B, L'] seconds per k-point span."""
+        return self.local(h) * self.local_time_std.to(h) + self.local_time_mean.to(h)
+
+    def forward(self, b: TripBatch) -> DeepTTEOutput:
+        x = self.component_inputs(b)
+        attr = self.attr(x["driver"], x["week_id"], x["time_id"], x["dist_n"])
+        st = self.spatio_temporal
+        geo = st.geo_conv(x["lng_n"], x["lat_n"], x["state"], x["local_dist_n"], x["point_lengths"])
+        h = st(geo, attr, x["lengths"])
+        return DeepTTEOutput(time=self.entire_time(h, attr, x["mask"], x["dist"]), local_time=self.local_time(h),
+                             mask=x["mask"])
+
+    # ---- component graph (stfast.parallel.components): the forward above as a DAG, for component parallelism
+    def component_graph(self) -> ComponentGraph:
+        """DeepTTE's forward as five components (ARCHITECTURE.md): ``attr`` and ``geo_conv`` are
+        independent, ``lstm`` (the critical path) needs both, ``entire`` (attention pooling + estimator)
+        and ``local`` are independent of each other. Executing the graph equals :meth:`forward`."""
+        st = self.spatio_temporal
+        comps = [
+            Component("attr", self.attr, ("driver", "week_id", "time_id", "dist_n"), ("attr",), (self.attr,)),
+            Component("geo_conv", st.geo_conv, ("lng_n", "lat_n", "state", "local_dist_n", "point_lengths"),
+                      ("geo",), (st.geo_conv,)),
+            Component("lstm", st, ("geo", "attr", "lengths"), ("h",), (st.lstm,)),
+            Component("entire", self.entire_time, ("h", "attr", "mask", "dist"), ("time",),
+                      (self.attention, self.entire)),
+            Component("local", self.local_time, ("h",), ("local_time",), (self.local,)),
+        ]
+        return ComponentGraph(comps, sources=_SOURCES,
+                              outputs=("time", "local_time", "mask"), make_inputs=self.component_inputs,
+                              make_output=lambda v: DeepTTEOutput(v["time"], v["local_time"], v["mask"]))
 
 
 @dataclass

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+PARALLEL_MODES = ("dp", "cp", "dp+cp")
+CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
+
 
 @dataclass
 class TrainConfig:
@@ -53,6 +56,9 @@ class TrainConfig:
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch)
     max_bad_steps: int = 5  # stop after this many optimizer steps in a row with a non-finite loss/gradient
     timeout_s: float = 300.0  # torch.distributed timeout of the process group (every collective), s
+    # ---- component parallelism (stfast.parallel.components)
+    parallel: str = "dp"  # dp; cp (DeepTTE's components: 1 process concurrent, 2 processes as 2 stages); dp+cp
+    micro_batches: int | None = None  # GPipe micro-batches per rank's batch (None: 4 with 2 stages, else 1)
 
     @property
     def split_seed(self) -> int:
@@ -128,6 +134,17 @@ class TrainConfig:
             raise ValueError(f"--max-bad-steps must be ≥ 1, got {self.max_bad_steps}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
+        # ---- component parallelism
+        if self.parallel not in PARALLEL_MODES:
+            raise ValueError(f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel}")
+        if self.parallel == "cp" and self.nproc not in (1, CP_STAGES):
+            raise ValueError(f"--parallel cp runs DeepTTE on 1 process or as {CP_STAGES} stages on {CP_STAGES} "
+                             f"processes, got --nproc {self.nproc} (use --parallel dp+cp for replicas of stages)")
+        if self.parallel == "dp+cp" and self.nproc % CP_STAGES:
+            raise ValueError(f"--parallel dp+cp needs --nproc a multiple of {CP_STAGES} (replicas × {CP_STAGES} "
+                             f"stages), got {self.nproc}")
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise ValueError(f"--micro-batches must be ≥ 1, got {self.micro_batches}")
         if self.device.startswith("cuda"):
             import torch
 

@@ -190,6 +190,7 @@ class Trainer:
                           if self.info.distributed else None)
         self.epoch, self.step, self.best = 0, 0, math.inf
         self.epoch_batch = 0  # batches of self.epoch already done (set when stopped at max_steps)
+        self._setup_components()
         self._setup_accumulation(resume)
         if resume is not None:
             self.model.load_state_dict(resume["model_state"])
@@ -212,7 +213,7 @@ class Trainer:
         """Under data parallelism each global batch is cut by a BalancedBatchSampler (the same cut on
         every rank); one process trains on whole batches."""
         cfg, self.slicer = self.cfg, None
-        if self.info.distributed:
+        if self.info.distributed and cfg.parallel == "dp":  # component-parallel stages shard by replica
             self.slicer = BalancedBatchSampler(
                 self.train_ds.lengths, cfg.batch_size, self.info.world_size, self.info.rank, cfg.seed,
                 method=cfg.slicer or "balanced",
@@ -249,6 +250,37 @@ class Trainer:
                "cost_coef": model.coefficients.tolist(), "cost_fit_error": model.fit_error}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
+
+    def _setup_components(self) -> None:
+        """--parallel cp / dp+cp (stfast.parallel.components): one process runs DeepTTE's independent
+        components concurrently (CUDA streams; CPU threads); several run replicas of 2 stages (ranks
+        2r, 2r+1: attr + geo-conv + LSTM | estimators) exchanging activations over their cp group, on
+        the replica's shard. Every rank keeps the whole model: gradients are summed over the WORLD
+        (a stage's parameters have gradients only on its ranks, so this is the sum over replicas), which
+        keeps every copy equal for evaluation, checkpoints and --resume."""
+        self.executor, self.layout, self.data_info = None, None, self.info
+        if self.cfg.parallel == "dp":
+            return
+        from ..parallel.comm import TorchCommunicator
+        from ..parallel.components import (
+            ComponentExecutor,
+            ComponentPlan,
+            ParallelLayout,
+        )
+        from .config import CP_STAGES
+
+        graph = self.model.component_graph()
+        if not self.info.distributed:
+            plan = ComponentPlan.concurrent(graph, self.device)
+            self.executor = ComponentExecutor(plan, self.cfg.micro_batches or 1, threads=self.device.type == "cpu")
+        else:
+            self.layout = ParallelLayout.build(CP_STAGES)
+            self.data_info = self.layout.data_info
+            plan = ComponentPlan.split_after(graph, "lstm", [self.device] * CP_STAGES)
+            self.executor = ComponentExecutor(plan, self.cfg.micro_batches or 4, place_modules=False,
+                                              comm=TorchCommunicator(self.layout.cp_group))
+        self.say(f"component parallel: {plan}, {self.executor.micro_batches} micro-batches"
+                 + (f", {self.layout.dp} replicas × {CP_STAGES} stages" if self.layout else ""))
 
     def _setup_accumulation(self, resume) -> None:
         """The accumulation scheduler (built on rank 0; the others follow its broadcast k) and the
@@ -331,22 +363,34 @@ class Trainer:
         for i, m in enumerate(micro):
             # micro-steps 1..k-1 accumulate locally; the last one's backward starts the bucketed sync
             last = i == len(micro) - 1
-            quiet = self.grad_sync.no_sync() if self.grad_sync is not None and not last else contextlib.nullcontext()
+            # the component executor backpropagates per component and micro-batch (a parameter's gradient
+            # becomes ready several times): its buckets are all started by finish()
+            quiet = (self.grad_sync.no_sync() if self.grad_sync is not None and (not last or self.executor)
+                     else contextlib.nullcontext())
             t_micro = time.perf_counter()
             with quiet:
-                shard = dp.equal_shard(m, self.info) if self.slicer is None else self.slicer.shard(m)
+                shard = dp.equal_shard(m, self.data_info) if self.slicer is None else self.slicer.shard(m)
                 if len(shard):
                     b = self.train_ds.batch(shard).to(self.device)
-                    parts = loss_parts(self.model, self.model(b), b)
-                    loss = combine_loss(parts, self.model.cfg.alpha, n_trips, n_local, use_local)
-                    loss.backward()
-                    loss_val += float(loss.detach())
+                    if self.executor is not None:
+                        res = self.executor.forward_backward(b, lambda out, mb: combine_loss(
+                            loss_parts(self.model, out, mb), self.model.cfg.alpha, n_trips, n_local, use_local))
+                        loss_val += res.loss or 0.0  # None on stage-0 ranks: the loss lives on the last stage
+                    else:
+                        parts = loss_parts(self.model, self.model(b), b)
+                        loss = combine_loss(parts, self.model.cfg.alpha, n_trips, n_local, use_local)
+                        loss.backward()
+                        loss_val += float(loss.detach())
             if self.slicer is not None and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
             compute.append(time.perf_counter() - t_micro)
             self.accum.after_micro_step(len(shard), n_trips)
         t_sync = time.perf_counter()
         extra = self.accum.extra(loss_val)
+        if self.layout is not None and self.layout.stage > 0:
+            # a unit's gradient is split over its replica's stages: the |g_u|² parts add up in the sum,
+            # its size and count must be counted once (stage 0's)
+            extra[1:3] = 0.0
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
         t_sync = time.perf_counter() - t_sync
         # a non-finite loss or gradient (the same on every rank after the sync): no update (guards)
