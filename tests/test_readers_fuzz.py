@@ -78,7 +78,9 @@ def _check_container(got) -> None:
 def read_checked(fmt: str, path: Path, on_error: str):
     """The reader's result, or the TrajectoryFormatError it raised (checked: file, line, reason)."""
     reader = READERS[fmt][0]
-    n_lines = path.read_bytes().count(b"\n") + 1
+    data = path.read_bytes()
+    # the CSV reader counts lines as Python's csv module does (a lone \r ends a line too), the others at \n
+    n_lines = max(data.count(b"\n"), len(data.splitlines())) + 1
     try:
         with hang_guard():
             got = reader(path, on_error=on_error)
