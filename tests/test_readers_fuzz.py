@@ -9,7 +9,6 @@ it too. With on_error="skip" the records known to be bad are exactly the ones co
 import contextlib
 import json
 import math
-import os
 import signal
 import tempfile
 from pathlib import Path
@@ -33,9 +32,7 @@ from stfast.data.readers import (
 from stfast.data.trips import Trips
 
 HANG_S = 20.0  # a reader of a few kB that runs this long is hung (the hypothesis deadline flags slow ones)
-# CI runs a fixed (derandomized) set of examples so that a landing is reproducible; local runs explore new ones
-FUZZ = settings(max_examples=50, deadline=5000, suppress_health_check=[HealthCheck.too_slow],
-                derandomize=os.environ.get("CI") == "true")
+FUZZ = settings(max_examples=50, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 
 GEOLIFE_HEADER = "Geolife trajectory\nWGS 84\nAltitude is in Feet\nReserved 3\n0,2,255,My Track,0,0,2,8421376\n0\n"
 READERS = {  # name: (reader, file name, text before any data line)
