@@ -269,7 +269,9 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
         rows = [json.loads(line) for line in f]
     steps = [r for r in rows if r.get("type") == "step"]
     assert [r["step"] for r in steps] == list(range(1, 11))
-    assert max(abs(a - b) for a, b in (r["shard_trips"] for r in steps)) >= 3  # deliberately unequal
+    # the cost-balanced cut gives the ranks unequal trip counts (how unequal depends on the measured
+    # times once the model is refitted, so only "unequal" is asserted)
+    assert max(abs(a - b) for a, b in (r["shard_trips"] for r in steps)) >= 1
     for r in steps:
         assert len(r["compute_s"]) == len(r["idle_s"]) == 2 and min(r["idle_s"]) == 0.0
         assert r["imbalance_measured"] >= 1.0 and r["imbalance_predicted"] >= 1.0
