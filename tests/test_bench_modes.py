@@ -38,3 +38,22 @@ def test_bench_modes_runs_and_writes_json_md_png(tmp_path, capsys):
 def test_bench_modes_rejects_unknown_mode(tmp_path, capsys):
     assert main(["bench", "modes", "--only", "no such mode", "--out", str(tmp_path)]) == 2
     assert "no mode matches" in capsys.readouterr().err
+
+
+def test_a_failing_mode_is_reported_and_the_others_still_run(tmp_path, monkeypatch):
+    from stfast.bench import modes
+
+    def fake_run(mode, seed, a, out):
+        if "k=2" in mode.name:
+            raise RuntimeError(f"mode {mode.name!r} seed {seed} failed (rc 1)")
+        return {"curve": [(1.0, 0.5), (2.0, 0.3)], "samples_per_s": 10.0 + seed, "test_mape": 0.3,
+                "test_mae": 50.0, "test_rmse": 70.0, "best_val_mape": 0.3, "steps": 5, "imbalance": None,
+                "comm_share": None}
+
+    monkeypatch.setattr(modes, "_run", fake_run)
+    assert main(["bench", "modes", "--only", "fused kernels", "--only", "accumulation k=", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "modes.json").read_text())["modes"]
+    assert "FAILED" in res["data parallel + accumulation k=2"]["skipped"]
+    assert res["data parallel + accumulation k=4"]["runs"][0]["steps"] == 5
+    md = (tmp_path / "modes.md").read_text()
+    assert "| data parallel + accumulation k=2 | FAILED" in md and "time to target" in md

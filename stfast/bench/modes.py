@@ -182,10 +182,17 @@ def run_modes(a) -> dict:
             results[mode.name] = {"skipped": f"not in this build ({', '.join(missing)})"}
             continue
         runs = []
-        for seed in a.seeds_list:
-            print(f"[{i + 1}/{len(modes)}] {mode.name}, seed {seed} ...", flush=True)
-            runs.append(_run(mode, seed, a, out / f"mode{i:02d}" / f"seed{seed}"))
+        try:
+            for seed in a.seeds_list:
+                print(f"[{i + 1}/{len(modes)}] {mode.name}, seed {seed} ...", flush=True)
+                runs.append(_run(mode, seed, a, out / f"mode{i:02d}" / f"seed{seed}"))
+        except RuntimeError as e:  # a failing mode is reported in its row; the other modes still run
+            print(f"stfast bench: {e}", file=sys.stderr, flush=True)
+            results[mode.name] = {"skipped": f"FAILED (see {out / f'mode{i:02d}'})"}
+            continue
         results[mode.name] = {"flags": mode.flags, "nproc": mode.nproc or a.nproc, "group": mode.group, "runs": runs}
+    if "runs" not in results[baseline]:
+        raise ValueError(f"the baseline mode {baseline!r} failed, so there is no target: see {out}")
     reached = [r["best_val_mape"] for r in results[baseline]["runs"] if r["best_val_mape"] is not None]
     if not a.target_mape and not reached:
         raise ValueError(f"{baseline!r} finished no epoch in --budget-s {a.budget_s}, so there is no target "
