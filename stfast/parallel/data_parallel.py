@@ -66,8 +66,14 @@ def _restart_store(info: DistInfo, timeout_s: float) -> dict:
             "world_size": info.world_size}
 
 
-def shutdown() -> None:
+def shutdown(wait_for_peers: bool = False) -> None:
+    """Leave the process group. ``wait_for_peers`` (after a run every rank finished): first a barrier,
+    so no rank tears its Gloo/NCCL state down while a peer is still working (rank 0 writes the summary
+    and plots after the last collective); an early-exiting rank was seen to abort (SIGABRT, "terminate
+    called without an active exception") in that window. Skip it after an error: a peer may be gone."""
     if dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -634,7 +634,10 @@ def preflight(cfg: TrainConfig) -> None:
 
 def train(cfg: TrainConfig) -> dict:
     """Train per ``cfg`` in this process (a rank of a job when torchrun's variables are set)."""
+    finished = False
     try:
-        return Trainer(cfg).fit()
+        result = Trainer(cfg).fit()
+        finished = True
+        return result
     finally:
-        dp.shutdown()
+        dp.shutdown(wait_for_peers=finished)
