@@ -29,6 +29,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _timing import time_side_by_side
 
 from stfast.parallel import data_parallel as dp
 from stfast.parallel.comm import (
@@ -126,21 +127,7 @@ def nccl_all_reduce_table(sizes=SIZES, rounds: int = 5) -> list[dict]:
             x = torch.randn(size // 4, device="cuda")
             iters = max(5, min(200, (1 << 30) // size))
             calls = {"stfast": lambda x=x: ours.all_reduce(x, "sum"), "torch": lambda x=x: dist.all_reduce(x)}
-            for fn in calls.values():
-                for _ in range(3):
-                    fn()
-            torch.cuda.synchronize()
-            samples = {k: [] for k in calls}
-            for _ in range(rounds):
-                for name, fn in calls.items():
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    for _ in range(iters):
-                        fn()
-                    e.record()
-                    torch.cuda.synchronize()
-                    samples[name].append(s.elapsed_time(e) / 1e3 / iters)
-            med = {k: statistics.median(v) for k, v in samples.items()}
+            med = time_side_by_side(calls, "cuda", reps=iters, rounds=rounds, warmup=3)
             rows.append({"bytes": size, "stfast_us": med["stfast"] * 1e6, "torch_us": med["torch"] * 1e6,
                          "stfast_GBps": size / med["stfast"] / 1e9, "torch_GBps": size / med["torch"] / 1e9,
                          "torch_over_stfast": med["torch"] / med["stfast"]})

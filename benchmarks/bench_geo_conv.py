@@ -15,15 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _timing import sync, time_side_by_side
 
 from stfast.models.deeptte import DeepTTEConfig
 from stfast.models.deeptte import GeoConv as ReferenceGeoConv
@@ -113,11 +112,6 @@ class Case:
         return run
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 @cache
 def get_case(shape: str, device: str) -> Case:
     return Case(shape, device)
@@ -131,43 +125,17 @@ def test_geo_conv(benchmark, shape, mode, impl, device):
     case = get_case(shape, device)
     run = case.fn(impl, mode)
     run()  # warm-up (and compilation)
-    _sync(device)
+    sync(device)
 
     def step():
         r = run()
-        _sync(device)
+        sync(device)
         return r
 
     result = benchmark(step)
     assert result is not None
     benchmark.extra_info.update(points=case.points, padded_points=case.padded_points,
                                 lengths_from=source_lengths(shape)[1])
-
-
-def time_side_by_side(case: Case, mode: str, device: str, reps: int = 50, rounds: int = 7) -> dict:
-    """Median per-call time (s) of each implementation, measured in interleaved rounds."""
-    runs = {impl: case.fn(impl, mode) for impl in ("fused", "eager", "compile")}
-    for run in runs.values():
-        for _ in range(3):
-            run()
-    _sync(device)
-    samples = {impl: [] for impl in runs}
-    for _ in range(rounds):
-        for impl, run in runs.items():
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(reps):
-                    run()
-                end.record()
-                torch.cuda.synchronize()
-                samples[impl].append(start.elapsed_time(end) / 1e3 / reps)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    run()
-                samples[impl].append((time.perf_counter() - t0) / reps)
-    return {impl: statistics.median(v) for impl, v in samples.items()}
 
 
 def main(argv=None) -> int:
@@ -184,7 +152,8 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         case = Case(shape, args.device, args.batch)
         for mode in ("fwd", "fwdbwd"):
-            t = time_side_by_side(case, mode, args.device)
+            t = time_side_by_side({impl: case.fn(impl, mode) for impl in ("fused", "eager", "compile")}, args.device,
+                                   warmup=3)
             row = {"shape": shape, "mode": mode, "batch": args.batch, "device": args.device, "points": case.points,
                        "padded_points": case.padded_points, "lengths_from": source_lengths(shape)[1],
                        "fused_ms": t["fused"] * 1e3, "eager_ms": t["eager"] * 1e3, "compile_ms": t["compile"] * 1e3,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from functools import cache
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _timing import sync, time_side_by_side
 from bench_geo_conv import batch_lengths, source_lengths
 
 from stfast.nn import LSTM
@@ -73,11 +72,6 @@ class Case:
         return (fwd if mode == "fwd" else 3 * fwd) / 1e9
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 @cache
 def get_case(shape: str, batch: int, device: str) -> Case:
     return Case(shape, batch, device)
@@ -92,11 +86,11 @@ def test_lstm(benchmark, shape, batch, mode, inp, impl, device):
     case = get_case(shape, batch, device)
     run = case.fn(impl, inp, mode)
     run()
-    _sync(device)
+    sync(device)
 
     def step():
         r = run()
-        _sync(device)
+        sync(device)
         return r
 
     assert benchmark(step) is not None
@@ -137,32 +131,6 @@ def test_deeptte_train_step(benchmark, batch, kernels):
     loss = benchmark(lambda: _train_step(model, opt, b))
     assert np.isfinite(loss)
     benchmark.extra_info["trips_per_step"] = batch
-
-
-def time_side_by_side(runs: dict, device: str, reps: int, rounds: int) -> dict:
-    """Median per-call seconds of each callable, measured in interleaved rounds (A/B/A/B...) after warm-up;
-    on CUDA with CUDA events."""
-    for run in runs.values():
-        run()
-        run()
-    _sync(device)
-    samples = {k: [] for k in runs}
-    for _ in range(rounds):
-        for k, run in runs.items():
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(reps):
-                    run()
-                end.record()
-                torch.cuda.synchronize()
-                samples[k].append(start.elapsed_time(end) / 1e3 / reps)
-                continue
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            samples[k].append((time.perf_counter() - t0) / reps)
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def sgemm_gflops(m: int, k: int, n: int, device: str, reps: int = 50) -> float:
