@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seeds", type=int, default=1, help="seeds per mode (0..N-1)")
     m.add_argument("--only", action="append", default=None,
                    help="run only the modes whose name contains this text (repeatable)")
+    m.add_argument("--reuse", action="store_true",
+                   help="keep runs that finished before in --out (their summary.json), run only the rest")
     m.add_argument("--out", required=True)
     r = sub.add_parser("report", help="render a training run as report.png and report.html")
     r.add_argument("run_dir", help="the --out folder of a stfast train run")

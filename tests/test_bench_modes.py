@@ -3,13 +3,27 @@ import json
 
 import pytest
 
-from stfast.bench.modes import default_modes, table, time_to_target
+from stfast.bench.modes import default_modes, default_target, table, time_to_target
 from stfast.cli import main
 
 
 def test_time_to_target_is_the_first_validation_at_or_below():
     curve = [(5.0, 0.40), (9.0, 0.30), (14.0, 0.31), (20.0, 0.25)]
     assert time_to_target(curve, 0.30) == 9.0 and time_to_target(curve, 0.2) is None
+
+
+def test_default_target_falls_back_when_the_baseline_finished_no_epoch(capsys):
+    def mode(*best):
+        return {"runs": [{"best_val_mape": b, "curve": [], "samples_per_s": 1.0, "test_mape": 0.2, "test_mae": 1.0,
+                          "test_rmse": 1.0, "imbalance": None, "comm_share": None} for b in best]}
+
+    results = {"ref": mode(0.30, 0.20, 0.25), "fast": mode(0.10), "slow": mode(0.18), "broken": {"skipped": "FAILED"}}
+    assert default_target(results, "ref") == 0.25  # the baseline's median
+    results["ref"] = mode(None)  # no epoch in the budget: the loosest of the others, so all of them reach it
+    assert default_target(results, "ref") == 0.18 and "'slow'" in capsys.readouterr().err
+    none = {"ref": mode(None), "broken": {"skipped": "FAILED"}}
+    assert default_target(none, "ref") is None
+    assert "No target" in table(none, None) and time_to_target([(1.0, 0.1)], None) is None
 
 
 def test_every_default_mode_has_distinct_name_and_flags():
@@ -57,3 +71,29 @@ def test_a_failing_mode_is_reported_and_the_others_still_run(tmp_path, monkeypat
     assert res["data parallel + accumulation k=4"]["runs"][0]["steps"] == 5
     md = (tmp_path / "modes.md").read_text()
     assert "| data parallel + accumulation k=2 | FAILED" in md and "time to target" in md
+
+
+def test_reuse_measures_a_finished_run_without_running_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from stfast.bench import modes
+
+    run = tmp_path / "mode00" / "seed0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"test_mape": 0.2, "test_mae": 30.0, "test_rmse": 40.0,
+                                                  "best_val_mape": 0.19, "steps": 7}))
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "step": 7, "train_loss": 0.3, "val_mape": 0.19,
+                                                   "val_mae": 1.0, "val_rmse": 1.0, "samples_per_s": 50.0,
+                                                   "wall_s": 3.0}) + "\n")
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("a finished run was started again")
+
+    monkeypatch.setattr(modes.subprocess, "run", no_subprocess)
+    a = SimpleNamespace(reuse=True, nproc=2, budget_s=60.0)
+    got = modes._run(modes.default_modes()[0], 0, a, run)
+    assert got["curve"] == [(3.0, 0.19)] and got["steps"] == 7 and got["samples_per_s"] == 50.0
+    with pytest.raises(AssertionError, match="started again"):
+        modes._run(modes.default_modes()[0], 0, SimpleNamespace(**{**vars(a), "reuse": False, "data": None,
+                                                                    "n_synthetic": 10, "threads": None,
+                                                                    "batch_size": 8}), run)
