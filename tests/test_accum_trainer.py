@@ -163,6 +163,17 @@ def test_time_budget_stops_at_a_window_end(trips_file, tmp_path):
     assert st["step"] == 1 and st["epoch"] == 0
 
 
+def test_time_budget_stops_within_a_window(trips_file, tmp_path):
+    # a window of 50 steps, budget spent after the first: the run stops after step 1, not at the window's end,
+    # and the partial window still gets its metrics row
+    Trainer(cfg(trips_file, tmp_path, epochs=50, batch_size=8, accum_window=50, time_budget_s=1e-6)).fit()
+    st = ckpt.load(tmp_path / "last.pt")
+    assert st["step"] == 1 and st["epoch"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in rows if "window" in r]
+    assert len(windows) == 1 and windows[0]["steps"] == 1
+
+
 def test_bad_accumulation_arguments(trips_file, tmp_path):
     for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
                     ({"lr_scaling": "cubic"}, "lr rule"), ({"accum_window": 0}, "--accum-window"),

@@ -454,13 +454,20 @@ class Trainer:
         every = self.cfg.checkpoint_every
         if every and self.bad_step is None and self.step % every == 0 and self.info.is_main:
             ckpt.save_atomic(self.state(), self.out / "last.pt", keep_previous=True)
-        flag = np.array([1.0 if self.signals.received else 0.0])
-        return bool(dp.all_reduce_sum(flag, self.info)[0] > 0) if self.info.distributed else bool(flag[0])
+        # one small all-reduce agrees on both: a stop signal on any rank, and --time-budget spent by rank 0's
+        # clock (checked every step, not only at window ends: a window of large k can run long)
+        budget = self.cfg.time_budget_s
+        spent = budget is not None and self.info.is_main and self.accum.elapsed() >= budget
+        flag = np.array([1.0 if self.signals.received else 0.0, 1.0 if spent else 0.0])
+        if self.info.distributed:
+            flag = dp.all_reduce_sum(flag, self.info)
+        self.budget_spent = bool(flag[1] > 0)
+        return bool(flag[0] > 0)
 
     def _fit(self) -> dict:
         cfg = self.cfg
         self.setup()
-        self.guard, self.bad_step = guards.BadStepGuard(cfg.max_bad_steps), None
+        self.guard, self.bad_step, self.budget_spent = guards.BadStepGuard(cfg.max_bad_steps), None, False
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         t_start = time.perf_counter()
@@ -491,7 +498,7 @@ class Trainer:
                 if self._after_step(bi, loss, loss_sum, n_done):  # a stop signal (guards)
                     stopped = True
                     break
-                if self.accum.window_due():
+                if self.accum.window_due() or self.budget_spent:  # a partial last window when out of time
                     out_of_time = self._end_window(self.epoch + bi / len(batches))
                 if self._step_limit() or out_of_time:
                     self.epoch_batch = bi
