@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "stages (--nproc 2); dp+cp: --nproc/2 data-parallel replicas of 2 stages")
     t.add_argument("--micro-batches", type=int, default=None,
                    help="GPipe micro-batches per batch with --parallel cp/dp+cp (default 4 with 2 stages, else 1)")
+    t.add_argument("--cp-plan", default="components", choices=("components", "layers"),
+                   help="--parallel cp/dp+cp graph and cut: components (attr + geo-conv + LSTM | estimators) or "
+                        "layers (the LSTM per layer: attr + geo-conv + layer 0 | layer 1 + estimators)")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp)
@@ -153,7 +156,7 @@ def cmd_train(a) -> int:
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
                       accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
                       checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s,
-                      parallel=a.parallel, micro_batches=a.micro_batches)
+                      parallel=a.parallel, micro_batches=a.micro_batches, cp_plan=a.cp_plan)
     cfg.validate()
     if a.nproc > 1 and not launched_by_torchrun():
         from .train.trainer import preflight

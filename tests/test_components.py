@@ -77,6 +77,25 @@ def test_deeptte_declares_its_components_and_dependencies():
     assert sorted(owned) == sorted(id(p) for p in model.parameters())
 
 
+
+@pytest.mark.parametrize("kernels", ["fused", "reference"])
+def test_deeptte_layer_split_graph_owns_each_lstm_layer(kernels):
+    model, _, _ = setup(4, kernels=kernels)
+    keys = list(model.state_dict())
+    g = model.component_graph(split_lstm_layers=True)
+    assert g.order == ("attr", "geo_conv", "lstm_l0", "lstm_l1", "entire", "local")
+    assert g.dependencies("lstm_l0") == ["geo_conv", "attr"] and g.dependencies("lstm_l1") == ["lstm_l0"]
+    assert g.dependencies("entire") == ["lstm_l1", "attr"]
+    owned = [id(p) for c in g.components for p in c.parameters()]
+    assert sorted(owned) == sorted(id(p) for p in model.parameters())  # each parameter once, the model's own
+    lstm = model.spatio_temporal.lstm
+    assert [id(p) for p in g.component("lstm_l1").parameters()] == [
+        id(getattr(lstm, f"{n}_l1")) for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+    assert list(model.state_dict()) == keys  # the per-layer modules are not registered: checkpoints unchanged
+    s = ComponentPlan.split_after(g, "lstm_l0", ["cpu", "cpu"])
+    assert s.stage_components(0) == ["attr", "geo_conv", "lstm_l0"]
+    assert s.stage_components(1) == ["lstm_l1", "entire", "local"]
+
 def test_graph_errors_name_the_component():
     f = lambda x: x
     mk = lambda comps: ComponentGraph(comps, ("x",), ("y",), dict, dict)
@@ -152,14 +171,10 @@ PLANS = {
 }
 
 
-@pytest.mark.parametrize("plan_name", list(PLANS))
-@pytest.mark.parametrize("variant", [{}, {"compat": "original"}, {"head": "prior", "loss": "log"}],
-                         ids=["fixed", "original", "prior-log"])
-def test_plan_equals_plain_model(plan_name, variant):
-    model, b, loss_fn = setup(11, seed=list(PLANS).index(plan_name), **variant)
+def assert_plan_equals_plain(model, b, loss_fn, plan, **executor_kw):
+    """One forward + backward through ``plan`` equals the plain model's (outputs, loss, every gradient)."""
     out, loss, ref = plain(model, b, loss_fn)
-    make, kw = PLANS[plan_name]
-    ex = ComponentExecutor(make(model.component_graph()), **kw)
+    ex = ComponentExecutor(plan, **executor_kw)
     try:
         res = ex.forward_backward(b, loss_fn)
     finally:
@@ -170,6 +185,26 @@ def test_plan_equals_plain_model(plan_name, variant):
     assert torch.equal(res.output.mask, out.mask)
     assert max_grad_diff(model, ref) < TOL
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("plan_name", list(PLANS))
+@pytest.mark.parametrize("variant", [{}, {"compat": "original"}, {"head": "prior", "loss": "log"}],
+                         ids=["fixed", "original", "prior-log"])
+def test_plan_equals_plain_model(plan_name, variant):
+    model, b, loss_fn = setup(11, seed=list(PLANS).index(plan_name), **variant)
+    make, kw = PLANS[plan_name]
+    assert_plan_equals_plain(model, b, loss_fn, make(model.component_graph()), **kw)
+
+
+LAYERS = lambda g: ComponentPlan.split_after(g, "lstm_l0", ["cpu", "cpu"])  # attr + geo + layer 0 | layer 1 + heads
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3, 4])
+@pytest.mark.parametrize("kernels", ["fused", "reference"])
+def test_layer_split_pipeline_equals_plain_model(kernels, micro_batches):
+    model, b, loss_fn = setup(11, seed=20 + micro_batches, kernels=kernels)
+    assert_plan_equals_plain(model, b, loss_fn, LAYERS(model.component_graph(split_lstm_layers=True)),
+                             micro_batches=micro_batches, threads=micro_batches == 4)
 
 
 def test_gradient_accumulation_over_two_batches_equals_plain():
@@ -231,6 +266,13 @@ def _gloo_worker(rank: int, store: str, out_dir: str):
         model.zero_grad(set_to_none=True)
         with torch.no_grad():
             res["eval_out"] = ex.forward(b)
+        # the LSTM's layers on the two ranks, 4 micro-batches
+        ex = ComponentExecutor(LAYERS(model.component_graph(split_lstm_layers=True)), micro_batches=4,
+                               comm=TorchCommunicator(lay.cp_group), place_modules=False)
+        r = ex.forward_backward(b, loss_fn)
+        res["layers"] = {"loss": r.loss, "out": r.output, "grads": {
+            k: (None if p.grad is None else p.grad.clone()) for k, p in model.named_parameters()}}
+        model.zero_grad(set_to_none=True)
         # 2 dp × 1 cp: the dp group is the world
         lay1 = ParallelLayout.build(1)
         t = torch.tensor([float(rank + 1)])
@@ -266,6 +308,25 @@ def test_two_gloo_processes_send_recv_equal_plain_model(gloo):
                 assert (g - ref[k]).abs().max().item() < TOL, (stage, k)
             else:
                 assert g is None, (stage, k)  # the other stage's parameters are untouched here
+
+
+def test_two_gloo_processes_layer_split_equal_plain_model(gloo):
+    model, b, loss_fn = setup(11, seed=7)
+    out, loss, ref = plain(model, b, loss_fn)
+    r0, r1 = (r["layers"] for r in gloo)
+    assert r0["loss"] is None and abs(r1["loss"] - loss) < TOL
+    assert (r1["out"].time - out.time).abs().max().item() < TOL
+    assert (r1["out"].local_time - out.local_time)[out.mask].abs().max().item() < TOL
+    plan = LAYERS(model.component_graph(split_lstm_layers=True))
+    names = {id(p): k for k, p in model.named_parameters()}
+    assert "spatio_temporal.lstm.weight_hh_l1" in {names[id(p)] for p in plan.stage_parameters(1)}
+    for stage, res in enumerate((r0, r1)):
+        mine = {names[id(p)] for p in plan.stage_parameters(stage)}
+        for k, g in res["grads"].items():
+            if k in mine:
+                assert (g - ref[k]).abs().max().item() < TOL, (stage, k)
+            else:
+                assert g is None, (stage, k)
 
 
 def test_layout_groups_built_with_new_group(gloo):
@@ -333,13 +394,16 @@ def test_train_parallel_cp_on_two_processes_and_one_equals_dp(trips_file, tmp_pa
     common = ["train", "--data", trips_file, "--format", "deeptte", "--dtype", "float64", "--batch-size", "9",
               "--max-steps", "4", "--epochs", "3", "--seed", "5", "--threads", "1", "--no-progress",
               "--accumulation", "2"]
-    runs = {"dp1": ["--parallel", "dp"], "cp2": ["--parallel", "cp", "--nproc", "2"]}
+    runs = {"dp1": ["--parallel", "dp"], "cp2": ["--parallel", "cp", "--nproc", "2"],
+            "cp2-layers": ["--parallel", "cp", "--nproc", "2", "--cp-plan", "layers", "--micro-batches", "3"]}
     states = {}
     for name, extra in runs.items():
         r = _run(common + extra + ["--out", str(tmp_path / name)])
         assert r.returncode == 0, r.stderr + r.stdout
         states[name] = _state(tmp_path / name / "last.pt")
-    assert "1 replicas × 2 stages" in r.stdout
+        if name.startswith("cp2"):
+            assert "1 replicas × 2 stages" in r.stdout
+    assert "lstm_l1@1.0" in r.stdout  # the layers plan: layer 1 on stage 1
     from stfast.train.config import TrainConfig
     from stfast.train.trainer import Trainer
 
@@ -347,7 +411,7 @@ def test_train_parallel_cp_on_two_processes_and_one_equals_dp(trips_file, tmp_pa
                         seed=5, threads=1, progress=False, accumulation="2", parallel="cp",
                         out=str(tmp_path / "cp1"))).fit()
     states["cp1"] = _state(tmp_path / "cp1" / "last.pt")
-    for name in ("cp1", "cp2"):
+    for name in ("cp1", "cp2", "cp2-layers"):
         for k, v in states["dp1"].items():
             if v.is_floating_point():
                 assert (v - states[name][k]).abs().max().item() < TOL, (name, k)
@@ -357,6 +421,8 @@ def test_train_config_checks_the_parallel_mode():
     from stfast.train.config import TrainConfig
 
     for kw, msg in (({"parallel": "pp"}, "--parallel must be one of"), ({"parallel": "cp", "nproc": 3}, "--nproc 3"),
-                    ({"parallel": "dp+cp", "nproc": 3}, "multiple of 2"), ({"micro_batches": 0}, "--micro-batches")):
+                    ({"parallel": "dp+cp", "nproc": 3}, "multiple of 2"), ({"micro_batches": 0}, "--micro-batches"),
+                    ({"parallel": "cp", "cp_plan": "stages"}, "--cp-plan must be one of"),
+                    ({"cp_plan": "layers"}, "--parallel cp or dp\\+cp")):
         with pytest.raises(ValueError, match=msg):
             TrainConfig(**kw).validate()

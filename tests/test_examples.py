@@ -19,6 +19,14 @@ def test_fused_lstm_drop_in_matches_torch():
     assert r["max_rel_grad_diff"] < 1e-4  # float32, different summation order
 
 
+def test_component_plan_pipeline_equals_plain_model():
+    import component_plan
+
+    r = component_plan.main()
+    assert r["loss"][1] == pytest.approx(r["loss"][0], rel=1e-12, abs=0)  # float64, 4 micro-batches, 2 stages
+    assert r["max_output_diff"] < 1e-9 and r["max_grad_diff"] < 1e-9
+
+
 @pytest.mark.parametrize("scheduler", ["goodput", "fixed:2"])
 def test_accumulation_loop_runs_its_scheduler(scheduler):
     import accumulation_loop

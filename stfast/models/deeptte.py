@@ -161,13 +161,40 @@ class SpatioTemporal(nn.Module):
 
     def forward(self, geo, attr, lengths):
         """geo: [B, L', C + 1] geo-conv output; attr: [B, A]; lengths: [B] valid positions (≥ 1)."""
-        x = torch.cat([geo, attr.unsqueeze(1).expand(-1, geo.shape[1], -1)], dim=-1)
+        return self.run_lstm(self.lstm, self.lstm_input(geo, attr), lengths)
+
+    @staticmethod
+    def lstm_input(geo, attr):
+        """The LSTM's input [B, L', C + 1 + A]: each position's geo-conv features and the trip's attributes."""
+        return torch.cat([geo, attr.unsqueeze(1).expand(-1, geo.shape[1], -1)], dim=-1)
+
+    def run_lstm(self, lstm: nn.Module, x, lengths):
+        """``lstm`` (``self.lstm`` or one of :meth:`layers`) over x [B, L', I] with ``lengths`` [B] →
+        [B, L', H], zero past each length."""
         if self.fused_lstm:  # zero past each length, as pad_packed_sequence below
-            return self.lstm(x, lengths=lengths)[0]
+            return lstm(x, lengths=lengths)[0]
         packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        h, _ = pad_packed_sequence(out, batch_first=True, total_length=geo.shape[1])
+        out, _ = lstm(packed)
+        h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
         return h
+
+    def layers(self) -> list[nn.Module]:
+        """The LSTM's layers as one-layer LSTMs of the same class (fused or torch.nn.LSTM) whose parameters
+        ARE layer k's (``weight_ih_l{k}`` … registered as ``weight_ih_l0`` …: the same Parameter objects,
+        so gradients land on the model's parameters and the state dict is unchanged). Running them in turn
+        through :meth:`run_lstm` equals the multi-layer LSTM (layer k reads layer k − 1's output; the
+        stacked op does the same, without dropout between layers: DeepTTE uses none)."""
+        lstm = self.lstm
+        out = []
+        for k in range(lstm.num_layers):
+            in_k = lstm.input_size if k == 0 else lstm.hidden_size
+            # meta: no memory for the placeholder weights replaced right below
+            layer = type(lstm)(in_k, lstm.hidden_size, 1, bias=lstm.bias, batch_first=True, device="meta")
+            names = ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if lstm.bias else ())
+            for name in names:
+                setattr(layer, f"{name}_l0", getattr(lstm, f"{name}_l{k}"))
+            out.append(layer)
+        return out
 
 
 class AttentionPooling(nn.Module):
@@ -310,16 +337,37 @@ class DeepTTE(nn.Module):
                              mask=x["mask"])
 
     # ---- component graph (stfast.parallel.components): the forward above as a DAG, for component parallelism
-    def component_graph(self) -> ComponentGraph:
-        """DeepTTE's forward as five components (ARCHITECTURE.md): ``attr`` and ``geo_conv`` are
+    def component_graph(self, split_lstm_layers: bool = False) -> ComponentGraph:
+        """DeepTTE's forward as a DAG of components (ARCHITECTURE.md): ``attr`` and ``geo_conv`` are
         independent, ``lstm`` (the critical path) needs both, ``entire`` (attention pooling + estimator)
-        and ``local`` are independent of each other. Executing the graph equals :meth:`forward`."""
+        and ``local`` are independent of each other. Executing the graph equals :meth:`forward`.
+
+        ``split_lstm_layers``: the LSTM as one component per layer, ``lstm_l0`` → ``lstm_l1`` → … (values
+        ``h_l0``, ``h_l1``, …, the last one ``h``; each owns its layer's parameters, see
+        :meth:`SpatioTemporal.layers`), so a pipeline can cut the critical path between layers
+        (``ComponentPlan.split_after(g, "lstm_l0", ...)``: attr + geo-conv + layer 0 | layer 1 + estimators).
+        """
         st = self.spatio_temporal
         comps = [
             Component("attr", self.attr, ("driver", "week_id", "time_id", "dist_n"), ("attr",), (self.attr,)),
             Component("geo_conv", st.geo_conv, ("lng_n", "lat_n", "state", "local_dist_n", "point_lengths"),
                       ("geo",), (st.geo_conv,)),
-            Component("lstm", st, ("geo", "attr", "lengths"), ("h",), (st.lstm,)),
+        ]
+        if not split_lstm_layers:
+            comps.append(Component("lstm", st, ("geo", "attr", "lengths"), ("h",), (st.lstm,)))
+        else:
+            layers = st.layers()
+            last = len(layers) - 1
+            for k, layer in enumerate(layers):
+                out = "h" if k == last else f"h_l{k}"
+                if k == 0:
+                    fn = lambda geo, attr, lengths, layer=layer: st.run_lstm(layer, st.lstm_input(geo, attr), lengths)
+                    ins = ("geo", "attr", "lengths")
+                else:
+                    fn = lambda x, lengths, layer=layer: st.run_lstm(layer, x, lengths)
+                    ins = (f"h_l{k - 1}", "lengths")
+                comps.append(Component(f"lstm_l{k}", fn, ins, (out,), (layer,)))
+        comps += [
             Component("entire", self.entire_time, ("h", "attr", "mask", "dist"), ("time",),
                       (self.attention, self.entire)),
             Component("local", self.local_time, ("h",), ("local_time",), (self.local,)),

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
+CP_PLANS = ("components", "layers")  # the cut of the 2 stages: after the LSTM | between its layers
 
 
 @dataclass
@@ -59,6 +60,7 @@ class TrainConfig:
     # ---- component parallelism (stfast.parallel.components)
     parallel: str = "dp"  # dp; cp (DeepTTE's components: 1 process concurrent, 2 processes as 2 stages); dp+cp
     micro_batches: int | None = None  # GPipe micro-batches per rank's batch (None: 4 with 2 stages, else 1)
+    cp_plan: str = "components"  # components: attr+geo+LSTM | heads; layers: attr+geo+LSTM layer 0 | layer 1+ + heads
 
     @property
     def split_seed(self) -> int:
@@ -145,6 +147,10 @@ class TrainConfig:
                              f"stages), got {self.nproc}")
         if self.micro_batches is not None and self.micro_batches < 1:
             raise ValueError(f"--micro-batches must be ≥ 1, got {self.micro_batches}")
+        if self.cp_plan not in CP_PLANS:
+            raise ValueError(f"--cp-plan must be one of {', '.join(CP_PLANS)}, got {self.cp_plan}")
+        if self.cp_plan != "components" and self.parallel == "dp":
+            raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
         if self.device.startswith("cuda"):
             import torch
 

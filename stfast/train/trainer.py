@@ -254,7 +254,8 @@ class Trainer:
     def _setup_components(self) -> None:
         """--parallel cp / dp+cp (stfast.parallel.components): one process runs DeepTTE's independent
         components concurrently (CUDA streams; CPU threads); several run replicas of 2 stages (ranks
-        2r, 2r+1: attr + geo-conv + LSTM | estimators) exchanging activations over their cp group, on
+        2r, 2r+1: attr + geo-conv + LSTM | estimators; with --cp-plan layers attr + geo-conv + the first
+        half of the LSTM's layers | the rest + estimators) exchanging activations over their cp group, on
         the replica's shard. Every rank keeps the whole model: gradients are summed over the WORLD
         (a stage's parameters have gradients only on its ranks, so this is the sum over replicas), which
         keeps every copy equal for evaluation, checkpoints and --resume."""
@@ -269,14 +270,16 @@ class Trainer:
         )
         from .config import CP_STAGES
 
-        graph = self.model.component_graph()
+        layers = self.cfg.cp_plan == "layers"  # the LSTM per layer: the cut halves the critical path
+        graph = self.model.component_graph(split_lstm_layers=layers)
+        cut = f"lstm_l{max(1, self.model.cfg.num_layers // 2) - 1}" if layers else "lstm"
         if not self.info.distributed:
             plan = ComponentPlan.concurrent(graph, self.device)
             self.executor = ComponentExecutor(plan, self.cfg.micro_batches or 1, threads=self.device.type == "cpu")
         else:
             self.layout = ParallelLayout.build(CP_STAGES)
             self.data_info = self.layout.data_info
-            plan = ComponentPlan.split_after(graph, "lstm", [self.device] * CP_STAGES)
+            plan = ComponentPlan.split_after(graph, cut, [self.device] * CP_STAGES)
             self.executor = ComponentExecutor(plan, self.cfg.micro_batches or 4, place_modules=False,
                                               comm=TorchCommunicator(self.layout.cp_group))
         self.say(f"component parallel: {plan}, {self.executor.micro_batches} micro-batches"
