@@ -35,7 +35,12 @@ from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
-from ..parallel.slicer import BalancedBatchSampler, LinearCostModel, imbalance, profile_shards
+from ..parallel.slicer import (
+    BalancedBatchSampler,
+    LinearCostModel,
+    imbalance,
+    profile_shards,
+)
 from . import checkpoint as ckpt
 from . import guards
 from .config import TrainConfig
