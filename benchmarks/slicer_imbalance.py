@@ -11,7 +11,9 @@
    per epoch spent waiting, equal-count vs balanced.
 4. live: 2 Gloo ranks (one thread each) on GeoLife lengths, balanced and equal-count steps
    interleaved on the same global batches in one run: measured imbalance and step time; a third arm
-   gives both ranks the same shard, whose measured imbalance is the machine's noise floor.
+   gives both ranks the same shard, whose measured imbalance is the machine's noise floor. The cost
+   model starts, as in the trainer, from a warm-up profile (profile_shards timed on both ranks);
+   --live-no-profile starts it from the prior instead.
 
     python benchmarks/slicer_imbalance.py                       # everything (several minutes)
     python benchmarks/slicer_imbalance.py --parts profile,table --batches 200 --json out.json
@@ -46,6 +48,7 @@ from stfast.parallel.slicer import (
     LinearCostModel,
     partition,
     predicted_times,
+    profile_shards,
 )
 
 K = DeepTTEConfig(n_drivers=1).kernel_size
@@ -219,7 +222,7 @@ def simulate_cluster(model: LinearCostModel, dataset: str, ws=(64, 128, 256, 512
 
 
 # ---------------------------------------------------------------- 4. live
-def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, q) -> None:
+def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, warmup_profile: bool, q) -> None:
     import torch.distributed as dist
 
     from stfast.parallel import data_parallel as dp
@@ -233,6 +236,18 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, q) 
     src = src[src >= K]
     rng = np.random.default_rng(7)  # the same global batches on every rank
     cm = LinearCostModel()
+    if warmup_profile:  # as the trainer does: time profile_shards on every rank, fit before the first step
+        sample = pool.pick(src)  # pool trips with the sample's lengths
+        shards = profile_shards(pool.ds.lengths[sample], batch, world, seed=0)
+        mine = shards[rank::world]
+        fwd_bwd_seconds(model, pool.ds, sample[mine[0]], batch)  # warm-up run, not timed
+        secs = dp.all_gather_floats(np.array([fwd_bwd_seconds(model, pool.ds, sample[sh], batch) for sh in mine]), info)
+        for r in range(world):
+            cm.observe([pool.ds.lengths[sample[sh]] for sh in shards[r::world]], secs[r])
+        cm.fit()
+        cm.coefficients = dp.broadcast_floats(cm.coefficients, info)
+        model.zero_grad(set_to_none=True)
+    start = cm.to_dict()
     rec = {"equal": [], "balanced": [], "identical": []}
     params = list(model.parameters())
     for step in range(n_steps + 2):
@@ -262,11 +277,11 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, q) 
             cm.fit()
             cm.coefficients = dp.broadcast_floats(cm.coefficients, info)
     if rank == 0:
-        q.put({"records": rec, "coefficients": cm.to_dict(), "fit_error": cm.fit_error})
+        q.put({"records": rec, "coefficients": cm.to_dict(), "fit_error": cm.fit_error, "start_coefficients": start})
     dist.destroy_process_group()
 
 
-def live(n_steps: int, batch: int) -> dict:
+def live(n_steps: int, batch: int, warmup_profile: bool = True) -> dict:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
@@ -274,7 +289,7 @@ def live(n_steps: int, batch: int) -> dict:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_live_worker, args=(r, 2, port, n_steps, batch, q)) for r in range(2)]
+    procs = [ctx.Process(target=_live_worker, args=(r, 2, port, n_steps, batch, warmup_profile, q)) for r in range(2)]
     for p in procs:
         p.start()
     out = q.get(timeout=3600)
@@ -292,6 +307,7 @@ def live(n_steps: int, batch: int) -> dict:
     summ["speedup_ratio_of_mean_step_s"] = summ["equal"]["mean_step_s"] / summ["balanced"]["mean_step_s"]
     summ["steps"] = len(paired)
     summ["coefficients"], summ["fit_error"] = out["coefficients"], out["fit_error"]
+    summ["start_coefficients"], summ["warmup_profile"] = out["start_coefficients"], warmup_profile
     summ["records"] = rec
     return summ
 
@@ -305,6 +321,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=200, help="random global batches per table cell")
     ap.add_argument("--live-steps", type=int, default=30)
     ap.add_argument("--live-batch", type=int, default=64)
+    ap.add_argument("--live-no-profile", action="store_true",
+                    help="live: start the cost model from the prior (no warm-up profile), as before the profile")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     parts = set(a.parts.split(","))
@@ -363,8 +381,11 @@ def main(argv=None) -> int:
         print(f"\nlive: 2 Gloo ranks x 1 thread, GeoLife lengths, global batch {a.live_batch}, "
               f"{a.live_steps} steps of each slicer interleaved on the same batches (identical: both ranks "
               "compute the same shard, the noise floor of the measured imbalance)")
-        lv = live(a.live_steps, a.live_batch)
+        lv = live(a.live_steps, a.live_batch, warmup_profile=not a.live_no_profile)
         result["live"] = lv
+        print(("  cost model at the first step (warm-up profile): " if lv["warmup_profile"] else
+               "  cost model at the first step (the prior, no warm-up profile): ")
+              + ", ".join(f"{k} {v:.3g}" for k, v in lv["start_coefficients"].items()))
         for m in ("equal", "balanced", "identical"):
             s = lv[m]
             print(f"  {m:<9} measured imbalance {s['median_measured_imbalance']:.3f} (predicted "

@@ -23,6 +23,7 @@ from stfast.parallel.slicer import (
     imbalance,
     partition,
     predicted_times,
+    profile_shards,
     shard_features,
 )
 from stfast.train import checkpoint as ckpt
@@ -189,6 +190,54 @@ def test_cost_model_window_and_input_checks():
         m.observe([np.array([1.0])], [-1.0])
 
 
+def test_cost_model_round_trips_through_a_checkpoint(tmp_path):
+    rng = np.random.default_rng(3)
+    true = np.array([2e-3, 5e-5, 2e-5, 1e-6, 4e-5])
+    m = LinearCostModel(window=300)
+    m.observe(*_synthetic_shards(rng, 200, true))
+    assert m.fit()
+    ckpt.save_atomic({"slicer_cost_model": m.state_dict()}, tmp_path / "c.pt")
+    back = LinearCostModel()
+    back.load_state_dict(ckpt.load(tmp_path / "c.pt")["slicer_cost_model"])
+    assert np.array_equal(back.coefficients, m.coefficients) and back.fit_error == m.fit_error
+    assert back.n_obs == m.n_obs == 200 and back.window == 300
+    # the restored window refits exactly as the original does on the same new timings
+    more = _synthetic_shards(rng, 150, true)
+    for x in (m, back):
+        x.observe(*more)
+        assert x.fit()
+    assert np.array_equal(back.coefficients, m.coefficients) and back.n_obs == 300
+    bad = m.state_dict() | {"seconds": [1.0]}
+    with pytest.raises(ValueError, match="feature rows"):
+        LinearCostModel().load_state_dict(bad)
+    with pytest.raises(ValueError, match="coefficients"):
+        LinearCostModel().load_state_dict(m.state_dict() | {"coefficients": [-1.0, 0, 0, 0, 0]})
+
+
+@pytest.mark.parametrize("w", [2, 8, 64])
+def test_profile_shards_identify_every_term(w):
+    """The warm-up profile spans sizes 1..2·B/W and short / long / one-long mixes, so a fit on it alone
+    (a dozen noisy timings) recovers the terms that the on-line shards cannot separate."""
+    lengths = np.clip(np.random.default_rng(0).lognormal(2.6, 1.1, 290), 3, 593).round()
+    shards = profile_shards(lengths, 64, w, seed=1)
+    assert len(shards) >= 12 and len(shards) % w == 0
+    assert all(len(s) >= 1 and ((s >= 0) & (s < len(lengths))).all() for s in shards)
+    sizes = {len(s) for s in shards}
+    assert 1 in sizes and max(sizes) == min(64, 2 * -(-64 // w))
+    assert all(np.array_equal(a, b) for a, b in zip(shards, profile_shards(lengths, 64, w, seed=1)))
+    true = np.array([9e-3, 1e-4, 3e-5, 1e-5, 6e-5])  # a CPU fit of DeepTTE (benchmarks/slicer_imbalance.py)
+    rng = np.random.default_rng(w)
+    t = np.array([shard_features(lengths[s]) @ true for s in shards]) * (1 + 0.02 * rng.standard_normal(len(shards)))
+    m = LinearCostModel()
+    m.observe([lengths[s] for s in shards], t)
+    assert m.fit()
+    check = [np.full(5, 593.0), np.r_[593.0, np.full(40, 5.0)], np.full(60, 8.0), np.array([40.0, 120.0])]
+    for sh in check:  # shards of the kinds the live run mispredicted: a few long trips vs many short
+        assert m.predict(sh) == pytest.approx(float(shard_features(sh) @ true), rel=0.1)
+    with pytest.raises(ValueError, match="profile_shards"):
+        profile_shards(np.array([]), 64, 2)
+
+
 # ---------------------------------------------------------------- sampler
 def _all_ranks(lengths, gbs, w, **kw):
     return [BalancedBatchSampler(lengths, gbs, w, r, seed=11, **kw) for r in range(w)]
@@ -277,11 +326,20 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
         assert r["imbalance_measured"] >= 1.0 and r["imbalance_predicted"] >= 1.0
         assert len(r["cost_coef"]) == 5 and min(r["cost_coef"]) >= 0  # a, b, c, d, e
     assert steps[-1]["cost_fit_error"] is not None  # refitted from the measured times
+    assert "cost model fitted on a warm-up profile" in r2.stdout + r2.stderr
+    # the cost model is in the checkpoint (every rank uses rank 0's coefficients) and --resume restores it
+    saved = ckpt.load(tmp_path / "two" / "last.pt")["slicer_cost_model"]
+    assert saved["coefficients"] == steps[-1]["cost_coef"] and len(saved["seconds"]) >= 12
     a, b = ckpt.load(tmp_path / "one" / "last.pt"), ckpt.load(tmp_path / "two" / "last.pt")
     assert a["step"] == b["step"] == 10
     for k, v in a["model_state"].items():
         if v.is_floating_point():
             assert (v - b["model_state"][k]).abs().max().item() < 1e-9, k
+    r3 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2", "--slicer", "balanced", "--resume",
+                        "--max-steps", "11"])
+    assert r3.returncode == 0, r3.stderr + r3.stdout
+    assert "cost model restored from the checkpoint" in r3.stdout + r3.stderr
+    assert "warm-up profile" not in r3.stdout + r3.stderr
     # and training moved the parameters (the comparison is not between two untouched models)
     fresh = Trainer(TrainConfig(data=str(data), format="deeptte", dtype="float64", seed=5, out=str(tmp_path / "i"),
                                 progress=False, threads=1))

@@ -60,15 +60,17 @@ Assignment sorted_strided(const std::vector<double>& lengths, int64_t world_size
 // n·L_max close to Σlen, so this is the partition for models dominated by the padded term.
 Assignment contiguous(const std::vector<double>& lengths, int64_t world_size, const CostModel& model);
 
-// Local search under the full, non-additive model: repeatedly take the slowest shard and apply the
-// best single move (one of its trips to a faster shard) or swap (one of its trips for a shorter trip
-// of a faster shard) that lowers the larger of the two shards' times below the slowest time (by at
-// least 10 ppm); stop when none does or after max_iters accepted changes. Never empties a shard. Returns the refined assignment.
+// Local search under the full, non-additive model: repeatedly take the slowest shard and apply a
+// single move (one of its trips to a faster shard) or swap (one of its trips for a shorter trip of a
+// faster shard) that lowers the larger of the two shards' times below the slowest time (by at least
+// 10 ppm): the best such change over the target shards scanned fastest first, up to 8 shards past
+// the first one that admits a change (all of them when none does). Stop when no shard admits a
+// change or after max_iters accepted changes. Never empties a shard. Returns the refined assignment.
 Assignment refine(const std::vector<double>& lengths, Assignment assignment, int64_t world_size,
                   const CostModel& model, int64_t max_iters);
 
 // The balanced slicer: LPT under the full model, Karmarkar–Karp on the per-trip weights
-// b + c·l + d·l (when B <= 32·W), the contiguous split and sorted-strided; each whose predicted maximum is within 5 % of the best of
+// b + c·l + d·l (when B <= 8·W), the contiguous split and sorted-strided; each whose predicted maximum is within 5 % of the best of
 // them is refined by local search, and the refined one with the smallest maximum wins (ties: that
 // order).
 Assignment balanced(const std::vector<double>& lengths, int64_t world_size, const CostModel& model,

@@ -9,7 +9,9 @@ Cost model: a shard S of n trips with lengths l_i (points) takes
 (Σlen: geo-conv and projections on packed points; n·L_max: work on the padded [n, L_max] batch;
 L_max: the packed LSTM's sequential steps, each with a fixed cost). Coefficients are fitted by
 non-negative, Huber-weighted least squares (IRLS) on a window of observations; the prior before any
-fit is Σlen + n·L_max. Any callable ``cost(lengths [n]) -> seconds`` can stand in for the model.
+fit is Σlen + n·L_max. The trainer fits it first on a warm-up profile (:func:`profile_shards`), since
+the on-line observations of balanced shards alone barely separate the terms. Any callable
+``cost(lengths [n]) -> seconds`` can stand in for the model.
 
 Partitioners live in C++ (csrc/slicer/partition.{h,cpp}, module ``stfast._slicer``): LPT greedy,
 Karmarkar–Karp differencing, sorted contiguous split, local-search refinement under the full model.
@@ -183,6 +185,58 @@ class LinearCostModel:
 
     def to_dict(self) -> dict:
         return {k: float(v) for k, v in zip(COEFFICIENTS, self.coefficients)}
+
+    def state_dict(self) -> dict:
+        """Everything a checkpoint needs to continue where the model left off: coefficients [5], the
+        window of observations (features [n_obs, 5], seconds [n_obs]), the fit error and the sizes."""
+        return {"coefficients": self.coefficients.tolist(), "window": self.window, "min_obs": self.min_obs,
+                "features": [x.tolist() for x in self._X], "seconds": list(self._y), "fit_error": self.fit_error}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output. Raises ValueError on bad coefficients or observations."""
+        coefficients = self._check(state["coefficients"])
+        X = np.asarray(state["features"], dtype=np.float64).reshape(-1, 5)
+        y = np.asarray(state["seconds"], dtype=np.float64)
+        if len(X) != len(y) or not np.isfinite(X).all() or not np.isfinite(y).all() or (y < 0).any():
+            raise ValueError(f"cost model state: {len(X)} feature rows but {len(y)} times, or non-finite / negative values")
+        self.window, self.min_obs = int(state["window"]), int(state["min_obs"])
+        self.coefficients = coefficients
+        self._X, self._y = deque(X, maxlen=self.window), deque(y.tolist(), maxlen=self.window)
+        self.fit_error = state.get("fit_error")
+
+
+def profile_shards(lengths: np.ndarray, global_batch_size: int, world_size: int, seed: int = 0,
+                   min_shards: int = 12) -> list[np.ndarray]:
+    """Trip indices of the shards to time before training (the warm-up profile), so that the cost
+    model's first fit comes from measurements, not from the prior.
+
+    The slicer's shards range from a few long trips to many short ones, and on-line observations of
+    balanced shards are nearly collinear (each has about the same predicted time), which leaves the
+    per-trip, per-point, per-padded-point and per-step terms unidentified. The profile spans them:
+    sizes n on a geometric grid from 1 to min(B, 2·⌈B/W⌉), each as (i) n short trips (lengths below
+    the median), (ii) n long trips (the longest 10 %), (iii) one long trip and n − 1 short ones (many
+    padded points for few real ones). ``lengths`` [T] are the training trips' lengths (points); the
+    result holds at least ``min_shards`` shards, a multiple of ``world_size`` (each rank times its
+    share: shards r, r + W, ...). Deterministic in ``seed``. Raises ValueError on an empty ``lengths``
+    or sizes < 1.
+    """
+    lengths = np.asarray(lengths)
+    if len(lengths) == 0 or global_batch_size < 1 or world_size < 1:
+        raise ValueError(f"profile_shards needs trips, global_batch_size ≥ 1 and world_size ≥ 1, got "
+                         f"{len(lengths)} trips, {global_batch_size}, {world_size}")
+    rng = np.random.default_rng([seed, 0x5EED])
+    order = np.argsort(lengths, kind="stable")
+    short = order[:max(len(order) // 2, 1)]
+    long_ = order[-max(len(order) // 10, 1):]
+    top = min(global_batch_size, 2 * -(-global_batch_size // world_size))
+    sizes = np.unique(np.round(np.geomspace(1, max(top, 1), 4)).astype(int))
+    designs = []
+    for n in sizes:
+        designs += [rng.choice(short, n), rng.choice(long_, n), np.r_[rng.choice(long_, 1), rng.choice(short, n - 1)]]
+    count = max(min_shards, len(designs))
+    count = -(-count // world_size) * world_size
+    return [designs[k % len(designs)] if k < len(designs) else rng.choice(len(lengths), int(rng.choice(sizes)))
+            for k in range(count)]
 
 
 def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",

@@ -35,7 +35,12 @@ from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
-from ..parallel.slicer import BalancedBatchSampler, imbalance
+from ..parallel.slicer import (
+    BalancedBatchSampler,
+    LinearCostModel,
+    imbalance,
+    profile_shards,
+)
 from . import checkpoint as ckpt
 from . import guards
 from .config import TrainConfig
@@ -206,19 +211,59 @@ class Trainer:
                  f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
         if self.dropped:
             self.say("dropped: " + ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items())))
-        self._setup_slicer()
+        self._setup_slicer(resume)
 
     # ---------------------------------------------------------------- load-balancing slicer
-    def _setup_slicer(self) -> None:
+    def _setup_slicer(self, resume: dict | None = None) -> None:
         """Under data parallelism each global batch is cut by a BalancedBatchSampler (the same cut on
-        every rank); one process trains on whole batches."""
+        every rank); one process trains on whole batches. The cost model comes from the checkpoint on
+        --resume, otherwise from a warm-up profile (_slicer_profile)."""
         cfg, self.slicer = self.cfg, None
         if self.info.distributed and cfg.parallel == "dp":  # component-parallel stages shard by replica
             self.slicer = BalancedBatchSampler(
                 self.train_ds.lengths, cfg.batch_size, self.info.world_size, self.info.rank, cfg.seed,
                 method=cfg.slicer or "balanced",
                 batches=lambda e: epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, e))
-            self.say(f"slicer: {self.slicer.method}")
+            if resume is not None and resume.get("slicer_cost_model") is not None:
+                self.slicer.cost_model.load_state_dict(resume["slicer_cost_model"])
+                how = "restored from the checkpoint"
+            else:
+                how = self._slicer_profile()
+            self.say(f"slicer: {self.slicer.method}; cost model {how}: "
+                     + ", ".join(f"{k} {v:.3g}" for k, v in self.slicer.cost_model.to_dict().items()))
+
+    def _slicer_profile(self) -> str:
+        """Warm-up profile: every rank times forward + backward of its share of profile_shards (sizes
+        and length mixes that separate the cost model's terms), the times are all-gathered, the model
+        is fitted on them and rank 0's coefficients broadcast. The model's parameters, gradients and
+        the RNG streams are left as they were (dropout draws happen under a forked RNG)."""
+        model, info = self.slicer.cost_model, self.info
+        shards = profile_shards(self.train_ds.lengths, self.cfg.batch_size, info.world_size, self.cfg.seed)
+        mine = shards[info.rank::info.world_size]
+        n_trips = self.cfg.batch_size
+        k = self.model.cfg.kernel_size
+        devices = [self.device] if self.device.type == "cuda" else []
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=devices), self.grad_sync.no_sync():
+            seconds = []
+            for j, idx in enumerate([mine[0]] + mine):  # the first run warms up (allocator, first calls)
+                t = time.perf_counter()
+                b = self.train_ds.batch(idx).to(self.device)
+                n_local = int(np.maximum(self.train_ds.lengths[idx] - k + 1, 0).sum())
+                combine_loss(loss_parts(self.model, self.model(b), b), self.model.cfg.alpha, n_trips, n_local,
+                             True).backward()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                if j > 0:
+                    seconds.append(time.perf_counter() - t)
+        self.model.zero_grad(set_to_none=True)
+        gathered = dp.all_gather_floats(np.asarray(seconds, dtype=np.float64), info)  # [W, shards per rank]
+        for r in range(info.world_size):
+            model.observe([self.train_ds.lengths[idx] for idx in shards[r::info.world_size]], gathered[r])
+        if isinstance(model, LinearCostModel) and model.fit():
+            model.coefficients = dp.broadcast_floats(model.coefficients, info)
+            return f"fitted on a warm-up profile of {len(shards)} shards ({time.perf_counter() - t0:.1f} s)"
+        return "the prior (the warm-up profile gave no fit)"
 
     def _slicer_step(self, micro: list[np.ndarray], compute_s: list[float], t_start: float) -> None:
         """After a step of micro-batches ``micro``: gather every rank's measured forward + backward seconds
@@ -345,6 +390,9 @@ class Trainer:
             # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and metrics.jsonl's length
             "epoch_progress": self._epoch_progress,
             "metrics_bytes": (self.out / "metrics.jsonl").stat().st_size if (self.out / "metrics.jsonl").is_file() else 0,
+            # the slicer's cost model (rank 0's coefficients, which every rank uses), restored on --resume
+            "slicer_cost_model": (self.slicer.cost_model.state_dict() if self.slicer is not None
+                                  and isinstance(self.slicer.cost_model, LinearCostModel) else None),
         }
 
     # ---------------------------------------------------------------- training
