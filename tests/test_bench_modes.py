@@ -30,6 +30,7 @@ def test_every_default_mode_has_distinct_name_and_flags():
     modes = default_modes()
     assert len({m.name for m in modes}) == len(modes)
     assert len({tuple(m.flags) for m in modes}) == len(modes)
+    assert len({m.slug for m in modes}) == len(modes)  # one run folder each
 
 
 @pytest.mark.slow

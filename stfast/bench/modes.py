@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,11 @@ class Mode:
     group: str = ""  # rows of one group (fixed k) are also summarised by the best in hindsight
     requires: list[str] = field(default_factory=list)  # train options the mode needs
 
+    @property
+    def slug(self) -> str:
+        """The mode's run folder under --out, from its name (so --reuse finds it when modes are added)."""
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
 
 def default_modes(fixed_k=(2, 4)) -> list[Mode]:
     acc1 = ["--accumulation", "1"]
@@ -43,6 +49,8 @@ def default_modes(fixed_k=(2, 4)) -> list[Mode]:
         Mode("data parallel, equal shards", ["--slicer", "equal", *acc1], requires=["--slicer"]),
         Mode("data parallel, balanced slicer", ["--slicer", "balanced", *acc1], requires=["--slicer"]),
         Mode("component parallel", ["--parallel", "cp", *acc1], requires=["--parallel"]),
+        Mode("component parallel, cut between the LSTM layers", ["--parallel", "cp", "--cp-plan", "layers", *acc1],
+             requires=["--cp-plan"]),
         Mode("data parallel + component parallel", ["--parallel", "dp+cp", *acc1], requires=["--parallel"]),
     ]
     modes += [Mode(f"data parallel + accumulation k={k}", ["--accumulation", f"fixed:{k}"], group="fixed")
@@ -215,10 +223,10 @@ def run_modes(a) -> dict:
         try:
             for seed in a.seeds_list:
                 print(f"[{i + 1}/{len(modes)}] {mode.name}, seed {seed} ...", flush=True)
-                runs.append(_run(mode, seed, a, out / f"mode{i:02d}" / f"seed{seed}"))
+                runs.append(_run(mode, seed, a, out / mode.slug / f"seed{seed}"))
         except RuntimeError as e:  # a failing mode is reported in its row; the other modes still run
             print(f"stfast bench: {e}", file=sys.stderr, flush=True)
-            results[mode.name] = {"skipped": f"FAILED (see {out / f'mode{i:02d}'})"}
+            results[mode.name] = {"skipped": f"FAILED (see {out / mode.slug})"}
             continue
         results[mode.name] = {"flags": mode.flags, "nproc": mode.nproc or a.nproc, "group": mode.group, "runs": runs}
     target = a.target_mape / 100 if a.target_mape else default_target(results, baseline)
