@@ -1,6 +1,7 @@
 """Fused LSTM benchmarks: stfast.nn.LSTM vs torch.nn.LSTM (H = 128, 2 layers, input 61 — DeepTTE's LSTM),
-forward and forward+backward, on packed input (PackedSequence, both) and on padded input (both run every
-step of the padded batch), side by side in one run, at Chengdu-like lengths (B = 64, 256) and GeoLife-like
+forward and forward+backward, on packed input (PackedSequence, both), on padded input (both run every
+step of the padded batch) and on padded input with lengths (stfast skips the padding; torch.nn.LSTM, which
+takes no lengths, runs every step: what each gives a user holding a padded batch), side by side in one run, at Chengdu-like lengths (B = 64, 256) and GeoLife-like
 lengths (B = 64), drawn as in bench_geo_conv.py (the samples in ../shared/data, else synthetic stand-ins).
 Also the end-to-end DeepTTE training step, kernels="fused" vs "reference".
 
@@ -47,20 +48,25 @@ class Case:
         self.ref = torch.nn.LSTM(I, H, LAYERS, batch_first=True).to(device, dtype)
         self.fused = LSTM(I, H, LAYERS, batch_first=True).to(device, dtype)
         self.fused.load_state_dict(self.ref.state_dict())
-        self.positions = {"packed": int(self.lengths.sum()), "padded": B * T}
+        self.lengths_t = torch.as_tensor(self.lengths).to(device)
+        # "padded": every position of (B, T), both sides (torch.nn.LSTM's semantics without lengths);
+        # "padded_lengths": the same padded tensor, stfast given the lengths (it skips the padding),
+        # torch computing every position (its only padded option; with lengths it needs packing)
+        self.positions = {"packed": int(self.lengths.sum()), "padded": B * T, "padded_lengths": int(self.lengths.sum())}
 
     def fn(self, impl: str, inp: str, mode: str):
         mod = self.ref if impl == "torch" else self.fused
         x = self.packed if inp == "packed" else self.padded
+        kw = {"lengths": self.lengths_t} if inp == "padded_lengths" and impl == "stfast" else {}
         if mode == "fwd":
             def run():
                 with torch.no_grad():
-                    return mod(x)
+                    return mod(x, **kw)
         else:
             params = list(mod.parameters())
 
             def run():
-                out, (h_n, _c_n) = mod(x)
+                out, (h_n, _c_n) = mod(x, **kw)
                 data = out.data if inp == "packed" else out
                 return torch.autograd.grad(data.sum() + h_n.sum(), params)
         return run
@@ -79,7 +85,7 @@ def get_case(shape: str, batch: int, device: str) -> Case:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("impl", ["stfast", "torch"])
-@pytest.mark.parametrize("inp", ["packed", "padded"])
+@pytest.mark.parametrize("inp", ["packed", "padded", "padded_lengths"])
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 @pytest.mark.parametrize("shape,batch", SHAPES)
 def test_lstm(benchmark, shape, batch, mode, inp, impl, device):
@@ -151,12 +157,12 @@ def main(argv=None) -> int:
     peak = {"sgemm_big": sgemm_gflops(2048, 512, 512, dev), "sgemm_step": sgemm_gflops(64, 128, 512, dev)}
     print(f"sgemm GFLOP/s: 2048x512x512 {peak['sgemm_big']:.1f}, step shape 64x128x512 {peak['sgemm_step']:.1f}")
     rows = []
-    print(f"{'shape':8} {'B':>4} {'mode':7} {'input':7} {'pos':>6} {'stfast ms':>10} {'torch ms':>9} {'x torch':>8} "
+    print(f"{'shape':8} {'B':>4} {'mode':7} {'input':14} {'pos':>6} {'stfast ms':>10} {'torch ms':>9} {'x torch':>8} "
           f"{'GFLOP/s':>8}")
     for shape, batch in SHAPES:
         case = Case(shape, batch, dev)
         for mode in ("fwd", "fwdbwd"):
-            for inp in ("packed", "padded"):
+            for inp in ("packed", "padded", "padded_lengths"):
                 reps = 10 if dev == "cuda" else 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
                 t = time_side_by_side({i: case.fn(i, inp, mode) for i in ("stfast", "torch")}, dev, reps, args.rounds)
                 gf = case.gflop(inp, mode) / t["stfast"]
@@ -165,7 +171,7 @@ def main(argv=None) -> int:
                        "stfast_ms": t["stfast"] * 1e3, "torch_ms": t["torch"] * 1e3,
                        "speedup": t["torch"] / t["stfast"], "stfast_gflops": gf, **peak}
                 rows.append(row)
-                print(f"{shape:8} {batch:4d} {mode:7} {inp:7} {case.positions[inp]:6d} {row['stfast_ms']:10.2f} "
+                print(f"{shape:8} {batch:4d} {mode:7} {inp:14} {case.positions[inp]:6d} {row['stfast_ms']:10.2f} "
                       f"{row['torch_ms']:9.2f} {row['speedup']:8.2f} {gf:8.1f}")
     if not args.skip_e2e and dev == "cpu":
         for batch in (64, 256):
