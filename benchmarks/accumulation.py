@@ -139,7 +139,7 @@ def live_command(dataset: str, mode: str, seed: int, budget_s: float, out: Path,
 
 def read_run(out: Path) -> dict:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in rows if "epoch" in r]
+    epochs = [r for r in rows if "val_mape" in r]  # epoch rows (the slicer's step rows also carry "epoch")
     windows = [r for r in rows if "window" in r]
     summ = json.loads((out / "summary.json").read_text())
     return {"curve": [(r["wall_s"], r["val_mape"]) for r in epochs],
