@@ -59,7 +59,11 @@ def _gloo_entry(rank: int, worker, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    finished = False
     try:
         worker(rank, world_size)
+        finished = True
     finally:
+        if finished:  # leave together: a rank tearing Gloo down while its peer still works can abort
+            dist.barrier()
         dist.destroy_process_group()
