@@ -2,10 +2,9 @@
 reference (stfast.models.deeptte.GeoConv): outputs and every gradient, on every available device.
 
 Inputs are fresh random numbers each run (the seed is in every failure message); never zeros."""
-import random
-
 import pytest
 import torch
+from _accuracy import assert_flash_rule, fresh_seed
 
 import stfast
 from stfast.models.deeptte import DeepTTEConfig
@@ -28,10 +27,6 @@ LENGTH_CASES = {
     "B1": [23],
     "one_long": [3, 4, 3, 300, 5, 3],
 }
-
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**31)
 
 
 def make_inputs(lengths, dtype=torch.float64, device="cpu", seed=None, requires_grad=True):
@@ -75,22 +70,21 @@ def test_packed_float64_matches_reference(case, device):
 
 
 def _flash_rule(lengths, dtype, device):
-    """flash-attention's rule: |fused(dtype) − ref(f64)| ≤ 2× |ref(dtype) − ref(f64)| (3× for grads)."""
-    args64, seed = make_inputs(lengths, device=device)
-    args_lo = tuple(a.detach().to(dtype).requires_grad_(a.requires_grad) if a.is_floating_point() else a
-                    for a in args64)
-    ref64 = geo_conv_reference(*args64)
-    ref_lo = geo_conv_reference(*args_lo)
-    out_lo = geo_conv_packed(*args_lo)
-    eps = torch.finfo(dtype).eps
-    floor = eps * float(ref64.abs().max())
-    assert float((out_lo.double() - ref64).abs().max()) <= 2 * float((ref_lo.double() - ref64).abs().max()) + floor, seed
-    for name, a, b, c in zip(["points", "local_dist", "proj.w", "proj.b", "conv.w", "conv.b"],
-                             grads(out_lo, args_lo, seed), grads(ref_lo, args_lo, seed), grads(ref64, args64, seed)):
-        floor = eps * float(c.abs().max())
-        fused_err = float((a.double() - c).abs().max())
-        ref_err = float((b.double() - c).abs().max())
-        assert fused_err <= 3 * ref_err + floor, (name, fused_err, ref_err, seed)
+    """flash-attention's rule (tests/_accuracy.py): fused(dtype) against the reference(f64), relative to the
+    reference(dtype)'s own error."""
+    names = ["points", "local_dist", "proj.w", "proj.b", "conv.w", "conv.b"]
+
+    def draw(seed):
+        args64, _ = make_inputs(lengths, device=device, seed=seed)
+        args_lo = tuple(a.detach().to(dtype).requires_grad_(a.requires_grad) if a.is_floating_point() else a
+                        for a in args64)
+        ref64, ref_lo, out_lo = geo_conv_reference(*args64), geo_conv_reference(*args_lo), geo_conv_packed(*args_lo)
+        return {"out": ([out_lo], [ref_lo], [ref64]),
+                **{f"grad {n}": ([a], [b], [c]) for n, a, b, c in zip(names, grads(out_lo, args_lo, seed),
+                                                                       grads(ref_lo, args_lo, seed),
+                                                                       grads(ref64, args64, seed))}}
+
+    assert_flash_rule(draw, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,10 +3,9 @@ against the plain-PyTorch reference (stfast.ops.lstm_reference): outputs, h_n, c
 every available device.
 
 Inputs are fresh random numbers each run (the seed is in every failure message); never zeros."""
-import random
-
 import pytest
 import torch
+from _accuracy import assert_flash_rule, fresh_seed
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import stfast
@@ -23,10 +22,6 @@ LENGTH_CASES = {
     "ones": [1, 1, 1, 1],
     "with_ones": [1, 12, 1, 6],
 }
-
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**31)
 
 
 def rel_err(a, b):
@@ -130,33 +125,29 @@ def test_layers_and_widths_against_reference(L, H, bias):
 
 
 def _flash_rule(dtype, device, lengths=(35, 17, 3, 60, 9, 1, 44, 28), H=128, L=2):
-    """flash-attention's rule: |fused(dtype) − torch(f64)| ≤ 2× |torch(dtype) − torch(f64)| (3× for grads)."""
-    seed = fresh_seed()
+    """flash-attention's rule (tests/_accuracy.py): fused(dtype) against torch(f64), relative to
+    torch(dtype)'s own error, for the outputs, h_n, c_n and every gradient."""
     I = 61
-    ref64, _fused64 = pair(I, H, L, batch_first=True, device=device, seed=seed)
-    ref_lo = torch.nn.LSTM(I, H, L, batch_first=True).to(device, dtype)
-    ref_lo.load_state_dict(ref64.state_dict())
-    fused_lo = LSTM(I, H, L, batch_first=True).to(device, dtype)
-    fused_lo.load_state_dict(ref64.state_dict())
-    x64, hx64 = padded_inputs(list(lengths), I, H, L, True, torch.float64, device, seed, True)
-    x_lo = x64.detach().to(dtype).requires_grad_()
-    hx_lo = tuple(t.detach().to(dtype).requires_grad_() for t in hx64)
 
-    def run(mod, x, hx):
+    def run(mod, x, hx, seed):
         out, h_n, c_n = run_packed(mod, x, list(lengths), hx, True)
-        return (out, h_n, c_n), all_grads(weighted_loss(out, h_n, c_n, seed), [x, *hx, *mod.parameters()])
+        grads = all_grads(weighted_loss(out, h_n, c_n, seed), [x, *hx, *mod.parameters()])
+        return [out.detach(), h_n.detach(), c_n.detach()], grads
 
-    (o64, g64), (olo, glo), (ofu, gfu) = run(ref64, x64, hx64), run(ref_lo, x_lo, hx_lo), run(fused_lo, x_lo, hx_lo)
-    o64, olo, ofu = ([t.detach() for t in ts] for ts in (o64, olo, ofu))
-    eps = torch.finfo(dtype).eps
-    for a, b, c in zip(ofu, olo, o64):
-        floor = eps * float(c.abs().max())
-        assert float((a.double() - c).abs().max()) <= 2 * float((b.double() - c).abs().max()) + floor, seed
-    names = ["input", "h0", "c0", *[n for n, _ in fused_lo.named_parameters()]]
-    for name, a, b, c in zip(names, gfu, glo, g64):
-        floor = eps * float(c.abs().max())
-        fused_err, ref_err = float((a.double() - c).abs().max()), float((b.double() - c).abs().max())
-        assert fused_err <= 3 * ref_err + floor, (name, fused_err, ref_err, seed)
+    def draw(seed):
+        ref64, _fused64 = pair(I, H, L, batch_first=True, device=device, seed=seed)
+        ref_lo = torch.nn.LSTM(I, H, L, batch_first=True).to(device, dtype)
+        ref_lo.load_state_dict(ref64.state_dict())
+        fused_lo = LSTM(I, H, L, batch_first=True).to(device, dtype)
+        fused_lo.load_state_dict(ref64.state_dict())
+        x64, hx64 = padded_inputs(list(lengths), I, H, L, True, torch.float64, device, seed, True)
+        x_lo = x64.detach().to(dtype).requires_grad_()
+        hx_lo = tuple(t.detach().to(dtype).requires_grad_() for t in hx64)
+        (o64, g64), (olo, glo), (ofu, gfu) = run(ref64, x64, hx64, seed), run(ref_lo, x_lo, hx_lo, seed), \
+            run(fused_lo, x_lo, hx_lo, seed)
+        return {"out": (ofu, olo, o64), "grad": (gfu, glo, g64)}
+
+    assert_flash_rule(draw, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -61,6 +61,10 @@ __global__ void backward_step_kernel(const T* __restrict__ gates, const A* __res
 inline unsigned int blocks_for(int64_t n) { return static_cast<unsigned int>((n + kThreads - 1) / kThreads); }
 
 struct CudaBackend {
+  static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh) {
+    out.addmm_(dG, w_hh);
+  }
+
   template <typename T, typename A>
   static void forward_step(T* gates, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
     const int64_t n = bs * H;

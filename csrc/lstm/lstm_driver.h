@@ -233,7 +233,8 @@ inline at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, 
 
 // Backend: static forward_step<T, A>(T* gates, const A* c_prev, A* c, T* h, bs, H) and
 // backward_step<T, A>(const T* gates, const A* c, const A* c_prev, const T* dh, A* dc, T* dgates, bs, H)
-// over bs consecutive work rows (c_prev == nullptr: zero initial cell).
+// over bs consecutive work rows (c_prev == nullptr: zero initial cell), and
+// add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh): out += dG · W_hh.
 template <typename T, typename A, class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const Dims& d, const Plan& p, const at::Tensor& input, at::TensorList weights, const std::optional<at::Tensor>& h0,
@@ -322,10 +323,12 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
       const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
       const A* c_prev = t > 0 ? c + p.step_off[t - 1] * H : (c0s.defined() ? c0s.const_data_ptr<A>() : nullptr);
       Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp, dg + so * G4, bs, H);
-      if (t > 0) dH.narrow(0, p.step_off[t - 1], bs).addmm_(dG.narrow(0, so, bs), w_hh);
+      if (t > 0) Backend::add_recurrent_grad(dH.narrow(0, p.step_off[t - 1], bs), dG.narrow(0, so, bs), w_hh);
     }
     if (d.B > 0) {
-      grad_h0.select(0, k).index_copy_(0, p.sorted, at::mm(dG.narrow(0, 0, d.B), w_hh));
+      at::Tensor gh0 = at::zeros({d.B, H}, opt);
+      Backend::add_recurrent_grad(gh0, dG.narrow(0, 0, d.B), w_hh);
+      grad_h0.select(0, k).index_copy_(0, p.sorted, gh0);
       grad_c0.select(0, k).index_copy_(0, p.sorted, dc.to(opt.dtype()));
     } else {
       grad_h0.select(0, k).zero_();
