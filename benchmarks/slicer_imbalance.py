@@ -252,8 +252,9 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, war
         ci = 0 if clock == "wall" else 1
         secs = dp.all_gather_floats(np.array([fwd_bwd_clocks(model, pool.ds, sample[sh], batch)[ci] for sh in mine]),
                                     info)
-        for r in range(world):
-            cm.observe([pool.ds.lengths[sample[sh]] for sh in shards[r::world]], secs[r])
+        n = secs.shape[1]  # one observation group, as the trainer's profile
+        cm.observe([pool.ds.lengths[sample[shards[r + j * world]]] for r in range(world) for j in range(n)],
+                   secs.reshape(-1))
         cm.fit()
         cm.coefficients = dp.broadcast_floats(cm.coefficients, info)
         model.zero_grad(set_to_none=True)

@@ -180,6 +180,41 @@ def test_cost_model_recovers_known_coefficients(true):
     assert all(se[k] is not None and se[k] < 0.5 * true[k] for k in np.flatnonzero(big))  # the real terms are resolved
 
 
+def test_cost_model_per_step_factors_remove_time_correlated_noise():
+    """Ranks' shards of one step share the machine's speed of that moment (here ±25 %, lognormal), on
+    top of 2 % per-shard noise: with a factor per step (observe call) the fit learns the shards'
+    relative costs, which is what the partition uses."""
+    rng = np.random.default_rng(11)
+    true = np.array([2e-3, 5e-5, 2e-5, 1e-6, 4e-5])
+    fits = {True: LinearCostModel(window=1024), False: LinearCostModel(window=1024, per_step_scale=False)}
+    for _ in range(300):  # 300 steps of 2 ranks
+        shards, t = _synthetic_shards(rng, 2, true, noise=0.02, outliers=0.0)
+        t = t * rng.lognormal(0.0, 0.25)
+        for m in fits.values():
+            m.observe(shards, t)
+    for m in fits.values():
+        assert m.fit()
+    pairs = [_synthetic_shards(rng, 2, true, noise=0.0, outliers=0.0)[0] for _ in range(200)]
+
+    def ratio_error(m):
+        err = [abs(m.predict(a) / m.predict(b) / (shard_features(a) @ true / (shard_features(b) @ true)) - 1)
+               for a, b in pairs]
+        return float(np.median(err))
+
+    assert ratio_error(fits[True]) < 0.02
+    assert ratio_error(fits[True]) < 0.5 * ratio_error(fits[False])
+    assert fits[True].fit_error["step_factor_spread"] == pytest.approx(0.25, rel=0.3)
+    # the factors' geometric mean is 1, so the coefficients stay in seconds
+    np.testing.assert_allclose(fits[True].coefficients[true > 0], true[true > 0], rtol=0.3)
+    # a checkpoint keeps the groups; one written before them (no "groups") loads without factors
+    back = LinearCostModel()
+    back.load_state_dict(fits[True].state_dict())
+    assert back.fit() and np.allclose(back.coefficients, fits[True].coefficients)
+    old = {k: v for k, v in fits[True].state_dict().items() if k not in ("groups", "next_group", "per_step_scale")}
+    back.load_state_dict(old)
+    assert back.fit() and back.fit_error["step_factor_spread"] == 0.0
+
+
 def test_cost_model_window_and_input_checks():
     m = LinearCostModel(window=20)
     m.observe([np.array([5.0])] * 30, [1.0] * 30)

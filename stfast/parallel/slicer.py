@@ -89,6 +89,13 @@ class LinearCostModel:
     median absolute residual) iteratively reweighted non-negative least squares on column-scaled
     features, with residuals relative to the measured time (timing noise is multiplicative). Coefficients stay ≥ 0 so that a shard never gets cheaper by adding a trip.
 
+    Shards observed in one ``observe`` call (the ranks' shards of one step) were timed at the same
+    moment, so with ``per_step_scale`` (default) each such group gets its own speed factor φ
+    (t ≈ φ·x·β, alternating least squares, geometric mean of φ over the groups = 1): the fit then
+    learns the shards' relative costs, which is all the partition needs, without the machine's
+    slow and fast periods. Measured on this 2-core VM: the same shard timed again varies by 7–26 %
+    (thread CPU time), while 2 ranks computing identical shards at the same moment differ by ~5 %.
+
     Attributes: ``coefficients`` float64 [5] (a, b, c, d, e; seconds, s/trip, s/point, s/padded point,
     s/step); ``fit_error``: dict with ``rel_rmse`` (RMS of residual/measured over the window, outliers
     included), ``rel_median`` (median |residual|/measured),
@@ -96,13 +103,16 @@ class LinearCostModel:
     None before the first fit.
     """
 
-    def __init__(self, coefficients: Sequence[float] = PRIOR, window: int = 1024, min_obs: int = 10):
+    def __init__(self, coefficients: Sequence[float] = PRIOR, window: int = 1024, min_obs: int = 10,
+                 per_step_scale: bool = True):
         self.coefficients = self._check(coefficients)
         if window < 5 or min_obs < 5:
             raise ValueError(f"window and min_obs must be ≥ 5, got {window}, {min_obs}")
-        self.window, self.min_obs = window, min_obs
+        self.window, self.min_obs, self.per_step_scale = window, min_obs, per_step_scale
         self._X: deque = deque(maxlen=window)
         self._y: deque = deque(maxlen=window)
+        self._g: deque = deque(maxlen=window)  # group (observe call) of each observation; -1: no factor
+        self._next_group = 0
         self.fit_error: dict | None = None
 
     @staticmethod
@@ -131,14 +141,18 @@ class LinearCostModel:
         seconds. Empty shards are skipped. Raises ValueError on mismatched sizes or a time < 0."""
         if len(shard_lengths) != len(seconds):
             raise ValueError(f"{len(shard_lengths)} shards but {len(seconds)} times")
-        for lens, t in zip(shard_lengths, seconds):
+        for t in seconds:
             if not np.isfinite(t) or t < 0:
                 raise ValueError(f"measured seconds must be finite and ≥ 0, got {t}")
-            if len(lens):
-                self._X.append(shard_features(lens))
-                self._y.append(float(t))
+        kept = [(lens, t) for lens, t in zip(shard_lengths, seconds) if len(lens)]
+        group = self._next_group if self.per_step_scale and len(kept) >= 2 else -1  # one shard: no ratio
+        self._next_group += 1
+        for lens, t in kept:
+            self._X.append(shard_features(lens))
+            self._y.append(float(t))
+            self._g.append(group)
 
-    def fit(self, iters: int = 20) -> bool:
+    def fit(self, iters: int = 50) -> bool:
         """Refit the coefficients on the window (when it holds ≥ min_obs observations). Returns
         whether a fit was made."""
         if self.n_obs < self.min_obs:
@@ -150,13 +164,26 @@ class LinearCostModel:
         scale = np.sqrt(((X * v[:, None]) ** 2).mean(axis=0))
         scale[scale == 0] = 1.0
         Z = X * v[:, None] / scale
-        ones = np.ones(len(y))
+        g = np.array(self._g, dtype=np.int64)
+        grouped = g >= 0
+        gid = np.unique(g[grouped], return_inverse=True)[1] if grouped.any() else np.zeros(0, dtype=np.int64)
+        phi = np.ones(len(y))  # each observation's group speed factor: t ≈ φ·x·β
         w = np.ones(len(y))
         beta = np.zeros(5)
         for _ in range(iters):
             sw = np.sqrt(w)
-            new = _nnls(Z * sw[:, None], ones * sw)
-            r = ones - Z @ new
+            new = _nnls(Z * sw[:, None], sw / phi)  # x·β/y ≈ 1/φ
+            q = Z @ new
+            if grouped.any():  # φ of a group: argmin Σ w (φ q − 1)², then geometric mean 1 (β takes the scale)
+                num = np.bincount(gid, (w * q)[grouped])
+                den = np.bincount(gid, (w * q * q)[grouped])
+                f = np.where(den > 0, num / np.maximum(den, 1e-300), 1.0)
+                f = np.where(f > 0, f, 1.0)
+                gm = float(np.exp(np.log(f).mean()))
+                phi[grouped] = f[gid] / gm
+                new = new * gm
+                q = Z @ new
+            r = phi * q - 1.0
             sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-9)
             w = np.minimum(1.0, 1.345 * sigma / np.maximum(np.abs(r), 1e-300))
             if np.allclose(new, beta, rtol=1e-9, atol=0):
@@ -166,21 +193,22 @@ class LinearCostModel:
         if not (beta > 0).any():
             return False  # nothing explains the timings (all zero): keep the previous coefficients
         self.coefficients = beta / scale
-        r = y - X @ self.coefficients
+        rel = phi * (X @ self.coefficients) * v - 1.0  # relative residual after the groups' factors
         active = np.flatnonzero(beta > 0)
         stderr: list = [None] * 5
-        Xa = X[:, active] * (v * np.sqrt(w))[:, None]  # the weighted design of the final IRLS step
-        dof = max(len(y) - len(active), 1)
-        s2 = float((w * (r * v) ** 2).sum()) / dof
+        Xa = X[:, active] * (phi * v * np.sqrt(w))[:, None]  # the weighted design of the final IRLS step
+        n_groups = int(gid.max()) + 1 if len(gid) else 0
+        dof = max(len(y) - len(active) - n_groups, 1)
+        s2 = float((w * rel ** 2).sum()) / dof
         try:
             cov = s2 * np.linalg.inv(Xa.T @ Xa)
             for j, k in enumerate(active):
                 stderr[k] = float(np.sqrt(max(cov[j, j], 0.0)))
         except np.linalg.LinAlgError:
             pass
-        rel = r / np.maximum(y, 1e-12)
         self.fit_error = {"rel_rmse": float(np.sqrt(np.mean(rel ** 2))), "rel_median": float(np.median(np.abs(rel))),
-                          "stderr": stderr, "n_obs": len(y)}
+                          "stderr": stderr, "n_obs": len(y),
+                          "step_factor_spread": float(np.std(np.log(phi[grouped]))) if grouped.any() else 0.0}
         return True
 
     def to_dict(self) -> dict:
@@ -190,7 +218,8 @@ class LinearCostModel:
         """Everything a checkpoint needs to continue where the model left off: coefficients [5], the
         window of observations (features [n_obs, 5], seconds [n_obs]), the fit error and the sizes."""
         return {"coefficients": self.coefficients.tolist(), "window": self.window, "min_obs": self.min_obs,
-                "features": [x.tolist() for x in self._X], "seconds": list(self._y), "fit_error": self.fit_error}
+                "features": [x.tolist() for x in self._X], "seconds": list(self._y), "fit_error": self.fit_error,
+                "groups": list(self._g), "next_group": self._next_group, "per_step_scale": self.per_step_scale}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output. Raises ValueError on bad coefficients or observations."""
@@ -199,9 +228,15 @@ class LinearCostModel:
         y = np.asarray(state["seconds"], dtype=np.float64)
         if len(X) != len(y) or not np.isfinite(X).all() or not np.isfinite(y).all() or (y < 0).any():
             raise ValueError(f"cost model state: {len(X)} feature rows but {len(y)} times, or non-finite / negative values")
+        groups = [int(v) for v in state.get("groups", [-1] * len(y))]  # older checkpoints: no factors
+        if len(groups) != len(y):
+            raise ValueError(f"cost model state: {len(groups)} group ids for {len(y)} times")
         self.window, self.min_obs = int(state["window"]), int(state["min_obs"])
+        self.per_step_scale = bool(state.get("per_step_scale", True))
         self.coefficients = coefficients
         self._X, self._y = deque(X, maxlen=self.window), deque(y.tolist(), maxlen=self.window)
+        self._g = deque(groups, maxlen=self.window)
+        self._next_group = int(state.get("next_group", max(groups, default=-1) + 1))
         self.fit_error = state.get("fit_error")
 
 

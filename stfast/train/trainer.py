@@ -273,8 +273,11 @@ class Trainer:
                     seconds.append(clock() - t)
         self.model.zero_grad(set_to_none=True)
         gathered = dp.all_gather_floats(np.asarray(seconds, dtype=np.float64), info)  # [W, shards per rank]
-        for r in range(info.world_size):
-            model.observe([self.train_ds.lengths[idx] for idx in shards[r::info.world_size]], gathered[r])
+        # one observation group: the profile takes a second or two, too short for the machine's speed to
+        # drift, and its few shards must pin all five coefficients (per-round factors would absorb them)
+        w, n = info.world_size, gathered.shape[1]
+        model.observe([self.train_ds.lengths[shards[r + j * w]] for r in range(w) for j in range(n)],
+                      gathered.reshape(-1))
         if isinstance(model, LinearCostModel) and model.fit():
             model.coefficients = dp.broadcast_floats(model.coefficients, info)
             return f"fitted on a warm-up profile of {len(shards)} shards ({time.perf_counter() - t0:.1f} s)"
