@@ -8,11 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-import torch
 from conftest import random_trips
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -361,8 +359,6 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     for r in steps:
         assert len(r["compute_s"]) == len(r["idle_s"]) == 2 and min(r["idle_s"]) == 0.0
         assert r["imbalance_measured"] >= 1.0 and r["imbalance_predicted"] >= 1.0
-        # one thread per rank: the cost model is fitted to thread CPU time, reported beside the wall time
-        assert r["work_clock"] == "thread_cpu" and len(r["work_s"]) == 2 and r["imbalance_measured_work"] >= 1.0
         assert len(r["cost_coef"]) == 5 and min(r["cost_coef"]) >= 0  # a, b, c, d, e
     assert steps[-1]["cost_fit_error"] is not None  # refitted from the measured times
     assert "cost model fitted on a warm-up profile" in r2.stdout + r2.stderr
@@ -385,20 +381,3 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     fresh.setup()
     init = fresh.model.state_dict()["entire.out.weight"]
     assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4
-
-
-def test_work_clock_is_thread_cpu_time_only_for_single_threaded_cpu_ranks():
-    from stfast.train.trainer import work_clock, work_clock_name
-
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert work_clock(torch.device("cpu")) is time.thread_time and work_clock_name(torch.device("cpu")) == "thread_cpu"
-        t0 = work_clock(torch.device("cpu"))()
-        time.sleep(0.2)  # sleeping is not work: the thread's CPU clock barely moves
-        assert work_clock(torch.device("cpu"))() - t0 < 0.1
-        torch.set_num_threads(2)
-        assert work_clock(torch.device("cpu")) is time.perf_counter
-        assert work_clock(torch.device("cuda")) is time.perf_counter and work_clock_name(torch.device("cuda")) == "wall"
-    finally:
-        torch.set_num_threads(before)

@@ -53,20 +53,6 @@ LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (
 SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
 
 
-def work_clock(device: torch.device):
-    """The clock a rank's forward + backward work is measured on for the slicer's cost model: thread CPU
-    seconds (time.thread_time) on a CPU rank with one intra-op thread, where all the work runs on the
-    calling thread and ranks that share cores would otherwise count the OS's time slicing as work (2 ranks
-    on a 2-core machine: identical shards measure 1.06–1.09 max/mean in wall time); wall seconds elsewhere
-    (CUDA, after a synchronize; CPU with several threads, whose work is spread over OpenMP threads)."""
-    return time.thread_time if device.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
-
-
-def work_clock_name(device: torch.device) -> str:
-    """"thread_cpu" or "wall": which clock :func:`work_clock` uses (recorded in metrics.jsonl)."""
-    return "thread_cpu" if work_clock(device) is time.thread_time else "wall"
-
-
 def load_config_trips(cfg: TrainConfig) -> Trips:
     """The trips ``cfg`` names (file or synthetic city), read and preprocessed."""
     return load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
@@ -258,11 +244,10 @@ class Trainer:
         k = self.model.cfg.kernel_size
         devices = [self.device] if self.device.type == "cuda" else []
         t0 = time.perf_counter()
-        clock = work_clock(self.device)
         with torch.random.fork_rng(devices=devices), self.grad_sync.no_sync():
             seconds = []
             for j, idx in enumerate([mine[0]] + mine):  # the first run warms up (allocator, first calls)
-                t = clock()
+                t = time.perf_counter()
                 b = self.train_ds.batch(idx).to(self.device)
                 n_local = int(np.maximum(self.train_ds.lengths[idx] - k + 1, 0).sum())
                 combine_loss(loss_parts(self.model, self.model(b), b), self.model.cfg.alpha, n_trips, n_local,
@@ -270,7 +255,7 @@ class Trainer:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 if j > 0:
-                    seconds.append(clock() - t)
+                    seconds.append(time.perf_counter() - t)
         self.model.zero_grad(set_to_none=True)
         gathered = dp.all_gather_floats(np.asarray(seconds, dtype=np.float64), info)  # [W, shards per rank]
         # one observation group: the profile takes a second or two, too short for the machine's speed to
@@ -283,15 +268,12 @@ class Trainer:
             return f"fitted on a warm-up profile of {len(shards)} shards ({time.perf_counter() - t0:.1f} s)"
         return "the prior (the warm-up profile gave no fit)"
 
-    def _slicer_step(self, micro: list[np.ndarray], compute_s: list[float], work_s: list[float],
-                     t_start: float) -> None:
+    def _slicer_step(self, micro: list[np.ndarray], compute_s: list[float], t_start: float) -> None:
         """After a step of micro-batches ``micro``: gather every rank's measured forward + backward seconds
-        of each micro-batch (wall, and on the :func:`work_clock`), feed each micro-batch's shards and work
-        seconds to the cost model (refit every SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so
-        that all ranks keep cutting identically), and append one metrics row (rank 0; per rank, sums over
-        the micro-batches)."""
-        both = dp.all_gather_floats(np.asarray([*compute_s, *work_s], dtype=np.float64), self.info)  # [W, 2k]
-        wall, gathered = both[:, :len(micro)], both[:, len(micro):]
+        of each micro-batch, feed each micro-batch's shards and times to the cost model (refit every
+        SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so that all ranks keep cutting
+        identically), and append one metrics row (rank 0; per rank, sums over the micro-batches)."""
+        gathered = dp.all_gather_floats(np.asarray(compute_s, dtype=np.float64), self.info)  # [W, k]
         step_s = time.perf_counter() - t_start
         model = self.slicer.cost_model
         predicted = np.zeros(self.info.world_size)
@@ -299,7 +281,7 @@ class Trainer:
             lens_j = [self.train_ds.lengths[sh] for sh in self.slicer.shards(m)]
             predicted += [model.predict(ln) for ln in lens_j]
             model.observe(lens_j, gathered[:, j])
-        times, work = wall.sum(axis=1), gathered.sum(axis=1)
+        times = gathered.sum(axis=1)
         lens = [np.concatenate([self.train_ds.lengths[sh] for sh in parts])
                 for parts in zip(*(self.slicer.shards(m) for m in micro))]
         predicted = predicted.tolist()
@@ -312,9 +294,7 @@ class Trainer:
                "shard_trips": [len(ln) for ln in lens], "shard_points": [int(ln.sum()) for ln in lens],
                "imbalance_predicted": imbalance(predicted) if max(predicted) > 0 else None,
                "imbalance_measured": imbalance(times) if times.max() > 0 else None,
-               "imbalance_measured_work": imbalance(work) if work.max() > 0 else None,
-               "compute_s": times.tolist(), "work_s": work.tolist(), "work_clock": work_clock_name(self.device),
-               "idle_s": (times.max() - times).tolist(), "step_s": step_s,
+               "compute_s": times.tolist(), "idle_s": (times.max() - times).tolist(), "step_s": step_s,
                "cost_coef": model.coefficients.tolist(), "cost_fit_error": model.fit_error}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -433,8 +413,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.accum.begin_step()
         loss_val = 0.0
-        compute, work = [], []  # this rank's forward + backward seconds per micro-batch: wall, work_clock
-        clock = work_clock(self.device)
+        compute = []  # this rank's forward + backward seconds per micro-batch (the slicer's cost model)
         for i, m in enumerate(micro):
             # micro-steps 1..k-1 accumulate locally; the last one's backward starts the bucketed sync
             last = i == len(micro) - 1
@@ -442,7 +421,7 @@ class Trainer:
             # becomes ready several times): its buckets are all started by finish()
             quiet = (self.grad_sync.no_sync() if self.grad_sync is not None and (not last or self.executor)
                      else contextlib.nullcontext())
-            t_micro, w_micro = time.perf_counter(), clock()
+            t_micro = time.perf_counter()
             with quiet:
                 shard = dp.equal_shard(m, self.data_info) if self.slicer is None else self.slicer.shard(m)
                 if len(shard):
@@ -459,7 +438,6 @@ class Trainer:
             if self.slicer is not None and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
             compute.append(time.perf_counter() - t_micro)
-            work.append(clock() - w_micro)
             self.accum.after_micro_step(len(shard), n_trips)
         t_sync = time.perf_counter()
         extra = self.accum.extra(loss_val)
@@ -478,7 +456,7 @@ class Trainer:
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
         if self.slicer is not None:
-            self._slicer_step(micro, compute, work, t0)
+            self._slicer_step(micro, compute, t0)
         return loss_val
 
     def _end_window(self, epoch_done: float) -> bool:
