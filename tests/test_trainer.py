@@ -1,5 +1,6 @@
 """Training loop: data parallel exactness, resume, the last smaller batch, fault 3 (local loss every epoch)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -83,8 +84,9 @@ def test_fault3_local_loss_trained_every_epoch(trips_file, tmp_path, compat):
     assert epoch2 and all(g > 0 for g in epoch2) == (compat == "fixed")
 
 
-def test_resume_continues_where_it_stopped(trips_file, tmp_path):
-    kw = dict(dtype="float64", epochs=3)
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule):
+    kw = dict(dtype="float64", epochs=3, lr_schedule=schedule)
     Trainer(cfg(trips_file, tmp_path / "full", **kw)).fit()
     Trainer(cfg(trips_file, tmp_path / "part", max_steps=9, **kw)).fit()  # stops mid-epoch 2
     assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == 9
@@ -93,8 +95,11 @@ def test_resume_continues_where_it_stopped(trips_file, tmp_path):
     assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == ckpt.load(tmp_path / "full" / "last.pt")["step"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    rows = [json.loads(l)["epoch"] for l in open(tmp_path / "part" / "metrics.jsonl")]
-    assert rows == [1, 2, 3]
+    rows = [json.loads(l) for l in open(tmp_path / "part" / "metrics.jsonl")]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    # the learning rate of each epoch: lr, or lr × ½(1 + cos(π·e/E)) for epochs e = 0, 1, 2 of E = 3
+    want = [1e-3 * (0.5 * (1 + math.cos(math.pi * e / 3)) if schedule == "cosine" else 1.0) for e in range(3)]
+    assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-12)
 
 
 def _cli(args, env_extra=None):

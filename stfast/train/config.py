@@ -23,6 +23,7 @@ class TrainConfig:
     batch_size: int = 64  # GLOBAL batch (trips per optimizer step, over all ranks)
     lr: float = 1e-3
     weight_decay: float = 0.0
+    lr_schedule: str = "constant"  # or "cosine": lr × ½(1 + cos(π·epoch/epochs)), set at every epoch start
     alpha: float = 0.3  # local loss weight
     compat: str = "fixed"  # "original" reproduces faults 1-3 of the original DeepTTE
     head: str = "paper"  # "paper" or "prior" (see DeepTTEConfig)
@@ -125,6 +126,8 @@ class TrainConfig:
 
         parse_spec(self.accumulation, self.nproc)
         lr_scale(1, self.lr_scaling)
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
         if self.accum_window < 1:
             raise ValueError(f"--accum-window must be ≥ 1, got {self.accum_window}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:

@@ -349,9 +349,12 @@ class Trainer:
         self._set_lr()
 
     def _set_lr(self) -> None:
-        """Learning rate for the current effective batch k·B (cfg.lr_scaling; see accum.goodput.lr_scale)."""
+        """Learning rate for the current effective batch k·B (cfg.lr_scaling; see accum.goodput.lr_scale)
+        and epoch (cfg.lr_schedule "cosine": × ½(1 + cos(π·epoch/epochs)), Loshchilov & Hutter 2017, SGDR
+        without restarts). A function of (k, epoch) only, so --resume restores it exactly."""
+        decay = 0.5 * (1.0 + math.cos(math.pi * self.epoch / self.cfg.epochs)) if self.cfg.lr_schedule == "cosine" else 1.0
         for g in self.opt.param_groups:
-            g["lr"] = self.cfg.lr * lr_scale(self.accum.k, self.cfg.lr_scaling)
+            g["lr"] = self.cfg.lr * lr_scale(self.accum.k, self.cfg.lr_scaling) * decay
 
     def _resume_state(self):
         self._epoch_progress = (0.0, 0)
@@ -531,6 +534,7 @@ class Trainer:
         out_of_time = False
         while self.epoch < cfg.epochs and not stopped and not self._step_limit() and not out_of_time:
             self.model.train()  # fault 3 fixed: back to training mode every epoch
+            self._set_lr()  # the epoch's learning rate (cfg.lr_schedule)
             use_local = cfg.compat != "original" or self.epoch == 0
             batches = epoch_batches(self.train_ds.lengths, cfg.batch_size, cfg.seed, self.epoch)
             t0, loss_sum, n_done, trips_done = time.perf_counter(), 0.0, 0, 0
@@ -570,6 +574,7 @@ class Trainer:
             self.epoch += 1
             rec = {"epoch": self.epoch, "step": self.step, "train_loss": train_loss, "val_mape": val["mape"],
                    "val_mae": val["mae"], "val_rmse": val["rmse"], "samples_per_s": trips_done / wall,
+                   "lr": self.opt.param_groups[0]["lr"],
                    "wall_s": time.perf_counter() - t_start}
             improved = val["mape"] < self.best
             if improved:
