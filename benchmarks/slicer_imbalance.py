@@ -96,8 +96,8 @@ def make_model(pool: LengthPool) -> DeepTTE:
 
 def fwd_bwd_clocks(model: DeepTTE, ds: TripDataset, idx: np.ndarray, global_b: int) -> tuple[float, float]:
     """(wall, thread CPU) seconds of one shard's forward + backward, as the trainer runs it (loss sum /
-    global count). With one intra-op thread all the work runs on this thread, so its CPU time is the
-    shard's work without the time the OS gave to the other rank (2 ranks share 2 cores here)."""
+    global count). With one intra-op thread all the work runs on this thread (measured here: both clocks
+    give the same imbalance, see the module docstring)."""
     t0, c0 = time.perf_counter(), time.thread_time()
     b = ds.batch(idx)
     parts = loss_parts(model, model(b), b)
@@ -345,8 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--live-no-profile", action="store_true",
                     help="live: start the cost model from the prior (no warm-up profile), as before the profile")
     ap.add_argument("--live-clock", choices=("cpu", "wall"), default="cpu",
-                    help="live: fit the cost model to each shard's thread CPU seconds (default: the work, without "
-                         "the OS's time slicing of 2 ranks on 2 cores) or to its wall seconds")
+                    help="live: fit the cost model to each shard's thread CPU seconds (default) or to its wall "
+                         "seconds; both imbalances are reported (measured here, they agree within 0.01)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     parts = set(a.parts.split(","))
