@@ -53,6 +53,7 @@ from stfast.parallel.slicer import (
     partition,
     predicted_times,
     profile_shards,
+    step_time_lower_bound,
 )
 
 K = DeepTTEConfig(n_drivers=1).kernel_size
@@ -139,15 +140,6 @@ def profile(n_shards: int, seed: int = 0) -> tuple[LinearCostModel, dict]:
 
 
 # ---------------------------------------------------------------- 2. table
-def step_lower_bound(lengths: np.ndarray, w: int, model: LinearCostModel) -> float:
-    """A lower bound on the slowest shard's time of ANY partition: the slowest single trip (its
-    L_max terms cannot be split), and the mean of the additive part (n·L_max ≥ Σlen)."""
-    a, b, c, d, e = model.coefficients
-    single = float((a + b + (c + d + e) * lengths).max())
-    spread = a + float((b + (c + d) * lengths).sum()) / w
-    return max(single, spread)
-
-
 def imbalance_table(model: LinearCostModel, n_batches: int, ws=(2, 4, 8, 16, 64), bs=(256, 1024)) -> list[dict]:
     """Per dataset, B and W: the median imbalance of each method, its predicted step time (slowest
     shard) over the balanced slicer's, the balanced slicer's time (ms) and its slowest shard over the
@@ -171,7 +163,7 @@ def imbalance_table(model: LinearCostModel, n_batches: int, ws=(2, 4, 8, 16, 64)
                         vals.append(t.max() / t.mean())
                         if m == "balanced":
                             bal_max.append(t.max())
-                            rel.append(t.max() / step_lower_bound(lb, w, model))
+                            rel.append(t.max() / step_time_lower_bound(lb, w, model))
                         else:
                             rel.append(t.max() / bal_max[k])
                     row[m] = float(np.median(vals))
@@ -221,7 +213,7 @@ def simulate_cluster(model: LinearCostModel, dataset: str, ws=(64, 128, 256, 512
                 t = predicted_times(lb, partition(lb, w, m, model, seed=k), w, model)
                 imb.append(t.max() / t.mean())
                 if m == "balanced":
-                    bound.append(t.max() / step_lower_bound(lb, w, model))
+                    bound.append(t.max() / step_time_lower_bound(lb, w, model))
                 idle.append(float((t.max() - t).sum()))
                 step.append(float(t.max()))
             res[m + "_imbalance"] = float(np.median(imb))
@@ -376,7 +368,7 @@ def main(argv=None) -> int:
         for label, cm in (("the fitted model", model), ("the anchor cost Σlen + n·L_max", LinearCostModel(PRIOR))):
             print(f"\npredicted imbalance max/mean under {label}, median of {a.batches} random batches; in "
                   "brackets the step time (slowest shard) over the balanced slicer's; max/LB: the balanced "
-                  "slicer's slowest shard over a lower bound for any partition")
+                  "slicer's slowest shard over a lower bound for any partition (slicer.step_time_lower_bound)")
             print(f"{'dataset':<10}{'B':>5}{'W':>4}  " + "".join(f"{v:>20}" for v in TABLE_METHODS.values())
                   + f"{'max/LB':>8}{'ms':>7}")
             rows = imbalance_table(cm, a.batches)

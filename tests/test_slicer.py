@@ -25,6 +25,7 @@ from stfast.parallel.slicer import (
     predicted_times,
     profile_shards,
     shard_features,
+    step_time_lower_bound,
 )
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
@@ -83,6 +84,35 @@ def test_contiguous_split_is_the_best_split_of_the_sorted_trips(lengths, w, mode
     lengths = np.array(lengths)
     got = _max_time(lengths, _slicer.contiguous(lengths, w, model), w, model)
     assert got == pytest.approx(_contiguous_optimum(lengths, w, model), rel=1e-9)
+
+
+def _brute_force_optimum(lengths, w, model):
+    """The smallest slowest-shard time over every assignment of the trips to w shards."""
+    return min(_max_time(lengths, a, w, model) for a in itertools.product(range(w), repeat=len(lengths)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(0, 60).map(float), min_size=1, max_size=7), w=st.integers(1, 3), model=MODELS)
+def test_step_time_lower_bound_is_below_the_optimum_and_above_the_simple_bounds(lengths, w, model):
+    lengths = np.array(lengths)
+    a, b, c, d, e = model
+    bound = step_time_lower_bound(lengths, w, LinearCostModel(model))
+    assert bound <= _brute_force_optimum(lengths, w, model) * (1 + 1e-9) + 1e-12
+    simple = max(a + b + (c + d + e) * lengths.max(), a + (b + (c + d) * lengths).sum() / min(w, len(lengths)))
+    assert bound >= simple * (1 - 1e-9)
+
+
+def test_step_time_lower_bound_sees_the_padding_that_the_mean_misses():
+    # n·L_max only: two long trips cost 20 wherever they go ({10, 10} | {1, 1} or {10, 1} | {10, 1}),
+    # while the longest trip alone (10) and the mean of Σ(b + (c + d)·l) / W (11) say less
+    lengths, model = np.array([10.0, 10.0, 1.0, 1.0]), LinearCostModel((0, 0, 0, 1, 0))
+    assert step_time_lower_bound(lengths, 2, model) == pytest.approx(20.0, rel=1e-8)
+    assert _max_time(lengths, partition(lengths, 2, "balanced", model), 2, model.as_tuple) == pytest.approx(20.0)
+    assert step_time_lower_bound(np.array([]), 3, model) == 0.0
+    with pytest.raises(ValueError, match="world_size"):
+        step_time_lower_bound(lengths, 0, model)
+    with pytest.raises(ValueError, match="finite"):
+        step_time_lower_bound(np.array([1.0, -2.0]), 2, model)
 
 
 def _optimum(weights, w):

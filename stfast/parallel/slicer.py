@@ -338,6 +338,70 @@ def predicted_times(lengths: np.ndarray, assignment: np.ndarray, world_size: int
     return np.array([float(model(lengths[assignment == s])) for s in range(world_size)])
 
 
+def step_time_lower_bound(lengths: np.ndarray, world_size: int, cost: LinearCostModel | None = None,
+                          rel_tol: float = 1e-9) -> float:
+    """A lower bound (seconds) on the slowest shard's predicted time of ANY partition of a global batch
+    with trip lengths ``lengths`` [B] (points) into ``world_size`` shards, under a
+    :class:`LinearCostModel` (default: the prior). ``max(predicted_times(...)) / bound`` says how far a
+    partition can at most be from the optimum (1.0: provably optimal).
+
+    Why it is tight where "mean shard time" is not: each shard's longest trip (its head, L_s) fixes
+    what every other trip in it costs, b + c·l + d·L_s. Sort the heads L_1 ≥ … ≥ L_W (L_1 is the
+    longest trip). The trips longer than L_{j+1} can only be in shards 1..j, and each costs at least
+    b + c·l + d·(the smallest of L_1..L_j that is ≥ l), so for every j = 1..W
+
+        j·T ≥ j·a + e·(L_1 + … + L_j) + Σ_{l > L_{j+1}} (b + c·l + d·head_j(l))      (L_{W+1} = 0).
+
+    The bound is the smallest T for which some head sequence satisfies all W inequalities: bisection
+    on T, each test a dynamic program over the distinct lengths (state: the last head; the least
+    accumulated cost dominates, since every inequality only caps it). Head sequences that repeat a
+    length more often than it occurs are allowed, which only lowers the bound. It is never below
+    max(the longest trip alone, a + Σ(b + (c + d)·l) / W). O(W·K²·log(1/rel_tol)) for K distinct
+    lengths: meant for analysis (benchmarks/slicer_imbalance.py), not for every step.
+    Raises ValueError for world_size < 1 or negative / non-finite lengths.
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ValueError(f"world_size must be an int ≥ 1, got {world_size!r}")
+    if lengths.ndim != 1 or not np.isfinite(lengths).all() or (lengths < 0).any():
+        raise ValueError("lengths must be a 1-D array of finite values ≥ 0")
+    if len(lengths) == 0:
+        return 0.0
+    a, b, c, d, e = (cost or LinearCostModel()).coefficients
+    v, cnt = np.unique(lengths, return_counts=True)  # distinct lengths, ascending
+    K, W = len(v), min(int(world_size), len(lengths))  # more ranks than trips: the rest stay empty
+    n_le = np.concatenate([[0], np.cumsum(cnt)])  # trips among the k shortest distinct lengths
+    s_le = np.concatenate([[0.0], np.cumsum(cnt * v)])
+    hi_k, lo_k = np.arange(K)[:, None], np.arange(K)[None, :]
+    # trips in (v[lo], v[hi]], all headed by v[hi]: the cost of going from head v[hi] to a next head v[lo]
+    n_in, s_in = n_le[hi_k + 1] - n_le[lo_k + 1], s_le[hi_k + 1] - s_le[lo_k + 1]
+    between = np.where(lo_k <= hi_k, b * n_in + c * s_in + d * v[:, None] * n_in, np.inf)
+    last = b * n_le[1:] + c * s_le[1:] + d * v * n_le[1:]  # the last shard: every trip ≤ its head
+
+    def feasible(T: float) -> bool:
+        acc = np.full(K, np.inf)  # least e·ΣL + trip costs so far, by the current head
+        acc[K - 1] = e * v[K - 1]
+        for j in range(1, W):
+            cand = acc[:, None] + between  # shards 1..j hold every trip longer than the next head
+            cand = np.where(cand <= j * (T - a), cand, np.inf)
+            acc = cand.min(axis=0) + e * v
+            if not np.isfinite(acc).any():
+                return False
+        return bool((acc + last <= W * (T - a)).any())
+
+    lo = max(a + b + (c + d + e) * v[-1], a + (b * len(lengths) + (c + d) * s_le[-1]) / W)
+    if feasible(lo):
+        return float(lo)
+    hi = a + b * len(lengths) + (c + d + e) * s_le[-1] + (c + d + e) * v[-1] * len(lengths)
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return float(lo)
+
+
 def random_global_batches(n_trips: int, global_batch_size: int, seed: int, epoch: int,
                           drop_last: bool = False) -> list[np.ndarray]:
     """Global batches of trip indices for one epoch: a permutation seeded by (seed, epoch), cut into
