@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=float, default=0.0)
     t.add_argument("--lr-schedule", default="constant", choices=("constant", "cosine"),
                    help="cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch (Loshchilov & Hutter 2017)")
+    t.add_argument("--ema-decay", type=float, default=None,
+                   help="validate, checkpoint and test an exponential moving average of the weights, updated "
+                        "after every optimizer step with this decay (Polyak & Juditsky 1992), e.g. 0.9")
     t.add_argument("--alpha", type=float, default=0.3, help="weight of the local loss")
     t.add_argument("--compat", default="fixed", choices=("fixed", "original"),
                    help="original: reproduce faults 1-3 of the original DeepTTE")
@@ -150,7 +153,7 @@ def cmd_train(a) -> int:
 
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
                       modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
-                      weight_decay=a.weight_decay, lr_schedule=a.lr_schedule, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
+                      weight_decay=a.weight_decay, lr_schedule=a.lr_schedule, ema_decay=a.ema_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
                       driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed,
                       data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,

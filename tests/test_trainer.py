@@ -84,14 +84,17 @@ def test_fault3_local_loss_trained_every_epoch(trips_file, tmp_path, compat):
     assert epoch2 and all(g > 0 for g in epoch2) == (compat == "fixed")
 
 
-@pytest.mark.parametrize("schedule", ["constant", "cosine"])
-def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule):
-    kw = dict(dtype="float64", epochs=3, lr_schedule=schedule)
+@pytest.mark.parametrize("schedule,ema", [("constant", None), ("cosine", None), ("constant", 0.8)])
+def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule, ema):
+    kw = dict(dtype="float64", epochs=3, lr_schedule=schedule, ema_decay=ema)
     Trainer(cfg(trips_file, tmp_path / "full", **kw)).fit()
     Trainer(cfg(trips_file, tmp_path / "part", max_steps=9, **kw)).fit()  # stops mid-epoch 2
     assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == 9
     Trainer(cfg(trips_file, tmp_path / "part", resume=True, **kw)).fit()
     a, b = params(tmp_path / "full" / "last.pt"), params(tmp_path / "part" / "last.pt")
+    if ema is not None:  # the weight average resumes too: the validated (best) weights agree
+        a.update({"ema." + k: v for k, v in params(tmp_path / "full" / "checkpoint.pt").items()})
+        b.update({"ema." + k: v for k, v in params(tmp_path / "part" / "checkpoint.pt").items()})
     assert ckpt.load(tmp_path / "part" / "last.pt")["step"] == ckpt.load(tmp_path / "full" / "last.pt")["step"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -100,6 +103,37 @@ def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule):
     # the learning rate of each epoch: lr, or lr × ½(1 + cos(π·e/E)) for epochs e = 0, 1, 2 of E = 3
     want = [1e-3 * (0.5 * (1 + math.cos(math.pi * e / 3)) if schedule == "cosine" else 1.0) for e in range(3)]
     assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-12)
+
+
+def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_path):
+    decay = 0.7
+    tr = Trainer(cfg(trips_file, tmp_path, dtype="float64", epochs=1, batch_size=16, ema_decay=decay))
+    after_step, orig = [], tr.train_step
+
+    def spy(gb, use_local):
+        loss = orig(gb, use_local)
+        after_step.append({k: v.detach().clone() for k, v in tr.model.named_parameters()})
+        return loss
+
+    tr.train_step = spy
+    tr.fit()
+    assert len(after_step) >= 3
+    # EMA_1 = θ_1, EMA_t = decay·EMA_{t−1} + (1 − decay)·θ_t (torch.optim.swa_utils' EMA)
+    want = dict(after_step[0])
+    for theta in after_step[1:]:
+        want = {k: decay * want[k] + (1 - decay) * theta[k] for k in want}
+    best, last = params(tmp_path / "checkpoint.pt"), ckpt.load(tmp_path / "last.pt")
+    for k, v in want.items():
+        assert torch.allclose(best[k], v, rtol=1e-12, atol=1e-15), k  # checkpoint.pt: the validated average
+        assert torch.equal(last["model_state"][k], after_step[-1][k]), k  # last.pt: the trained weights
+    assert not all(torch.equal(best[k], after_step[-1][k]) for k in want)
+    # what validation scored is the average: re-scoring checkpoint.pt gives the best validation MAPE
+    from stfast.train.trainer import evaluate
+
+    tr.model.load_state_dict(best)
+    assert evaluate(tr.model, tr.val_ds)["mape"] == pytest.approx(last["best_val_mape"], rel=1e-12)
+    with pytest.raises(ValueError, match="--ema-decay"):
+        TrainConfig(ema_decay=1.0).validate()
 
 
 def _cli(args, env_extra=None):

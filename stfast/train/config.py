@@ -24,6 +24,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     lr_schedule: str = "constant"  # or "cosine": lr × ½(1 + cos(π·epoch/epochs)), set at every epoch start
+    ema_decay: float | None = None  # validate/checkpoint/test an exponential moving average of the weights
     alpha: float = 0.3  # local loss weight
     compat: str = "fixed"  # "original" reproduces faults 1-3 of the original DeepTTE
     head: str = "paper"  # "paper" or "prior" (see DeepTTEConfig)
@@ -128,6 +129,8 @@ class TrainConfig:
         lr_scale(1, self.lr_scaling)
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"--ema-decay must be in (0, 1), got {self.ema_decay}")
         if self.accum_window < 1:
             raise ValueError(f"--accum-window must be ≥ 1, got {self.accum_window}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:

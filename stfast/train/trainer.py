@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from .. import __version__
 from ..accum.controller import AccumulationController
@@ -189,6 +190,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = DeepTTE(mcfg, self.stats).to(self.device, self.dtype)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # --ema-decay: the weights' exponential moving average (Polyak & Juditsky 1992), what validation,
+        # checkpoint.pt and the test score use; it smooths the epoch-to-epoch jumps of a small data set
+        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
+                    if cfg.ema_decay is not None else None)
         # gradient sync (stfast.parallel.comm): buckets summed over ranks while the backward runs;
         # backward passes inside self.grad_sync.no_sync() (accumulation micro-steps) do not communicate
         self.grad_sync = (GradientSync(self.model.parameters(), make_communicator(cfg.comm, self.device))
@@ -200,6 +205,8 @@ class Trainer:
         if resume is not None:
             self.model.load_state_dict(resume["model_state"])
             self.opt.load_state_dict(resume["optimizer_state"])
+            if self.ema is not None and resume.get("ema_state") is not None:
+                self.ema.load_state_dict(resume["ema_state"])
             self.epoch, self.step, self.best = resume["epoch"], resume["step"], resume["best_val_mape"]
             self.epoch_batch = resume.get("epoch_batch", 0)
             ckpt.set_rng_state(resume["rng"])
@@ -348,6 +355,12 @@ class Trainer:
             self.accum.load_state_dict(resume["accumulation"])
         self._set_lr()
 
+    @property
+    def eval_model(self) -> DeepTTE:
+        """The model that validation, checkpoint.pt and the test score use: the weights' moving average
+        under --ema-decay, else the trained model itself."""
+        return self.model if self.ema is None else self.ema.module
+
     def _set_lr(self) -> None:
         """Learning rate for the current effective batch k·B (cfg.lr_scaling; see accum.goodput.lr_scale)
         and epoch (cfg.lr_schedule "cosine": × ½(1 + cos(π·epoch/epochs)), Loshchilov & Hutter 2017, SGDR
@@ -386,6 +399,7 @@ class Trainer:
             "drivers": self.vocab.to_list(),
             "model_state": self.model.state_dict(),
             "optimizer_state": self.opt.state_dict(),
+            "ema_state": self.ema.state_dict() if self.ema is not None else None,
             "rng": ckpt.rng_state(),
             "epoch": self.epoch,
             "epoch_batch": self.epoch_batch,
@@ -456,6 +470,8 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             return loss_val
         self.opt.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
         if self.slicer is not None:
@@ -569,7 +585,7 @@ class Trainer:
             self.epoch_batch, self._epoch_progress = 0, (0.0, 0)
             wall = time.perf_counter() - t0
             train_loss = float(dp.all_reduce_sum(np.array([loss_sum]), self.info)[0]) / max(n_done, 1)
-            val = evaluate(self.model, self.val_ds, self.info, self.device, self.show)
+            val = evaluate(self.eval_model, self.val_ds, self.info, self.device, self.show)
             self.model.train()
             self.epoch += 1
             rec = {"epoch": self.epoch, "step": self.step, "train_loss": train_loss, "val_mape": val["mape"],
@@ -584,8 +600,8 @@ class Trainer:
                 with open(self.out / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(rec) + "\n")
                 st = self.state()
-                if improved:
-                    ckpt.save_atomic(st, self.out / "checkpoint.pt")
+                if improved:  # the weights validated: the average under --ema-decay
+                    ckpt.save_atomic(dict(st, model_state=self.eval_model.state_dict()), self.out / "checkpoint.pt")
                 ckpt.save_atomic(st, self.out / "last.pt", keep_previous=True)
             self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
                      f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {rec['samples_per_s']:.0f} trips/s"
@@ -610,7 +626,8 @@ class Trainer:
             torch.distributed.barrier()
         if best.is_file():
             self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
-        test = evaluate(self.model, self.test_ds, self.info, self.device, self.show)
+        test = evaluate(self.model if best.is_file() else self.eval_model, self.test_ds, self.info, self.device,
+                        self.show)
         tr, te = self.train_trips, self.test_trips
         cs = errors(ConstantSpeedBaseline().fit(tr.dist, tr.time).predict(te.dist), te.time)
         mt = errors(MeanTimeBaseline().fit(tr.dist, tr.time).predict(te.dist), te.time)
