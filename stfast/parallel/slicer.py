@@ -367,7 +367,7 @@ def step_time_lower_bound(lengths: np.ndarray, world_size: int, cost: LinearCost
         raise ValueError("lengths must be a 1-D array of finite values ≥ 0")
     if len(lengths) == 0:
         return 0.0
-    a, b, c, d, e = (cost or LinearCostModel()).coefficients
+    a, b, c, d, e = (LinearCostModel() if cost is None else cost).coefficients
     v, cnt = np.unique(lengths, return_counts=True)  # distinct lengths, ascending
     K, W = len(v), min(int(world_size), len(lengths))  # more ranks than trips: the rest stay empty
     n_le = np.concatenate([[0], np.cumsum(cnt)])  # trips among the k shortest distinct lengths
