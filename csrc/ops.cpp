@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "comm/bindings.h"
+#include "common/cpu_workspace.h"
 
 namespace stfast {
 
@@ -30,11 +31,17 @@ TORCH_LIBRARY(stfast, m) {
   m.def(
       "lstm_forward(Tensor input, Tensor lengths, Tensor[] weights, Tensor? h0, Tensor? c0, int num_layers, "
       "int layout) -> (Tensor output, Tensor h_n, Tensor c_n, Tensor gates, Tensor cells, Tensor hiddens)");
-  // Backward of lstm_forward for input, every weight and bias, h0 and c0 (deterministic).
+  // Backward of lstm_forward for input, every weight and bias, h0 and c0 (deterministic); input_grad false
+  // skips the input's gradient (grad_input then has 0 elements).
   m.def(
       "lstm_backward(Tensor grad_output, Tensor? grad_h_n, Tensor? grad_c_n, Tensor input, Tensor lengths, "
       "Tensor[] weights, Tensor? h0, Tensor? c0, Tensor gates, Tensor cells, Tensor hiddens, int num_layers, "
-      "int layout) -> (Tensor grad_input, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
+      "int layout, bool input_grad=True) -> (Tensor grad_input, Tensor[] grad_weights, Tensor grad_h0, Tensor grad_c0)");
+
+  // The CPU kernels' workspace cache (csrc/common/cpu_workspace.h): bytes it holds; return them to the system.
+  m.def("cpu_workspace_cached_bytes() -> int",
+        [] { return static_cast<int64_t>(CpuWorkspaceAllocator::get().cached_bytes()); });
+  m.def("cpu_workspace_empty_cache() -> ()", [] { CpuWorkspaceAllocator::get().empty_cache(); });
 }
 
 #ifndef STFAST_WITH_CUDA
@@ -62,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_backward_no_cuda(
     const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const at::Tensor&,
     const at::Tensor&, at::TensorList, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t) {
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool) {
   no_cuda();
 }
 }  // namespace

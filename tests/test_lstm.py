@@ -3,6 +3,10 @@ against the plain-PyTorch reference (stfast.ops.lstm_reference): outputs, h_n, c
 every available device.
 
 Inputs are fresh random numbers each run (the seed is in every failure message); never zeros."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from _accuracy import assert_flash_rule, fresh_seed
@@ -10,7 +14,12 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import stfast
 from stfast.nn import LSTM
-from stfast.ops import lstm_packed, lstm_reference
+from stfast.ops import (
+    cpu_workspace_cached_bytes,
+    empty_cpu_workspace_cache,
+    lstm_packed,
+    lstm_reference,
+)
 
 HAS_CUDA = torch.cuda.is_available() and stfast.build_info()["cuda"]
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -251,6 +260,112 @@ def test_poisoned_buffers_every_element_written(device):
                                                layout)
         flat = [grads[0], *grads[1], grads[2], grads[3]]
         assert all(bool(torch.isfinite(t).all()) for t in flat), (layout, seed)
+
+
+def test_cpu_workspace_cache_reuses_poisoned_blocks_safely():
+    """Workspaces of 2 MiB or more come from stfast's caching allocator (stfast.ops.workspace): a call that
+    leaves NaN in every cached block (NaN input) must not leak into the next call, which reuses those blocks
+    instead of growing the cache; empty_cpu_workspace_cache returns them all."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    empty_cpu_workspace_cache()
+    assert cpu_workspace_cached_bytes() == 0
+    _ref, fused = pair(6, 128, 2, dtype=torch.float32, seed=seed)
+    w = [p.detach() for p in fused.all_weights]
+    lengths = torch.randint(1, 120, (40,), generator=g)
+    lengths[0] = 120  # padded (B, 120) rows: M > N, so the padding rows are in play too
+    x = torch.randn(40, 120, 6, generator=g)
+    for poison in (True, False):
+        xin = torch.full_like(x, float("nan")) if poison else x
+        outs = torch.ops.stfast.lstm_forward(xin, lengths, w, None, None, 2, 1)
+        grads = torch.ops.stfast.lstm_backward(torch.randn_like(outs[0]), None, None, xin, lengths, w, None, None,
+                                               *outs[3:], 2, 1)
+        if poison:
+            del outs, grads
+            cached = cpu_workspace_cached_bytes()
+            assert cached >= 40 * 120 * 4 * 128 * 4, cached  # at least the gates were cached
+    assert cpu_workspace_cached_bytes() < cached  # the live results took their blocks from the cache
+    flat = [*outs, grads[0], *grads[1], grads[2], grads[3]]
+    assert all(bool(torch.isfinite(t).all()) for t in flat), seed
+    mask = torch.arange(120)[None, :] < lengths[:, None]
+    assert bool((outs[0][~mask] == 0).all()) and bool((grads[0][~mask] == 0).all())
+    del outs, grads, flat
+    empty_cpu_workspace_cache()
+    assert cpu_workspace_cached_bytes() == 0
+
+
+@pytest.mark.parametrize("value,ok", [("0", True), ("x12", False), ("-5", False)])
+def test_cpu_workspace_cache_limit_from_environment(value, ok):
+    """STFAST_CPU_WORKSPACE_CACHE_MB=0 disables the cache (results unchanged); a malformed value is a clear
+    ValueError naming the variable, raised at the first large allocation."""
+    script = (
+        "import torch, stfast\n"
+        "from stfast.nn import LSTM\n"
+        "from stfast.ops import cpu_workspace_cached_bytes\n"
+        "torch.manual_seed(0)\n"
+        "m = LSTM(6, 128, 2, batch_first=True)\n"
+        "o, _ = m(torch.randn(40, 120, 6))\n"
+        "o.sum().backward()\n"
+        "print('cached', cpu_workspace_cached_bytes())\n")
+    env = {**os.environ, "STFAST_CPU_WORKSPACE_CACHE_MB": value}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
+    if ok:
+        assert r.returncode == 0 and "cached 0" in r.stdout, r.stderr
+    else:
+        assert r.returncode != 0 and "STFAST_CPU_WORKSPACE_CACHE_MB must be a non-negative whole number" in r.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_rows_blocked_gemms_match_torch(device):
+    """Over 1,024 work rows the CPU driver runs its big GEMMs in row blocks (lstm_driver.h: mm_rows, mm_tn);
+    float64 results still match torch.nn.LSTM, and a second call (cached workspaces) is bitwise the same."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(40, 160, (30,), generator=g).tolist()  # N >= 1,200 rows
+    I, H, L = 6, 64, 2
+    ref, fused = pair(I, H, L, batch_first=True, device=device, seed=seed)
+    x, hx = padded_inputs(lengths, I, H, L, True, torch.float64, device, seed, True)
+    results = []
+    for mod in (ref, fused, fused):
+        out, h_n, c_n = run_packed(mod, x, lengths, hx, True)
+        grads = all_grads(weighted_loss(out, h_n, c_n, seed), [x, *hx, *mod.parameters()])
+        results.append((out, h_n, c_n, *grads))
+    for a, b, c in zip(*results):
+        assert rel_err(b, a) < 1e-10, seed
+        assert torch.equal(b, c), seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("used", ["output", "h_n", "c_n"])
+def test_partial_gradients_match_torch(used, device):
+    """An input that needs no gradient (the op then skips it: lstm_backward's input_grad=False) and a loss on
+    only one of output / h_n / c_n (the others' gradients stay undefined): weight and state gradients still
+    match torch.nn.LSTM (float64)."""
+    seed = fresh_seed()
+    lengths = [13, 4, 22, 1, 9]
+    I, H, L = 5, 16, 2
+    ref, fused = pair(I, H, L, device=device, seed=seed)
+    x, hx = padded_inputs(lengths, I, H, L, False, torch.float64, device, seed, True)
+    x = x.detach()
+    results = []
+    for mod in (ref, fused):
+        out, h_n, c_n = run_packed(mod, x, lengths, hx, False)
+        picked = {"output": out, "h_n": h_n, "c_n": c_n}[used]
+        loss = (picked * torch.linspace(-1, 2, picked.numel(), dtype=picked.dtype, device=device).view_as(picked)).sum()
+        results.append(all_grads(loss, [*hx, *mod.parameters()]))
+    for a, b in zip(*results):
+        assert rel_err(b, a) < 1e-10, (used, seed)
+    # the op itself: input_grad=False gives a 0-element grad_input and the same weight gradients
+    lens = torch.tensor(lengths)
+    xp = torch.randn(sum(lengths), I, dtype=torch.float64, device=device)
+    w = [p.detach() for p in fused.all_weights]
+    outs = torch.ops.stfast.lstm_forward(xp, lens, w, None, None, L, 0)
+    go = torch.randn_like(outs[0])
+    full = torch.ops.stfast.lstm_backward(go, None, None, xp, lens, w, None, None, *outs[3:], L, 0)
+    skip = torch.ops.stfast.lstm_backward(go, None, None, xp, lens, w, None, None, *outs[3:], L, 0, False)
+    assert full[0].shape == xp.shape and skip[0].numel() == 0
+    assert all(torch.equal(a, b) for a, b in zip(full[1], skip[1]))
 
 
 def test_state_dict_loads_both_ways_and_same_init():

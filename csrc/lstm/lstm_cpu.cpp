@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "../common/cpu_workspace.h"
 #include "lstm.h"
 #include "lstm_driver.h"
 
@@ -49,6 +50,12 @@ void add_rows_double_acc(float* __restrict__ out, int64_t out_stride, const floa
 }
 
 struct CpuBackend {
+  static constexpr int64_t kGemmRowBlock = 1024;
+
+  static at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& opt) {
+    return empty_cpu_workspace(sizes, opt.dtype().toScalarType());
+  }
+
   // out (rows, H) += dG (rows, 4H) · W_hh (4H, H); out may be a row range of a larger tensor.
   static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh) {
     if (out.scalar_type() == at::kFloat && out.size(0) < kSmallRows && dG.is_contiguous() && w_hh.is_contiguous() &&
@@ -61,7 +68,7 @@ struct CpuBackend {
   }
 
   template <typename T, typename A>
-  static void forward_step(T* gates, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
+  static void forward_step(T* gates, const T* bias, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
     at::parallel_for(0, bs, std::max<int64_t>(1, kElementsPerTask / H), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         T* __restrict__ gi = gates + r * 4 * H;
@@ -70,18 +77,22 @@ struct CpuBackend {
         T* __restrict__ go = gi + 3 * H;
         A* __restrict__ cr = c + r * H;
         T* __restrict__ hr = h + r * H;
+        const T* __restrict__ bi = bias;
+        const T* __restrict__ bf = bias + H;
+        const T* __restrict__ bg = bias + 2 * H;
+        const T* __restrict__ bo = bias + 3 * H;
         if (c_prev != nullptr) {
           const A* __restrict__ cp = c_prev + r * H;
           _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
-            A i = gi[j], f = gf[j], g = gg[j], o = go[j], cc, hh;
+            A i = gi[j] + bi[j], f = gf[j] + bf[j], g = gg[j] + bg[j], o = go[j] + bo[j], cc, hh;
             cell_forward(i, f, g, o, cp[j], cc, hh);
             gi[j] = i; gf[j] = f; gg[j] = g; go[j] = o; cr[j] = cc; hr[j] = hh;
           }
         } else {
           _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
-            A i = gi[j], f = gf[j], g = gg[j], o = go[j], cc, hh;
+            A i = gi[j] + bi[j], f = gf[j] + bf[j], g = gg[j] + bg[j], o = go[j] + bo[j], cc, hh;
             cell_forward(i, f, g, o, A(0), cc, hh);
             gi[j] = i; gf[j] = f; gg[j] = g; go[j] = o; cr[j] = cc; hr[j] = hh;
           }
@@ -146,7 +157,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_bac
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& lengths,
     at::TensorList weights, const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
     const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens, int64_t num_layers,
-    int64_t layout) {
+    int64_t layout, bool input_grad) {
   const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
   check_cpu_dtype(input);
   check_saved(d, input, grad_output, grad_h_n, grad_c_n, gates, cells, hiddens);
@@ -154,7 +165,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_bac
   std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "lstm_backward_cpu", [&] {
     out = backward<scalar_t, scalar_t, CpuBackend>(d, p, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0,
-                                                   gates, cells, hiddens);
+                                                   gates, cells, hiddens, input_grad);
   });
   return out;
 }

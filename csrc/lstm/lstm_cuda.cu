@@ -12,6 +12,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <limits>
+
 #include "lstm.h"
 #include "lstm_driver.h"
 
@@ -22,13 +24,15 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T, typename A>
-__global__ void forward_step_kernel(T* __restrict__ gates, const A* __restrict__ c_prev, A* __restrict__ c,
-                                    T* __restrict__ h, int64_t n, int64_t H) {
+__global__ void forward_step_kernel(T* __restrict__ gates, const T* __restrict__ bias, const A* __restrict__ c_prev,
+                                    A* __restrict__ c, T* __restrict__ h, int64_t n, int64_t H) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= n) return;
   const int64_t r = e / H, j = e - r * H;
   T* g = gates + r * 4 * H + j;
-  A i = static_cast<A>(g[0]), f = static_cast<A>(g[H]), gg = static_cast<A>(g[2 * H]), o = static_cast<A>(g[3 * H]);
+  const T* b = bias + j;
+  A i = static_cast<A>(g[0]) + static_cast<A>(b[0]), f = static_cast<A>(g[H]) + static_cast<A>(b[H]),
+    gg = static_cast<A>(g[2 * H]) + static_cast<A>(b[2 * H]), o = static_cast<A>(g[3 * H]) + static_cast<A>(b[3 * H]);
   A cc, hh;
   cell_forward(i, f, gg, o, c_prev != nullptr ? c_prev[e] : A(0), cc, hh);
   g[0] = static_cast<T>(i);
@@ -61,16 +65,20 @@ __global__ void backward_step_kernel(const T* __restrict__ gates, const A* __res
 inline unsigned int blocks_for(int64_t n) { return static_cast<unsigned int>((n + kThreads - 1) / kThreads); }
 
 struct CudaBackend {
+  static constexpr int64_t kGemmRowBlock = std::numeric_limits<int64_t>::max();  // cuBLAS: one GEMM
+
+  static at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& opt) { return at::empty(sizes, opt); }
+
   static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh) {
     out.addmm_(dG, w_hh);
   }
 
   template <typename T, typename A>
-  static void forward_step(T* gates, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
+  static void forward_step(T* gates, const T* bias, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
     const int64_t n = bs * H;
     if (n == 0) return;
-    forward_step_kernel<T, A><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(gates, c_prev, c, h,
-                                                                                                 n, H);
+    forward_step_kernel<T, A><<<blocks_for(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        gates, bias, c_prev, c, h, n, H);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
@@ -103,7 +111,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_bac
     const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& lengths,
     at::TensorList weights, const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
     const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens, int64_t num_layers,
-    int64_t layout) {
+    int64_t layout, bool input_grad) {
   const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
   check_saved(d, input, grad_output, grad_h_n, grad_c_n, gates, cells, hiddens);
   const c10::cuda::CUDAGuard guard(input.device());
@@ -111,7 +119,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_bac
   std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "lstm_backward_cuda", [&] {
     out = backward<scalar_t, at::opmath_type<scalar_t>, CudaBackend>(d, p, grad_output, grad_h_n, grad_c_n, input,
-                                                                     weights, h0, c0, gates, cells, hiddens);
+                                                                     weights, h0, c0, gates, cells, hiddens,
+                                                                     input_grad);
   });
   return out;
 }

@@ -180,17 +180,20 @@ def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, layout):
 
 @torch.library.register_fake("stfast::lstm_backward")
 def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
-                        num_layers, layout):
+                        num_layers, layout, input_grad=True):
     H = weights[1].shape[1]
     B = lengths.shape[0]
-    return (torch.empty_like(input), [torch.empty_like(w) for w in weights], input.new_empty(num_layers, B, H),
-            input.new_empty(num_layers, B, H))
+    return (torch.empty_like(input) if input_grad else input.new_empty(0), [torch.empty_like(w) for w in weights],
+            input.new_empty(num_layers, B, H), input.new_empty(num_layers, B, H))
 
 
 def _setup_context(ctx, inputs, output):
     input, lengths, weights, h0, c0, num_layers, layout = inputs
     _out, _h_n, _c_n, gates, cells, hiddens = output
     ctx.mark_non_differentiable(gates, cells, hiddens)
+    # Why: autograd would otherwise build zero gradients for the saved workspaces (L·M·6H values, several
+    # times the output) on every backward; undefined grads reach the op as None.
+    ctx.set_materialize_grads(False)
     ctx.n_weights = len(weights)
     ctx.num_layers, ctx.layout = num_layers, layout
     ctx.has_h0, ctx.has_c0 = h0 is not None, c0 is not None
@@ -199,13 +202,15 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_output, grad_h_n, grad_c_n, _g, _c, _h):
     input, lengths, h0, c0, gates, cells, hiddens, *weights = ctx.saved_tensors
+    if grad_output is None and grad_h_n is None and grad_c_n is None:
+        return (None, None, [None] * ctx.n_weights, None, None, None, None)
     if grad_output is None:
         grad_output = input.new_zeros(*input.shape[:-1], weights[1].shape[1])
     grad_input, grad_weights, grad_h0, grad_c0 = torch.ops.stfast.lstm_backward(
         grad_output.contiguous(), grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
-        ctx.num_layers, ctx.layout)
-    return (grad_input, None, list(grad_weights), grad_h0 if ctx.has_h0 else None, grad_c0 if ctx.has_c0 else None,
-            None, None)
+        ctx.num_layers, ctx.layout, ctx.needs_input_grad[0])
+    return (grad_input if ctx.needs_input_grad[0] else None, None, list(grad_weights),
+            grad_h0 if ctx.has_h0 else None, grad_c0 if ctx.has_c0 else None, None, None)
 
 
 torch.library.register_autograd("stfast::lstm_forward", _backward, setup_context=_setup_context)
