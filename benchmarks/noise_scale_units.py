@@ -1,16 +1,22 @@
-"""Does the no-extra-backward gradient-noise-scale estimate (stfast.accum.noise: units = one rank's shard of
-one micro-batch) agree with B_simple computed from per-trip gradients, when the units are the shards that
-the ranks actually get?
+"""Does the no-extra-backward gradient-noise-scale estimate (stfast.accum.noise) agree with B_simple from
+per-trip gradients when its units are the shards the ranks actually get?
 
-For DeepTTE on the synthetic city (global batch B, at initialization and after training), per batch:
-- exact: tr(Σ) from the B per-trip gradients (the loss of one trip, its mean-gradient form), |G|² from
-  the batch gradient minus tr(Σ)/B (McCandlish et al. 2018, Appendix A), averaged over batches;
-- the unit estimator (noise_estimates) with the batch split into W units: at random (what the estimator
-  assumes), by the balanced slicer (stfast.parallel.slicer.partition, the fitted CPU cost model) and
-  sorted by length into contiguous halves.
-Estimates of tr(Σ) and |G|² are averaged over the batches first and divided afterwards, as the EMA does.
+The trainer's units are one rank's shard of one micro-batch; the estimator (McCandlish et al. 2018,
+Appendix A) assumes they are random subsets of the optimizer step's trips. The balanced slicer groups
+trips by length instead. This script measures the consequence for DeepTTE on the synthetic city (or any
+trips), with the trainer's loss (entire + local, means over the step's trips and segments):
 
-    python benchmarks/noise_scale_units.py [--batches 6] [--batch-size 64] [--world-size 2] [--json out.json]
+- per trip i of a step, its contribution c_i to the step's gradient times the step's trip count (the
+  step gradient is the mean of the c_i, as the trainer's loss scaling makes it) — one backward each;
+- exact: tr(Σ) = the c_i's variance (unbiased), |G|² = |mean c|² − tr(Σ)/n;
+- the unit estimator at k = 1 (units: the W shards of one micro-batch of B trips) and k = 2 (the W shards
+  of each of two micro-batches, step = 2B trips), with the shards drawn at random (what the estimator
+  assumes), by the balanced slicer (stfast.parallel.slicer.partition, the cost model fitted on this CPU)
+  and as sorted contiguous length ranges. A unit's mean gradient is the mean of its c_i (exact: the loss
+  is a sum over trips), so no further backward is needed.
+tr(Σ) and |G|² are averaged over the steps first and divided afterwards, as the trainer's EMA does.
+
+    python benchmarks/noise_scale_units.py [--steps 12] [--batch-size 32] [--world-size 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -30,18 +36,21 @@ from stfast.parallel.slicer import LinearCostModel, partition
 
 # the cost model fitted on this CPU (README, load balance): a, b, c, d, e
 CPU_COST = (0.011048642683591653, 0.0, 1.1157545301093674e-05, 1.5998237859478548e-05, 1.2811881111460965e-05)
+SPLITS = ("random", "balanced_slicer", "sorted")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", type=int, default=6)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=12, help="measured optimizer steps per phase")
+    ap.add_argument("--batch-size", type=int, default=32, help="global micro-batch B (trips)")
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--train-steps", type=int, default=100, help="Adam steps between the measured phases")
+    ap.add_argument("--train-steps", type=int, default=150, help="Adam steps (batch B) before each later phase")
+    ap.add_argument("--phases", type=int, default=3)
+    ap.add_argument("--n-synthetic", type=int, default=1500)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    trips = synthetic_trips(3000, seed=0)
+    trips = synthetic_trips(a.n_synthetic, seed=0)
     lengths = np.diff(trips.offsets)
     vocab = DriverVocab(trips.driver)
     ds = TripDataset(trips, vocab)
@@ -49,51 +58,69 @@ def main(argv=None) -> int:
     model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab)), NormStats.from_trips(trips))
     params = [p for p in model.parameters() if p.requires_grad]
     cost = LinearCostModel(CPU_COST)
+    k_conv = model.cfg.kernel_size
 
-    def loss_of(idx):
+    def step_loss(idx, n_trips, n_local):
         b = ds.batch(np.asarray(idx))
-        p = loss_parts(model, model(b), b)
-        return combine_loss(p, model.cfg.alpha, len(idx), p.n_local, False)  # entire loss: per-trip means
+        return combine_loss(loss_parts(model, model(b), b), model.cfg.alpha, n_trips, n_local, True)
 
-    def grad_of(idx):
-        model.zero_grad(set_to_none=True)
-        loss_of(idx).backward()
-        return torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1).double()
-                          for q in params])
+    def contributions(idx):
+        """[n, P] float64: each trip's gradient contribution to the step over idx, times n."""
+        n_local = int(np.maximum(lengths[idx] - k_conv + 1, 0).sum())
+        out = []
+        for i in idx:
+            model.zero_grad(set_to_none=True)
+            step_loss([i], len(idx), n_local).backward()
+            out.append(torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1).double()
+                                  for q in params]) * len(idx))
+        return torch.stack(out)
+
+    def units_of(micro, how, rng):
+        if how == "random":
+            return np.array_split(rng.permutation(len(micro)), a.world_size)
+        if how == "sorted":
+            return np.array_split(np.argsort(lengths[micro], kind="stable"), a.world_size)
+        shard = partition(lengths[micro].astype(float), a.world_size, "balanced", cost)
+        return [np.flatnonzero(shard == r) for r in range(a.world_size)]
+
+    def unit_estimate(c, unit_rows):
+        unit_rows = [u for u in unit_rows if len(u)]
+        small_sq = float(np.mean([float(c[u].mean(0).square().sum()) for u in unit_rows]))
+        b_small = len(unit_rows) / sum(1.0 / len(u) for u in unit_rows)
+        return noise_estimates(small_sq, b_small, float(c.mean(0).square().sum()), len(c))
 
     rng = np.random.default_rng(0)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
-    B, W = a.batch_size, a.world_size
+    B = a.batch_size
     rows = []
-    for phase in range(3):
+    for phase in range(a.phases):
         for _ in range(a.train_steps if phase else 0):
-            opt.zero_grad()
-            loss_of(rng.choice(len(lengths), B, replace=False)).backward()
-            opt.step()
-        acc = {"exact": [], "random": [], "balanced_slicer": [], "sorted_halves": []}
-        for _ in range(a.batches):
             idx = rng.choice(len(lengths), B, replace=False)
-            per = torch.stack([grad_of([i]) for i in idx])
-            gbar = per.mean(0)
-            tr = float((per - gbar).square().sum(1).mean()) * B / (B - 1)
-            acc["exact"].append((float(gbar.square().sum()) - tr / B, tr))
-            big_sq = float(grad_of(idx).square().sum())
-            shard = partition(lengths[idx].astype(float), W, "balanced", cost)
-            splits = {"random": np.array_split(rng.permutation(idx), W),
-                      "balanced_slicer": [idx[shard == r] for r in range(W)],
-                      "sorted_halves": np.array_split(idx[np.argsort(lengths[idx], kind="stable")], W)}
-            for name, units in splits.items():
-                units = [u for u in units if len(u)]
-                sq = [float(grad_of(u).square().sum()) for u in units]
-                b_small = len(units) / sum(1.0 / len(u) for u in units)
-                acc[name].append(noise_estimates(float(np.mean(sq)), b_small, big_sq, B))
+            opt.zero_grad()
+            step_loss(idx, B, int(np.maximum(lengths[idx] - k_conv + 1, 0).sum())).backward()
+            opt.step()
+        acc = {"exact": []} | {f"k{k}_{s}": [] for k in (1, 2) for s in SPLITS}
+        for _ in range(a.steps):
+            for k in (1, 2):
+                micro = [rng.choice(len(lengths), B, replace=False) for _ in range(k)]
+                idx = np.concatenate(micro)
+                c = contributions(idx)
+                n = len(idx)
+                tr = float((c - c.mean(0)).square().sum(1).sum()) / (n - 1)
+                if k == 1:
+                    acc["exact"].append((float(c.mean(0).square().sum()) - tr / n, tr))
+                for s in SPLITS:
+                    rows_u = []
+                    for j, m in enumerate(micro):
+                        rows_u += [u + j * B for u in units_of(m, s, rng)]
+                    acc[f"k{k}_{s}"].append(unit_estimate(c, rows_u))
         row = {"phase": phase, "adam_steps": phase * a.train_steps}
         for name, v in acc.items():
             g2, tr = (float(np.mean(x)) for x in zip(*v))
             row[name] = {"b_simple": tr / g2, "trace": tr, "g2": g2}
         rows.append(row)
-        print(f"after {row['adam_steps']:4d} steps: " + " | ".join(
-            f"{n} {row[n]['b_simple']:8.1f}" for n in acc), flush=True)
+        print(f"after {row['adam_steps']:4d} Adam steps, B_simple (trips): " + " | ".join(
+            f"{n} {row[n]['b_simple']:.1f}" for n in acc), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
