@@ -182,3 +182,20 @@ def test_live_accumulation_env_passes_check_env(trips_file, tmp_path):
     obs, r, term, _, info = env.step(1)  # k = 2
     assert env.observation_space.contains(obs) and info["k"] == 2 and info["trips"] == 16
     assert math.isfinite(r) and not term
+
+
+def test_rl_scheduler_keeps_the_last_finite_noise_scale():
+    """A window whose noise scale is unknown (nan) is observed and rewarded with the last finite estimate,
+    so an unknown value never reads as 'large batches are free' (statistical efficiency 1)."""
+    rl = RLScheduler(Agent(5, seed=0), update_every=100)
+    rl.observe(WindowStats(1, 32, 4, 128, 1.0, 0.1, noise_scale=64.0))
+    unknown = WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=math.nan)
+    rl.observe(unknown)
+    expected = observation(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0), rl.ref)
+    assert np.array_equal(rl._pending[0], expected)
+    assert rl.last_reward == pytest.approx(log_goodput_gain(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0),
+                                                            rl.ref))
+    assert rl.last_reward < log_goodput_gain(unknown, rl.ref)  # nan alone would have scored k = 4 as free
+    restored = RLScheduler(Agent(5, seed=0))
+    restored.load_state_dict(rl.state_dict())
+    assert restored.noise_scale == 64.0

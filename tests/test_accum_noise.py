@@ -82,3 +82,16 @@ def test_single_unit_and_bad_sizes():
         noise_estimates(1.0, 8, 1.0, 8)
     with pytest.raises(ValueError, match="decay"):
         GradientNoiseScale(decay=1.0)
+
+
+def test_non_positive_g2_estimate_is_unknown_not_infinite():
+    """When the |G|² estimate (EMA) is ≤ 0 — the estimator's noise exceeding the signal, common with two
+    units per step — the noise scale is unknown (nan), not infinite; a later positive estimate counts."""
+    gns = GradientNoiseScale(decay=0.5)
+    # two units of 16 trips with mean |g_u|² = 10 and |g_big|² = 1 over 32 trips: |G|² = (32 − 160)/16 < 0
+    assert gns.update(np.array([20.0, 2 / 16, 2.0]), 1.0, 32)
+    assert gns.g2 < 0 < gns.trace
+    assert math.isnan(gns.value)
+    for _ in range(6):  # consistent units: |g_u|² = 1.5, |g_big|² = 1.25 -> |G|² = 1, tr(Σ) = 8
+        gns.update(np.array([3.0, 2 / 16, 2.0]), 1.25, 32)
+    assert gns.g2 > 0 and math.isfinite(gns.value) and gns.value > 0

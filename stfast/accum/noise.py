@@ -99,11 +99,17 @@ class GradientNoiseScale:
 
     @property
     def value(self) -> float:
-        """B_simple = tr(Σ)/|G|² in trips; nan before the first update, inf while |G|² ≤ 0 (all noise)."""
+        """B_simple = tr(Σ)/|G|² in trips; nan before the first update and while the |G|² estimate is ≤ 0.
+
+        A non-positive |G|² is the estimator's own noise exceeding the signal (|g_big|² minus tr(Σ)/b_big),
+        not evidence of an infinite noise scale: with two units per step it happens on many steps once
+        B_simple exceeds the batch (benchmarks/noise_scale_units.py). Reporting inf there told the
+        schedulers that large batches cost nothing; nan tells them the estimate is unknown, and they
+        keep their last finite one."""
         if not self.n:
             return math.nan
         g2 = self.g2
-        return self.trace / g2 if g2 > 0 else math.inf
+        return self.trace / g2 if g2 > 0 else math.nan
 
     def state_dict(self) -> dict:
         return {"decay": self.decay, "g2_ema": self.g2_ema, "trace_ema": self.trace_ema, "n": self.n}

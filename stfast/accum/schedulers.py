@@ -9,7 +9,7 @@ every rank takes the same number of micro-steps). Every scheduler has ``state_di
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -207,10 +207,17 @@ class RLScheduler(AccumulationScheduler):
         self.ref = math.nan  # samples/s of the first window
         self._pending = None  # (obs, action, logp, value) of the decision whose window just ran
         self.last_reward = math.nan
+        self.noise_scale = math.nan  # the last finite noise-scale estimate
 
     def observe(self, stats: WindowStats) -> int:
         if not math.isfinite(self.ref):
             self.ref = stats.samples_per_s
+        # a window without a finite estimate keeps the last one, for the observation and the reward alike
+        # (as GoodputScheduler does): an unknown noise scale must not read as "large batches are free"
+        if math.isfinite(stats.noise_scale):
+            self.noise_scale = stats.noise_scale
+        elif math.isfinite(self.noise_scale):
+            stats = replace(stats, noise_scale=self.noise_scale)
         obs = observation(stats, self.ref, self.choices)
         if self._pending is not None and self.online:
             self.last_reward = log_goodput_gain(stats, self.ref)
@@ -223,10 +230,12 @@ class RLScheduler(AccumulationScheduler):
         return self.k
 
     def state_dict(self) -> dict:
-        return {"k": self.k, "ref": self.ref, "agent": self.agent.state_dict(), "pending": self._pending}
+        return {"k": self.k, "ref": self.ref, "agent": self.agent.state_dict(), "pending": self._pending,
+                "noise_scale": self.noise_scale}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.ref, self._pending = s["k"], s["ref"], s["pending"]
+        self.noise_scale = s.get("noise_scale", math.nan)  # absent in checkpoints before 2026-11-30
         self.agent.load_state_dict(s["agent"])
 
 
