@@ -70,7 +70,9 @@ def main(argv=None) -> dict:
         for group in opt.param_groups:  # effective batch k·B: the sqrt rule for Adam
             group["lr"] = base_lr * lr_scale(k, "sqrt")
     print(f"k per window: {chosen}")
-    return {"k": chosen, "final_loss": loss_last, "noise_scale": noise.value}
+    # noise scale: nan while the |G|² estimate is not positive (the estimate's noise exceeds the signal)
+    return {"k": chosen, "final_loss": loss_last, "noise_scale": noise.value, "noise_updates": noise.n,
+            "g2": noise.g2, "trace": noise.trace}
 
 
 if __name__ == "__main__":
