@@ -236,17 +236,16 @@ at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, const D
   return out.view(sizes);
 }
 
-// out (R, C) = a (R, K) · b (K, C) (+ bias (C,) when defined), in blocks of Backend::kGemmRowBlock rows.
+// out (R, C) = a (R, K) · b (K, C), in blocks of Backend::kGemmRowBlock rows.
 // Why blocks: on the CPU, MKL's single-thread path for tall, narrow products (R ~ 20,000, C 128) ran at
 // 60 % of the rate it reaches on blocks of 1,024 rows (measured: 42 vs 68 GFLOP/s).
 template <class Backend>
-void mm_rows(at::Tensor out, const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias = {}) {
+void mm_rows(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t R = a.size(0);
-  for (int64_t r0 = 0; r0 < R; r0 += std::min(Backend::kGemmRowBlock, R - r0)) {
-    const int64_t n = std::min(Backend::kGemmRowBlock, R - r0);
+  for (int64_t r0 = 0, n = 0; r0 < R; r0 += n) {
+    n = std::min(Backend::kGemmRowBlock, R - r0);
     at::Tensor o = out.narrow(0, r0, n);
-    if (bias.defined()) at::addmm_out(o, bias, a.narrow(0, r0, n), b);
-    else at::mm_out(o, a.narrow(0, r0, n), b);
+    at::mm_out(o, a.narrow(0, r0, n), b);
   }
 }
 
@@ -255,12 +254,9 @@ void mm_rows(at::Tensor out, const at::Tensor& a, const at::Tensor& b, const at:
 template <class Backend>
 void mm_tn(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t R = a.size(0);
-  if (R == 0) {
-    out.zero_();
-    return;
-  }
-  for (int64_t r0 = 0; r0 < R; r0 += std::min(Backend::kGemmRowBlock, R - r0)) {
-    const int64_t n = std::min(Backend::kGemmRowBlock, R - r0);
+  if (R == 0) out.zero_();
+  for (int64_t r0 = 0, n = 0; r0 < R; r0 += n) {
+    n = std::min(Backend::kGemmRowBlock, R - r0);
     if (r0 == 0) at::mm_out(out, a.narrow(0, 0, n).t(), b.narrow(0, 0, n));
     else out.addmm_(a.narrow(0, r0, n).t(), b.narrow(0, r0, n));
   }
