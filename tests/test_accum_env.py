@@ -112,7 +112,7 @@ def test_agent_learns_a_state_dependent_choice_and_keeps_its_own_copy_of_observa
     # depends on the context
     rng = np.random.default_rng(1)
     agent = Agent(5, seed=0)
-    agent.epsilon = 1.0
+    agent.epsilon, agent.adjacent = 1.0, False  # uniform exploration, as in pre-training
     buf = np.zeros(OBS_DIM, np.float32)  # one array reused, as train_offline does
     for i in range(600):
         buf[:] = rng.uniform(-1, 1, OBS_DIM)
@@ -199,3 +199,62 @@ def test_rl_scheduler_keeps_the_last_finite_noise_scale():
     restored = RLScheduler(Agent(5, seed=0))
     restored.load_state_dict(rl.state_dict())
     assert restored.noise_scale == 64.0
+
+
+def test_online_exploration_tries_only_adjacent_k_with_its_true_probability():
+    agent = Agent(5, seed=2)
+    agent.epsilon = 1.0
+    obs = np.random.default_rng(3).uniform(-1, 1, (400, OBS_DIM)).astype(np.float32)
+    greedy = agent.act_batch(obs, deterministic=True)[0]
+    a, logp, _ = agent.act_batch(obs)
+    assert (np.abs(a - greedy) == 1).all()
+    edge = (greedy == 0) | (greedy == 4)
+    assert np.allclose(np.exp(logp), np.where(edge, 1.0, 0.5))
+    inner = ~edge
+    if inner.sum() >= 40:  # both neighbours of an inner action are tried
+        assert 0.25 < (a[inner] > greedy[inner]).mean() < 0.75
+    agent.epsilon = 0.05
+    a, logp, _ = agent.act_batch(obs)
+    assert np.allclose(np.exp(logp[a == greedy]), 0.95)
+
+
+def test_the_current_k_is_kept_while_its_q_is_within_the_margin():
+    agent = Agent(5, seed=4)
+    obs = np.random.default_rng(5).uniform(-1, 1, (64, OBS_DIM)).astype(np.float32)
+    q = agent.q(torch.as_tensor(obs)).detach().numpy()
+    second = np.argsort(q, 1)[:, -2]
+    gap = q.max(1) - q[np.arange(64), second]
+    kept = agent.act_batch(obs, deterministic=True, current=second, margin=float(gap.max()) + 1e-6)[0]
+    assert (kept == second).all()
+    free = agent.act_batch(obs, deterministic=True, current=second, margin=0.0)[0]
+    assert (free == q.argmax(1)).all()
+    half = float(np.median(gap))
+    mixed = agent.act_batch(obs, deterministic=True, current=second, margin=half)[0]
+    assert (mixed == np.where(gap <= half, second, q.argmax(1))).all()
+
+
+def test_fine_tuning_on_a_few_live_windows_keeps_what_pre_training_learned():
+    """Online updates mix the pre-training transitions into every minibatch: 48 windows around one state
+    with noisy rewards leave the greedy k of ≥ 88 % of the simulator's states as they were; without that
+    anchor the same updates change it in more than a quarter of them."""
+    agreement = {}
+    for anchored in (True, False):
+        agent = pretrained_agent(5, seed=0)
+        states = agent.prior[0][torch.randperm(len(agent.prior[0]), generator=torch.Generator().manual_seed(1))[:2000]]
+        states = states.numpy()
+        before = agent.act_batch(states, deterministic=True)[0]
+        if not anchored:
+            agent.prior = tuple(t[:0] for t in agent.prior)
+        rng = np.random.default_rng(0)
+        live = states[rng.integers(0, len(states))]
+        for _ in range(48):
+            o = np.clip(live + rng.normal(0, 0.02, live.shape), -1, 1).astype(np.float32)
+            a, lp, v = agent.act(o)
+            agent.record(o, a, lp, v, float(rng.normal(0, 0.3)))
+            if agent.n_recorded >= 8:
+                agent.update()
+        agreement[anchored] = float((agent.act_batch(states, deterministic=True)[0] == before).mean())
+    assert agreement[True] >= 0.88 and agreement[False] < 0.8, agreement
+    restored = Agent(5, seed=1)
+    restored.load_state_dict(pretrained_agent(5, seed=0).state_dict())
+    assert len(restored.prior[2]) == len(pretrained_agent(5, seed=0).prior[2]) > 1000

@@ -95,3 +95,48 @@ def test_non_positive_g2_estimate_is_unknown_not_infinite():
     for _ in range(6):  # consistent units: |g_u|² = 1.5, |g_big|² = 1.25 -> |G|² = 1, tr(Σ) = 8
         gns.update(np.array([3.0, 2 / 16, 2.0]), 1.25, 32)
     assert gns.g2 > 0 and math.isfinite(gns.value) and gns.value > 0
+
+
+def _units_for(g2: float) -> tuple[np.ndarray, float, int]:
+    """Units whose two-batch |G|² estimate is exactly g2: two units of 1 trip, a step of 2 trips, |g_big|² = 1."""
+    return np.array([2 * (2 - g2), 2.0, 2.0]), 1.0, 2
+
+
+def test_g2_stderr_matches_the_spread_of_the_ema_over_replicas():
+    rng = np.random.default_rng(7)
+    ema, se = [], []
+    for _ in range(2000):
+        gns = GradientNoiseScale(decay=0.9)
+        for _ in range(30):
+            gns.update(*_units_for(rng.normal(2.0, 1.5)))
+        ema.append(gns.g2)
+        se.append(gns.g2_stderr)
+    assert np.mean(ema) == pytest.approx(2.0, abs=0.03)
+    assert np.mean(se) == pytest.approx(np.std(ema), rel=0.1)
+    one = GradientNoiseScale()
+    one.update(*_units_for(1.0))
+    assert math.isnan(one.g2_stderr) and math.isnan(one.lower_confidence())
+
+
+def test_lower_confidence_bound_does_not_jump_when_g2_nears_zero():
+    """Two units of b = 16 trips per step (two ranks, k = 1) and B_simple = 8·b: the point estimate jumps
+    past 10× the truth on some steps, the bound stays below 2.5× on every step and errs low."""
+    rng = np.random.default_rng(0)
+    d, b = 50, 16
+    G = rng.normal(size=d)
+    G /= np.linalg.norm(G)  # |G|² = 1
+    sd = math.sqrt(8 * b / d)  # tr(Σ) = d·sd² = 8b
+    truth = 8.0 * b
+    gns = GradientNoiseScale()
+    point, bound = [], []
+    for _ in range(3000):
+        per_trip = G + rng.normal(size=(2 * b, d)) * sd
+        halves = (per_trip[:b].mean(0), per_trip[b:].mean(0))
+        big = per_trip.mean(0)
+        gns.update(np.array([sum(float(h @ h) for h in halves), 2 / b, 2.0]), float(big @ big), 2 * b)
+        point.append(gns.value)
+        bound.append(gns.lower_confidence())
+    point, bound = np.array(point[10:]), np.array(bound[10:])
+    assert np.nanmax(point) > 10 * truth
+    assert not np.isnan(bound).any() and bound.max() < 2.5 * truth
+    assert 0.4 * truth < np.median(bound) < truth < np.nanmedian(point) * 1.2

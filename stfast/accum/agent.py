@@ -37,6 +37,10 @@ from .schedulers import OBS_DIM
 HIDDEN = 64  # units of both hidden layers of the Q-network
 LR = 1e-3  # Adam step size
 EPSILON = 0.05  # ε-greedy exploration when acting non-deterministically (online, inside training)
+# Online, an exploratory window tries a choice adjacent to the greedy one (k/2 or 2k), not any: a window
+# at k = 16 takes 16 times as long as one at k = 1, so uniform probes spent ~15 % of a live run's budget
+# at k ≫ best (runs/bench_accum_s6, Chengdu) while neighbours are where the best k moves to next.
+PRIOR_SHARE = 0.5  # online updates: share of each minibatch drawn from the pre-training transitions
 EPSILON_OFFLINE = (1.0, 0.2)  # pre-training: ε falls linearly from the first to the second value
 MINIBATCH = 128
 GRAD_STEPS = 32  # minibatch steps per update
@@ -71,29 +75,52 @@ class Agent:
             self.q = _mlp(obs_dim, n_actions)
         self.opt = torch.optim.Adam(self.q.parameters(), lr=LR)
         self.epsilon = EPSILON
+        self.adjacent = True  # exploration to adjacent actions (online); False: uniform (pre-training)
         self.replay: list[tuple] = []  # (obs, action, reward)
         self.n_recorded = 0  # transitions recorded since the last update
+        # pre-training transitions (obs [N, obs_dim] float32, action [N] int64, reward [N] float32) mixed into
+        # online updates, so a few dozen live windows refine the Q-network where training goes without
+        # overwriting what it learned about the states it has not visited (empty: no anchor)
+        self.prior = (torch.zeros(0, obs_dim), torch.zeros(0, dtype=torch.long), torch.zeros(0))
 
     def _rand(self, n: int) -> torch.Tensor:
         return torch.rand(n, generator=self.gen, dtype=torch.float64)
 
     @torch.no_grad()
-    def act_batch(self, obs: np.ndarray, deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act_batch(self, obs: np.ndarray, deterministic: bool = False, current=None,
+                  margin: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions [N] int, their log-probabilities [N] under the ε-greedy policy and Q values [N] for
-        observations [N, obs_dim]. deterministic: the greedy action (argmax Q)."""
+        observations [N, obs_dim]. The greedy action is argmax Q, except that ``current`` (action
+        indices [N], optional) is kept while its Q is within ``margin`` of the largest. deterministic:
+        the greedy action. Exploration (probability ε) picks an adjacent action (index ±1, each half)
+        when ``adjacent``, else a uniform one."""
         x = torch.as_tensor(np.asarray(obs, np.float32)).reshape(-1, self.obs_dim)
         q = self.q(x)
         greedy = q.argmax(-1)
+        if current is not None:
+            cur = torch.as_tensor(np.asarray(current, np.int64)).reshape(-1).expand(len(x))
+            stay = q.gather(1, cur[:, None])[:, 0] >= q.gather(1, greedy[:, None])[:, 0] - margin
+            greedy = torch.where(stay, cur, greedy)
         eps = 0.0 if deterministic else self.epsilon
         explore = self._rand(len(x)) < eps
-        rand = torch.randint(self.n_actions, (len(x),), generator=self.gen)
-        a = torch.where(explore, rand, greedy)
-        p = eps / self.n_actions + (1 - eps) * (a == greedy).double()
+        if self.adjacent and self.n_actions > 1:
+            edge = (greedy == 0) | (greedy == self.n_actions - 1)
+            step = torch.where(self._rand(len(x)) < 0.5, -1, 1)
+            step = torch.where(greedy == 0, 1, torch.where(greedy == self.n_actions - 1, -1, step))
+            a = torch.where(explore, greedy + step, greedy)
+            # an inner greedy action's two neighbours are explored with ε/2 each, an edge's one with ε
+            p = torch.where(a == greedy, 1.0 - eps, eps * torch.where(edge, 1.0, 0.5)).double()
+        else:
+            rand = torch.randint(self.n_actions, (len(x),), generator=self.gen)
+            a = torch.where(explore, rand, greedy)
+            p = eps / self.n_actions + (1 - eps) * (a == greedy).double()
         return a.numpy(), np.log(p.numpy()), q.gather(1, a[:, None])[:, 0].numpy()
 
-    def act(self, obs: np.ndarray, deterministic: bool = False) -> tuple[int, float, float]:
-        """ε-greedy (or, deterministic, greedy) action for ``obs`` [obs_dim]: (action, log-probability, Q)."""
-        a, lp, v = self.act_batch(obs, deterministic)
+    def act(self, obs: np.ndarray, deterministic: bool = False, current: int | None = None,
+            margin: float = 0.0) -> tuple[int, float, float]:
+        """ε-greedy (or, deterministic, greedy) action for ``obs`` [obs_dim]: (action, log-probability, Q).
+        current / margin: see act_batch."""
+        a, lp, v = self.act_batch(obs, deterministic, None if current is None else [current], margin)
         return int(a[0]), float(lp[0]), float(v[0])
 
     def record(self, obs, action: int, logp: float, value: float, reward: float, next_obs=None,
@@ -113,18 +140,23 @@ class Agent:
 
     def update(self) -> dict:
         """GRAD_STEPS minibatch steps of the squared error of Q(obs, action) to the reward, on
-        minibatches drawn from the replay memory. Returns the last minibatch's loss."""
+        minibatches drawn from the replay memory and, a PRIOR_SHARE of each, from the pre-training
+        transitions (``prior``, when present). Returns the last minibatch's loss."""
         self.n_recorded = 0
         if not self.replay:
             return {}
         obs = torch.as_tensor(np.stack([t[0] for t in self.replay]))
         act = torch.as_tensor([t[1] for t in self.replay])
         rew = torch.as_tensor([t[2] for t in self.replay], dtype=torch.float32)
+        p_obs, p_act, p_rew = self.prior
+        n_prior = round(PRIOR_SHARE * MINIBATCH) if len(p_rew) else 0
         loss = torch.zeros(())
         for _ in range(GRAD_STEPS):
-            i = torch.randint(len(rew), (min(MINIBATCH, len(rew)),), generator=self.gen)
-            q = self.q(obs[i]).gather(1, act[i, None])[:, 0]
-            loss = (q - rew[i]).square().mean()
+            i = torch.randint(len(rew), (min(MINIBATCH - n_prior, len(rew)),), generator=self.gen)
+            j = torch.randint(max(len(p_rew), 1), (n_prior,), generator=self.gen)
+            o, a, r = torch.cat([obs[i], p_obs[j]]), torch.cat([act[i], p_act[j]]), torch.cat([rew[i], p_rew[j]])
+            q = self.q(o).gather(1, a[:, None])[:, 0]
+            loss = (q - r).square().mean()
             self.opt.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(self.q.parameters(), MAX_GRAD_NORM)
@@ -134,7 +166,7 @@ class Agent:
     def state_dict(self) -> dict:
         return {"q": self.q.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
                 "replay": list(self.replay), "n_recorded": self.n_recorded, "epsilon": self.epsilon,
-                "n_actions": self.n_actions}
+                "n_actions": self.n_actions, "prior": self.prior}
 
     def load_state_dict(self, s: dict) -> None:
         if s["n_actions"] != self.n_actions:
@@ -143,6 +175,8 @@ class Agent:
         self.opt.load_state_dict(s["opt"])
         self.gen.set_state(s["gen"])
         self.replay, self.n_recorded, self.epsilon = list(s["replay"]), s["n_recorded"], s["epsilon"]
+        if "prior" in s:  # absent in checkpoints before 2026-11-30 (no anchor then)
+            self.prior = s["prior"]
 
 
 def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_from: str | None = "log_goodput_gain") -> list[float]:
@@ -151,7 +185,8 @@ def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_fro
     the finished episodes' returns (of the environments' rewards). The agent learns from
     ``info[learn_from]`` of each step (the log goodput gain), or from the reward when ``learn_from`` is
     None. The agent's online ε is restored afterwards."""
-    eps_online = agent.epsilon
+    eps_online, adjacent_online = agent.epsilon, agent.adjacent
+    agent.adjacent = False  # uniform exploration covers every (state, k) pair the simulator can reach
     obs = np.stack([e.reset(seed=seed + i)[0] for i, e in enumerate(envs)])
     returns, ep_ret = [], np.zeros(len(envs))
     since = 0
@@ -172,7 +207,7 @@ def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_fro
         if since >= ROLLOUT:
             agent.update()
             since = 0
-    agent.epsilon = eps_online
+    agent.epsilon, agent.adjacent = eps_online, adjacent_online
     return returns
 
 
@@ -185,7 +220,11 @@ def _pretrained_state(n_actions: int, seed: int, steps: int) -> dict:
     envs = [SimulatedTrainingEnv(base, randomize=True) for _ in range(PARALLEL_ENVS)]
     agent = Agent(n_actions, seed=seed)
     train_offline(agent, envs, steps, seed=seed)
-    agent.replay, agent.n_recorded = [], 0  # the checkpoint carries only what is learned live
+    # the pre-training transitions become the anchor of online updates; the replay holds only live ones
+    agent.prior = (torch.as_tensor(np.stack([t[0] for t in agent.replay])),
+                   torch.as_tensor([t[1] for t in agent.replay]),
+                   torch.as_tensor([t[2] for t in agent.replay], dtype=torch.float32))
+    agent.replay, agent.n_recorded = [], 0
     return copy.deepcopy(agent.state_dict())
 
 

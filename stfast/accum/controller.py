@@ -95,7 +95,9 @@ class AccumulationController:
         if self.info.is_main:
             stats = self.window_stats(budget_used, imbalance)
             k_next = self.scheduler.observe(stats)
-            row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next}
+            point = self.noise.value
+            row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
+                   "noise_scale_point": point if math.isfinite(point) else None}
             r = getattr(self.scheduler, "last_reward", None)
             if r is not None and math.isfinite(r):
                 row["reward"] = r
@@ -107,11 +109,13 @@ class AccumulationController:
         return bool(decision[1]), row
 
     def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
-        """This rank's measurements of the current window (its times; the loss and noise scale are global)."""
+        """This rank's measurements of the current window (its times; the loss and noise scale are global).
+        Its noise scale is the estimator's lower confidence bound (GradientNoiseScale.lower_confidence): the
+        point estimate jumps when the |G|² average passes near zero, and the schedulers would chase it."""
         slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
-                           noise_scale=self.noise.value, budget_used=min(max(budget_used, 0.0), 1.0),
+                           noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
                            imbalance=imbalance)
 
     # ------------------------------------------------------------ state

@@ -68,6 +68,7 @@ class GradientNoiseScale:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay
         self.g2_ema = 0.0
+        self.g2_sq_ema = 0.0  # of the per-step |G|² estimates squared: their spread, for g2_stderr
         self.trace_ema = 0.0
         self.n = 0
 
@@ -83,6 +84,7 @@ class GradientNoiseScale:
             return False
         g2, trace = noise_estimates(sq_sum / count, b_small, big_sq, b_big)
         self.g2_ema = self.decay * self.g2_ema + (1 - self.decay) * g2
+        self.g2_sq_ema = self.decay * self.g2_sq_ema + (1 - self.decay) * g2 * g2
         self.trace_ema = self.decay * self.trace_ema + (1 - self.decay) * trace
         self.n += 1
         return True
@@ -111,11 +113,43 @@ class GradientNoiseScale:
         g2 = self.g2
         return self.trace / g2 if g2 > 0 else math.nan
 
+    @property
+    def g2_stderr(self) -> float:
+        """Standard error of the bias-corrected |G|² EMA (nan before two updates), from the spread of the
+        per-step estimates: with normalized EMA weights w_i, Var = v·Σw_i² and the weighted sample
+        variance has expectation v·(1 − Σw_i²), where Σw_i² = (1−d)(1+dⁿ) / ((1+d)(1−dⁿ))."""
+        if self.n < 2:
+            return math.nan
+        d, n = self.decay, self.n
+        w2 = (1 - d) * (1 + d ** n) / ((1 + d) * (1 - d ** n))
+        spread = max(self.g2_sq_ema / (1 - d ** n) - self.g2 ** 2, 0.0)
+        return math.sqrt(spread / (1 - w2) * w2)
+
+    def lower_confidence(self, z: float = 2.0) -> float:
+        """A conservative B_simple: tr(Σ) / (|G|² + z·stderr(|G|²)), in trips; nan before two updates or while
+        that denominator is ≤ 0. What the trainer's schedulers steer by.
+
+        With two units per step (two ranks, k = 1) the per-step |G|² estimate is noisier than |G|² itself
+        once B_simple exceeds the batch, and the point estimate ``value`` then jumps by orders of magnitude
+        between windows as the EMA of |G|² passes near zero (5,319 trips after 129 four steps earlier, in
+        a live Chengdu run); a scheduler reading that as "large batches are free" spends whole windows at
+        k = 16. The bound instead grows as the evidence that |G|² is small accumulates, and errs toward a
+        smaller noise scale — smaller k — when |G|² is uncertain. z = 2 is a one-sided ~98 % bound for a
+        normal EMA."""
+        se = self.g2_stderr
+        if math.isnan(se):
+            return math.nan
+        denom = self.g2 + z * se
+        return self.trace / denom if denom > 0 else math.nan
+
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "g2_ema": self.g2_ema, "trace_ema": self.trace_ema, "n": self.n}
+        return {"decay": self.decay, "g2_ema": self.g2_ema, "g2_sq_ema": self.g2_sq_ema,
+                "trace_ema": self.trace_ema, "n": self.n}
 
     def load_state_dict(self, s: dict) -> None:
         self.decay, self.g2_ema, self.trace_ema, self.n = s["decay"], s["g2_ema"], s["trace_ema"], s["n"]
+        # absent in checkpoints before 2026-11-30: then the spread starts from that of the mean alone
+        self.g2_sq_ema = s.get("g2_sq_ema", s["g2_ema"] ** 2)
 
 
 class UnitGradients:

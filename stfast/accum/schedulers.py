@@ -19,6 +19,7 @@ DEFAULT_CHOICES = (1, 2, 4, 8, 16)
 OBS_NAMES = ("log_noise_over_micro_batch", "log_comm_over_compute", "log_k", "comm_share", "budget_used",
              "loss_slope", "log_throughput", "imbalance")
 OBS_DIM = len(OBS_NAMES)
+SWITCH_GAIN = 0.05  # adaptive schedulers change k only for a predicted goodput gain above this (5 %)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class GoodputScheduler(AccumulationScheduler):
     and E from the measured noise scale. Switches only when the predicted goodput gain over the
     current k exceeds ``min_gain`` (5 %), so measurement noise does not make k oscillate."""
 
-    def __init__(self, choices=DEFAULT_CHOICES, k0: int = 1, min_gain: float = 0.05):
+    def __init__(self, choices=DEFAULT_CHOICES, k0: int = 1, min_gain: float = SWITCH_GAIN):
         super().__init__(choices, k0)
         self.min_gain = min_gain
         self.times = StepTimeModel()
@@ -195,7 +196,9 @@ def reward(stats: WindowStats, ref_samples_per_s: float) -> float:
 class RLScheduler(AccumulationScheduler):
     """A policy network (stfast.accum.agent) picks k from ``choices`` every window; the reward of
     each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
-    ``update_every`` windows (``online=False``: act only)."""
+    ``update_every`` windows (``online=False``: act only). Like GoodputScheduler it keeps the current k
+    unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
+    so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k."""
 
     def __init__(self, agent, choices=DEFAULT_CHOICES, k0: int = 1, online: bool = True, update_every: int = 8):
         super().__init__(choices, k0)
@@ -224,7 +227,8 @@ class RLScheduler(AccumulationScheduler):
             self.agent.record(*self._pending, self.last_reward, obs, False, stats.budget_used >= 1.0)
             if self.agent.n_recorded >= self.update_every:
                 self.agent.update()
-        action, logp, value = self.agent.act(obs)
+        action, logp, value = self.agent.act(obs, current=self.choices.index(self.k),
+                                               margin=math.log1p(SWITCH_GAIN))
         self._pending = (obs, action, logp, value)
         self.k = self.choices[action]
         return self.k
