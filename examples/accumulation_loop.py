@@ -61,18 +61,21 @@ def main(argv=None) -> dict:
             loss_last = step_loss
         stats = WindowStats(k=k, micro_batch=a.micro_batch, steps=a.window, trips=trips,
                             wall_s=time.perf_counter() - t0, comm_s=0.0,
-                            loss_slope=(loss_last - loss_first) / abs(loss_first), noise_scale=noise.value,
+                            loss_slope=(loss_last - loss_first) / abs(loss_first),
+                            # the scheduler steers by a lower confidence bound, as stfast's trainer does: the
+                            # point estimate jumps when the |G|² average passes near zero
+                            noise_scale=noise.lower_confidence(),
                             budget_used=min(1.0, pos / (a.window * a.windows)))
         chosen.append(k)
         print(f"window: k={k:2d}  {stats.samples_per_s:7.1f} trips/s  loss {loss_last:8.3f}  "
-              f"noise scale {noise.value:9.1f} trips", flush=True)
+              f"noise scale {noise.value:9.1f} trips (lower bound {noise.lower_confidence():9.1f})", flush=True)
         k = scheduler.observe(stats)
         for group in opt.param_groups:  # effective batch k·B: the sqrt rule for Adam
             group["lr"] = base_lr * lr_scale(k, "sqrt")
     print(f"k per window: {chosen}")
     # noise scale: nan while the |G|² estimate is not positive (the estimate's noise exceeds the signal)
     return {"k": chosen, "final_loss": loss_last, "noise_scale": noise.value, "noise_updates": noise.n,
-            "g2": noise.g2, "trace": noise.trace}
+            "g2": noise.g2, "trace": noise.trace, "noise_scale_bound": noise.lower_confidence()}
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Accumulation environments (gymnasium), schedulers and the RL agent (contextual-bandit Q-network)."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,17 +128,22 @@ def test_agent_learns_a_state_dependent_choice_and_keeps_its_own_copy_of_observa
     assert (a == np.where(test[:, 0] < 0, 0, 3)).mean() >= 0.9
 
 
-def test_observation_carries_noise_scale_and_comm_over_compute_on_log_scales():
+def test_observation_carries_noise_scale_and_overhead_over_compute_on_log_scales():
     # 10 steps at k = 4 of micro-batch 32: 0.1 s compute per micro-step, 0.2 s sync per step
     st = WindowStats(k=4, micro_batch=32, steps=10, trips=1280, wall_s=10 * (4 * 0.1 + 0.2), comm_s=2.0,
                      noise_scale=32 * 16.0)
     o = dict(zip(OBS_NAMES, observation(st, ref_samples_per_s=100.0)))
     assert o["log_noise_over_micro_batch"] == pytest.approx(4 / 8)
-    assert o["log_comm_over_compute"] == pytest.approx(1 / 6)
+    assert o["log_overhead_over_compute"] == pytest.approx(1 / 6)
     assert o["log_k"] == pytest.approx(2 / 4) and o["comm_share"] == pytest.approx(2 / 6)
     unknown = dict(zip(OBS_NAMES, observation(WindowStats(1, 32, 10, 320, 1.0, 0.0), 100.0)))
-    assert unknown["log_noise_over_micro_batch"] == 0 and unknown["log_comm_over_compute"] == -1
+    assert unknown["log_noise_over_micro_batch"] == 0 and unknown["log_overhead_over_compute"] == -1
     assert observation(WindowStats(1, 32, 10, 320, 1.0, 0.1, noise_scale=math.inf), 100.0)[0] == 1
+    # a measured overhead (sync + optimizer step + bookkeeping: 0.3 s of 0.7 s per step) replaces comm_s
+    timed = replace(st, wall_s=10 * (4 * 0.1 + 0.3), overhead_s=3.0)
+    assert dict(zip(OBS_NAMES, observation(timed, 100.0)))["log_overhead_over_compute"] == pytest.approx(
+        math.log2(3) / 6)
+    assert timed.fixed_s == 3.0 and st.fixed_s == st.comm_s == 2.0
     # log goodput gain: 0 at the k = 1 pace; ln(samples_per_s·E/ref) otherwise
     assert log_goodput_gain(WindowStats(1, 32, 10, 320, 3.2, 0.1, noise_scale=50.0), 100.0) == pytest.approx(0)
     e = (512 + 32) / (512 + 128)

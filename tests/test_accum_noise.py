@@ -140,3 +140,4 @@ def test_lower_confidence_bound_does_not_jump_when_g2_nears_zero():
     assert np.nanmax(point) > 10 * truth
     assert not np.isnan(bound).any() and bound.max() < 2.5 * truth
     assert 0.4 * truth < np.median(bound) < truth < np.nanmedian(point) * 1.2
+

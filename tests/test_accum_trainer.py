@@ -7,12 +7,16 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 import test_trainer
 import torch
 
+from stfast.accum.controller import AccumulationController
+from stfast.accum.schedulers import FixedScheduler
+from stfast.parallel.data_parallel import DistInfo
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
 from stfast.train.trainer import Trainer
@@ -180,3 +184,25 @@ def test_bad_accumulation_arguments(trips_file, tmp_path):
                     ({"time_budget_s": 0.0}, "--time-budget")):
         with pytest.raises(ValueError, match=msg):
             cfg(trips_file, tmp_path, **kw).validate()
+
+
+def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end():
+    """A window's wall time runs from the end of one step to the end of the next (the slicer's bookkeeping,
+    metrics and stop checks happen between steps, once per step); its overhead is that wall time minus
+    the forward + backward compute. restart_step_clock() leaves out an epoch's validation."""
+    w = torch.nn.Parameter(torch.ones(3))
+    ctl = AccumulationController(FixedScheduler(1), [w], DistInfo(), micro_batch=4, window=3)
+    reduced = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    w.grad = torch.ones(3)
+    ctl.begin_step()
+    ctl.end_step(reduced, 4, step_s=0.01, sync_s=0.002, compute_s=0.006)  # first step: its own time
+    time.sleep(0.05)  # work between steps
+    ctl.end_step(reduced, 4, step_s=0.01, sync_s=0.002, compute_s=0.006)
+    ctl.restart_step_clock()
+    time.sleep(0.2)  # an epoch's validation: not counted
+    ctl.end_step(reduced, 4, step_s=0.01, sync_s=0.002, compute_s=0.006)
+    st = ctl.window_stats(0.5)
+    assert st.steps == 3 and st.comm_s == pytest.approx(0.006)
+    assert 0.01 + 0.05 <= st.wall_s < 0.01 + 0.05 + 0.01 + 0.1
+    assert st.overhead_s == pytest.approx(st.wall_s - 0.018)
+    assert st.fixed_s == st.overhead_s > st.comm_s

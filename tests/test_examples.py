@@ -40,6 +40,9 @@ def test_accumulation_loop_runs_its_scheduler(scheduler):
     # B_simple = tr(Σ)/|G|², unknown (nan) while the |G|² estimate is not positive
     assert r["noise_updates"] == 6 and r["trace"] > 0
     assert r["noise_scale"] > 0 if r["g2"] > 0 else math.isnan(r["noise_scale"])
+    # the bound the scheduler saw: tr(Σ)/(|G|² + 2·stderr), positive, never above a finite point estimate
+    bound, point = r["noise_scale_bound"], r["noise_scale"]
+    assert math.isnan(bound) or (bound > 0 and (math.isnan(point) or bound <= point))
 
 
 def test_gradient_sync_two_ranks_equal_one_process(tmp_path):

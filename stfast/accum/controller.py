@@ -41,6 +41,7 @@ class AccumulationController:
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
         self._t0 = time.perf_counter()
+        self._last_end = None  # perf_counter at the end of the last optimizer step (None: not counting)
         self.reset_window()
 
     def start_clock(self) -> None:
@@ -51,8 +52,13 @@ class AccumulationController:
         return self.wall_before + time.perf_counter() - self._t0
 
     def reset_window(self) -> None:
-        self.w_steps, self.w_trips, self.w_wall, self.w_comm = 0, 0, 0.0, 0.0
+        self.w_steps, self.w_trips, self.w_wall, self.w_comm, self.w_compute = 0, 0, 0.0, 0.0, 0.0
         self.w_loss_start = self.loss_ema
+
+    def restart_step_clock(self) -> None:
+        """The time until the next step is not training (an epoch's validation and checkpoint): the next
+        step's wall time counts from its own start, not from the end of the previous step."""
+        self._last_end = None
 
     # ------------------------------------------------------------ per step
     def begin_step(self) -> None:
@@ -68,9 +74,18 @@ class AccumulationController:
         """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, loss]."""
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
-    def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float) -> None:
+    def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
+                 compute_s: float = math.nan) -> None:
         """After the optimizer step: update the noise scale from the reduced statistics and |g|² of the
-        reduced (mean over ``n_trips``) gradient, the loss EMA, and the window's counters."""
+        reduced (mean over ``n_trips``) gradient, the loss EMA, and the window's counters.
+
+        step_s: the step's own time (s); sync_s: its time in the all-reduce; compute_s: this rank's
+        forward + backward time summed over its micro-steps (nan: not measured). The window counts each
+        step's wall time from the end of the previous one, so the work between steps (the slicer's
+        bookkeeping, metrics, collectives agreeing on stops) is charged to the steps, as it is per step."""
+        now = time.perf_counter()
+        wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
+        self._last_end = now
         red = reduced.double().numpy()
         big_sq = float(sum(p.grad.double().square().sum() for p in self.params if p.grad is not None))
         self.noise.update(red[:3], big_sq, n_trips)
@@ -80,8 +95,9 @@ class AccumulationController:
             self.w_loss_start = loss
         self.w_steps += 1
         self.w_trips += n_trips
-        self.w_wall += step_s
+        self.w_wall += wall
         self.w_comm += sync_s
+        self.w_compute += compute_s
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -115,6 +131,7 @@ class AccumulationController:
         slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
+                           overhead_s=max(self.w_wall - self.w_compute, 0.0),
                            noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
                            imbalance=imbalance)
 

@@ -3,7 +3,7 @@
 Both share the RL scheduler's spaces (stfast.accum.schedulers):
 - action: Discrete(len(choices)), index into ``choices`` (default k ∈ {1, 2, 4, 8, 16});
 - observation: Box(-1, 1, (OBS_DIM,), float32), see ``schedulers.observation``/OBS_NAMES: log2(noise
-  scale / B)/8, log2(t_sync / t_micro)/6, log2 k / log2 k_max, communication share, budget used,
+  scale / B)/8, log2(t_fixed / t_micro)/6, log2 k / log2 k_max, communication share, budget used,
   10·loss slope, log2(samples_per_s / reference)/4, imbalance − 1;
 - reward: the window's progress beyond the k = 1 pace, in base-batch trips over W·B
   (``schedulers.reward``): 0 for a window at k = 1. info["log_goodput_gain"] is ln of the window's
@@ -167,7 +167,8 @@ class SimulatedTrainingEnv(gym.Env):
                 self.time_to_target = self.time
         phi_hat = c.noise_scale(self.progress) * math.exp(c.obs_noise * self.np_random.standard_normal())
         stats = WindowStats(k=k, micro_batch=c.micro_batch, steps=c.window, trips=c.window * k * c.micro_batch,
-                            wall_s=wall, comm_s=c.window * c.t_comm_s, noise_scale=phi_hat,
+                            wall_s=wall, comm_s=c.window * c.t_comm_s, overhead_s=c.window * (c.t_comm_s + c.t_opt_s),
+                            noise_scale=phi_hat,
                             loss_slope=(c.loss(self.progress) - loss_start) / loss_start,
                             budget_used=min(self.time / c.budget_s, 1.0), imbalance=c.imbalance)
         self.last_stats = stats  # what a scheduler measuring the window would see (e.g. GoodputScheduler)

@@ -46,33 +46,35 @@ def lr_scale(k: int, rule: str) -> float:
 
 
 class StepTimeModel:
-    """Step time t(k) = k·t_micro + t_sync (seconds): k micro-steps of compute plus one gradient
-    synchronization and optimizer step. Fitted from measured windows by an EMA of both terms, so
+    """Step time t(k) = k·t_micro + t_fixed (seconds): k micro-steps of forward + backward plus what an
+    optimizer step costs once whatever k (the gradient all-reduce and waiting for the slowest rank, the
+    optimizer step, bookkeeping between steps). Fitted from measured windows by an EMA of both terms, so
     throughput at untried k can be predicted: samples_per_s(k) = k·B / t(k)."""
 
     def __init__(self, decay: float = 0.5):
         self.decay = decay
         self.t_micro = math.nan
-        self.t_sync = math.nan
+        self.t_fixed = math.nan
 
-    def observe(self, k: int, step_s: float, sync_s: float) -> None:
-        """One measurement: mean optimizer-step time ``step_s`` at ``k`` of which ``sync_s`` was in
-        the all-reduce (the optimizer step is folded into t_micro·k; small for DeepTTE)."""
-        micro = max(step_s - sync_s, 1e-12) / k
+    def observe(self, k: int, step_s: float, fixed_s: float) -> None:
+        """One measurement: mean optimizer-step time ``step_s`` at ``k`` of which ``fixed_s`` does not grow
+        with k (WindowStats.fixed_s per step)."""
+        micro = max(step_s - fixed_s, 1e-12) / k
         if math.isnan(self.t_micro):
-            self.t_micro, self.t_sync = micro, sync_s
+            self.t_micro, self.t_fixed = micro, fixed_s
         else:
             self.t_micro = self.decay * self.t_micro + (1 - self.decay) * micro
-            self.t_sync = self.decay * self.t_sync + (1 - self.decay) * sync_s
+            self.t_fixed = self.decay * self.t_fixed + (1 - self.decay) * fixed_s
 
     def step_time(self, k: int) -> float:
-        return k * self.t_micro + self.t_sync
+        return k * self.t_micro + self.t_fixed
 
     def samples_per_s(self, k: int, micro_batch: int) -> float:
         return k * micro_batch / self.step_time(k)
 
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "t_micro": self.t_micro, "t_sync": self.t_sync}
+        return {"decay": self.decay, "t_micro": self.t_micro, "t_fixed": self.t_fixed}
 
     def load_state_dict(self, s: dict) -> None:
-        self.decay, self.t_micro, self.t_sync = s["decay"], s["t_micro"], s["t_sync"]
+        # "t_sync" in checkpoints before 2026-11-30 (the all-reduce time alone)
+        self.decay, self.t_micro, self.t_fixed = s["decay"], s["t_micro"], s.get("t_fixed", s.get("t_sync"))

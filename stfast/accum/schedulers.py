@@ -16,7 +16,7 @@ import numpy as np
 from .goodput import StepTimeModel, statistical_efficiency
 
 DEFAULT_CHOICES = (1, 2, 4, 8, 16)
-OBS_NAMES = ("log_noise_over_micro_batch", "log_comm_over_compute", "log_k", "comm_share", "budget_used",
+OBS_NAMES = ("log_noise_over_micro_batch", "log_overhead_over_compute", "log_k", "comm_share", "budget_used",
              "loss_slope", "log_throughput", "imbalance")
 OBS_DIM = len(OBS_NAMES)
 SWITCH_GAIN = 0.05  # adaptive schedulers change k only for a predicted goodput gain above this (5 %)
@@ -31,7 +31,10 @@ class WindowStats:
     gradient all-reduce (s; includes waiting for the slowest rank); loss_slope: relative change of the
     EMA training loss over the window (negative while improving); noise_scale: B_simple in trips (nan
     when not yet estimable); budget_used: fraction of the run's budget spent, in [0, 1]; imbalance:
-    the slicer's max/mean shard cost (1.0 without a slicer)."""
+    the slicer's max/mean shard cost (1.0 without a slicer); overhead_s: the part of wall_s outside the
+    micro-steps' forward + backward — the per-optimizer-step cost that accumulation amortizes (the
+    all-reduce and waiting for the slowest rank, the optimizer step, the bookkeeping between steps); nan
+    when not measured, and then comm_s stands in for it (see fixed_s)."""
 
     k: int
     micro_batch: int
@@ -43,6 +46,12 @@ class WindowStats:
     noise_scale: float = math.nan
     budget_used: float = 0.0
     imbalance: float = 1.0
+    overhead_s: float = math.nan
+
+    @property
+    def fixed_s(self) -> float:
+        """Per-window time that does not grow with k (s): overhead_s when measured, else comm_s."""
+        return self.overhead_s if math.isfinite(self.overhead_s) else self.comm_s
 
     @property
     def samples_per_s(self) -> float:
@@ -102,7 +111,7 @@ class FixedScheduler(AccumulationScheduler):
 
 class GoodputScheduler(AccumulationScheduler):
     """Pollux/AdaptDL-style: choose argmax_k samples_per_s(k) · E(k·B) (see stfast.accum.goodput),
-    with samples_per_s(k) from a step-time model fitted to the measured windows (k·t_micro + t_sync)
+    with samples_per_s(k) from a step-time model fitted to the measured windows (k·t_micro + t_fixed)
     and E from the measured noise scale. Switches only when the predicted goodput gain over the
     current k exceeds ``min_gain`` (5 %), so measurement noise does not make k oscillate."""
 
@@ -117,7 +126,7 @@ class GoodputScheduler(AccumulationScheduler):
         return self.times.samples_per_s(k, micro_batch) * e
 
     def observe(self, stats: WindowStats) -> int:
-        self.times.observe(stats.k, stats.wall_s / stats.steps, stats.comm_s / stats.steps)
+        self.times.observe(stats.k, stats.wall_s / stats.steps, stats.fixed_s / stats.steps)
         if math.isfinite(stats.noise_scale):
             self.noise_scale = stats.noise_scale
         g = {k: self.predicted_goodput(k, stats.micro_batch) for k in self.choices}
@@ -138,11 +147,12 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
     """The RL observation [OBS_DIM] float32, each entry clipped to [-1, 1] (names in OBS_NAMES).
 
     The first two entries are what determines the best k (under the Pollux model the goodput of k
-    is kB/(k·t_micro + t_sync) · (φ + B)/(φ + kB), a function of φ/B and t_sync/t_micro only):
+    is kB/(k·t_micro + t_fixed) · (φ + B)/(φ + kB), a function of φ/B and t_fixed/t_micro only):
     - log2(φ / B)/8: the gradient noise scale φ over the micro-batch B (both in trips); 0 when not
       yet estimable (nan), +1 when infinite (all noise so far: large batches lose nothing);
-    - log2(t_sync / t_micro)/6: time per optimizer step in the all-reduce (and waiting for the
-      slowest rank) over compute per micro-step, both measured in the window (−1 without any).
+    - log2(t_fixed / t_micro)/6: time per optimizer step that does not grow with k (the all-reduce and
+      waiting for the slowest rank, the optimizer step, bookkeeping; WindowStats.fixed_s) over the
+      forward + backward per micro-step, both measured in the window (−1 without any).
     Then log2 k / log2 k_max, the communication share of the window, the budget used, 10·the
     relative loss slope, log2(samples_per_s / ref)/4 and imbalance − 1. Logarithms make the
     mapping scale-free: a GPU-class compute profile or another batch size shifts the inputs, it does
@@ -155,9 +165,9 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
         noise = 1.0
     else:
         noise = math.log2(max(ns, 1e-9) / stats.micro_batch) / 8
-    t_sync = stats.comm_s / max(stats.steps, 1)
-    t_micro = max(stats.wall_s - stats.comm_s, 1e-12) / (max(stats.steps, 1) * k)
-    comm = math.log2(t_sync / t_micro) / 6 if t_sync > 0 else -1.0
+    t_fixed = stats.fixed_s / max(stats.steps, 1)
+    t_micro = max(stats.wall_s - stats.fixed_s, 1e-12) / (max(stats.steps, 1) * k)
+    comm = math.log2(t_fixed / t_micro) / 6 if t_fixed > 0 else -1.0
     thr = math.log2(stats.samples_per_s / ref_samples_per_s) / 4
     kmax = max(choices)
     obs = [noise, comm, math.log2(k) / math.log2(kmax) if kmax > 1 else 0.0, stats.comm_share,

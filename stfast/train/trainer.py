@@ -473,7 +473,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
-        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync)
+        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute))
         if self.slicer is not None:
             self._slicer_step(micro, compute, t0)
         return loss_val
@@ -559,6 +559,7 @@ class Trainer:
             bar = _progress(None, self.show, total=len(batches), initial=self.epoch_batch,
                             desc=f"epoch {self.epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
             bi = self.epoch_batch
+            self.accum.restart_step_clock()  # the last epoch's validation is not a step's time
             while bi < len(batches):
                 group = batches[bi:bi + self.accum.k]  # k micro-batches per optimizer step
                 loss = self.train_step(group[0] if len(group) == 1 else group, use_local)
