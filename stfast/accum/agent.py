@@ -36,10 +36,11 @@ from .schedulers import OBS_DIM
 
 HIDDEN = 64  # units of both hidden layers of the Q-network
 LR = 1e-3  # Adam step size
-EPSILON = 0.05  # ε-greedy exploration when acting non-deterministically (online, inside training)
-# Online, an exploratory window tries a choice adjacent to the greedy one (k/2 or 2k), not any: a window
-# at k = 16 takes 16 times as long as one at k = 1, so uniform probes spent ~15 % of a live run's budget
-# at k ≫ best (runs/bench_accum_s6, Chengdu) while neighbours are where the best k moves to next.
+# ε-greedy exploration when acting non-deterministically (online, inside training). Online, an exploratory
+# window tries a choice adjacent to the greedy one (k/2 or 2k), not any: a window at k = 16 takes 16 times
+# as long as one at k = 1, so uniform probes spent ~15 % of a live run's budget at k ≫ best
+# (runs/bench_accum_s6, Chengdu) while neighbours are where the best k moves to next.
+EPSILON = 0.05
 PRIOR_SHARE = 0.5  # online updates: share of each minibatch drawn from the pre-training transitions
 EPSILON_OFFLINE = (1.0, 0.2)  # pre-training: ε falls linearly from the first to the second value
 MINIBATCH = 128
@@ -58,6 +59,12 @@ def _mlp(n_in: int, n_out: int) -> nn.Sequential:
             nn.init.orthogonal_(layer.weight, 0.1 if layer is layers[-1] else np.sqrt(2))
             nn.init.zeros_(layer.bias)
     return nn.Sequential(*layers)
+
+
+def _stack(transitions: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(obs [N, obs_dim] float32, action [N] int64, reward [N] float32) of (obs, action, reward) tuples."""
+    return (torch.as_tensor(np.stack([t[0] for t in transitions])), torch.as_tensor([t[1] for t in transitions]),
+            torch.as_tensor([t[2] for t in transitions], dtype=torch.float32))
 
 
 class Agent:
@@ -145,9 +152,7 @@ class Agent:
         self.n_recorded = 0
         if not self.replay:
             return {}
-        obs = torch.as_tensor(np.stack([t[0] for t in self.replay]))
-        act = torch.as_tensor([t[1] for t in self.replay])
-        rew = torch.as_tensor([t[2] for t in self.replay], dtype=torch.float32)
+        obs, act, rew = _stack(self.replay)
         p_obs, p_act, p_rew = self.prior
         n_prior = round(PRIOR_SHARE * MINIBATCH) if len(p_rew) else 0
         loss = torch.zeros(())
@@ -221,9 +226,7 @@ def _pretrained_state(n_actions: int, seed: int, steps: int) -> dict:
     agent = Agent(n_actions, seed=seed)
     train_offline(agent, envs, steps, seed=seed)
     # the pre-training transitions become the anchor of online updates; the replay holds only live ones
-    agent.prior = (torch.as_tensor(np.stack([t[0] for t in agent.replay])),
-                   torch.as_tensor([t[1] for t in agent.replay]),
-                   torch.as_tensor([t[2] for t in agent.replay], dtype=torch.float32))
+    agent.prior = _stack(agent.replay)
     agent.replay, agent.n_recorded = [], 0
     return copy.deepcopy(agent.state_dict())
 
