@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from stfast.accum.noise import GradientNoiseScale, UnitGradients, noise_estimates
+from stfast.accum.noise import GradientNoiseScale, UnitGradients, noise_estimates, squared_norm
+from stfast.train.guards import BadStepGuard
 
 
 def test_two_batch_estimates_are_unbiased_for_gaussian_gradients():
@@ -141,3 +142,40 @@ def test_lower_confidence_bound_does_not_jump_when_g2_nears_zero():
     assert not np.isnan(bound).any() and bound.max() < 2.5 * truth
     assert 0.4 * truth < np.median(bound) < truth < np.nanmedian(point) * 1.2
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_squared_norm_is_the_float64_sum_of_squares_and_flags_non_finite(dtype):
+    """squared_norm (the guard's and the noise scale's |g|², one fused norm per tensor group) equals the
+    float64 sum of squares of the concatenation; None entries are skipped; an inf or nan element makes
+    it non-finite, which the bad-step guard reports — large finite float32 values do not."""
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(*shape, generator=g, dtype=dtype) * 10 ** e for shape, e in (((7, 3), 0), ((5,), 3), ((2, 2, 4), -2))]
+    ref = float(torch.cat([t.reshape(-1) for t in ts]).double().square().sum())
+    assert squared_norm([*ts, None]) == pytest.approx(ref, rel=1e-12 if dtype == torch.float64 else 1e-6)
+    assert squared_norm([None]) == 0.0
+    big = torch.full((4,), 3e38 if dtype == torch.float32 else 1e150, dtype=dtype)  # its square overflows float32
+    assert math.isfinite(squared_norm([big])) and BadStepGuard.problem(1.0, squared_norm([big])) is None
+    for bad in (math.inf, math.nan):
+        broken = [t.clone() for t in ts]
+        broken[1][2] = bad
+        assert not math.isfinite(squared_norm(broken))
+        assert BadStepGuard.problem(1.0, squared_norm(broken)) == "non-finite gradient"
+    assert BadStepGuard.problem(math.nan, ref) == "non-finite loss"
+
+
+def test_unit_norm_of_a_single_micro_step_needs_no_flat_copy():
+    """k = 1 (the last micro-step is the first): the unit's |g_u|² read off .grad directly equals the
+    flat-copy path's."""
+    torch.manual_seed(1)
+    ps = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))]
+    for p in ps[:2]:
+        p.grad = torch.randn_like(p)  # the third has no gradient (unused parameter)
+    out = []
+    for last in (False, True):
+        ug = UnitGradients(ps)
+        ug.begin()
+        ug.after_micro_step(5, 20, last)
+        out.append(ug.units.as_array())
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-6)
+    assert out[0][0] > 0

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..parallel import data_parallel as dp
-from .noise import GradientNoiseScale, UnitGradients
+from .noise import GradientNoiseScale, UnitGradients, squared_norm
 from .schedulers import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
@@ -64,30 +64,32 @@ class AccumulationController:
     def begin_step(self) -> None:
         self.units.begin()
 
-    def after_micro_step(self, n_shard: int, n_total: int) -> None:
+    def after_micro_step(self, n_shard: int, n_total: int, last: bool = False) -> None:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
-        step's ``n_total``). Skipped for one micro-step on one rank, where no second batch size exists."""
+        step's ``n_total``; ``last``: the step's last micro-step). Skipped for one micro-step on one rank,
+        where no second batch size exists."""
         if self.k > 1 or self.info.distributed:
-            self.units.after_micro_step(n_shard, n_total)
+            self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
         """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, loss]."""
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
     def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
-                 compute_s: float = math.nan) -> None:
+                 compute_s: float = math.nan, grad_sq: float | None = None) -> None:
         """After the optimizer step: update the noise scale from the reduced statistics and |g|² of the
         reduced (mean over ``n_trips``) gradient, the loss EMA, and the window's counters.
 
         step_s: the step's own time (s); sync_s: its time in the all-reduce; compute_s: this rank's
-        forward + backward time summed over its micro-steps (nan: not measured). The window counts each
+        forward + backward time summed over its micro-steps (nan: not measured); grad_sq: |g|² of the
+        reduced gradient when the caller has it (None: computed here). The window counts each
         step's wall time from the end of the previous one, so the work between steps (the slicer's
         bookkeeping, metrics, collectives agreeing on stops) is charged to the steps, as it is per step."""
         now = time.perf_counter()
         wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
         self._last_end = now
         red = reduced.double().numpy()
-        big_sq = float(sum(p.grad.double().square().sum() for p in self.params if p.grad is not None))
+        big_sq = squared_norm(p.grad for p in self.params) if grad_sq is None else grad_sq
         self.noise.update(red[:3], big_sq, n_trips)
         loss = float(red[3])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss

@@ -152,6 +152,18 @@ class GradientNoiseScale:
         self.g2_sq_ema = s.get("g2_sq_ema", s["g2_ema"] ** 2)
 
 
+def squared_norm(tensors) -> float:
+    """Σ‖t‖² over ``tensors`` (None entries skipped; 0.0 for none), accumulated in float64 with one
+    fused norm per tensor group (``torch._foreach_norm``, as ``torch.nn.utils.clip_grad_norm_`` uses): it
+    is inf or nan exactly when an element is (float32 or float16 gradients cannot overflow it)."""
+    import torch
+
+    ts = [t for t in tensors if t is not None]
+    if not ts:
+        return 0.0
+    return float(torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float64)).square().sum())
+
+
 class UnitGradients:
     """Squared norms of each unit's mean gradient, read off the accumulating ``.grad`` of ``params``
     between micro-steps (one flat copy of the gradient per micro-step; no extra backward pass).
@@ -175,11 +187,17 @@ class UnitGradients:
         self.units = UnitNorms()
         self._prev = None
 
-    def after_micro_step(self, n_trips: int, n_total: int) -> None:
-        """Record the unit just backpropagated: its mean gradient is the change of .grad × n_total/n_trips."""
+    def after_micro_step(self, n_trips: int, n_total: int, last: bool = False) -> None:
+        """Record the unit just backpropagated: its mean gradient is the change of .grad × n_total/n_trips.
+        ``last``: no micro-step follows in this optimizer step, so when it is also the first (k = 1) the
+        norm is read off .grad without the flat copy."""
         if n_trips <= 0:
             return
-        flat = self._flat()
-        delta = flat if self._prev is None else flat - self._prev
-        self._prev = flat
-        self.units.add(float(delta.square().sum()) * (n_total / n_trips) ** 2, n_trips)
+        if last and self._prev is None:
+            sq = squared_norm(p.grad for p in self.params)
+        else:
+            flat = self._flat()
+            delta = flat if self._prev is None else flat - self._prev
+            self._prev = flat
+            sq = float(delta.square().sum())
+        self.units.add(sq * (n_total / n_trips) ** 2, n_trips)

@@ -8,7 +8,7 @@ Cost model: a shard S of n trips with lengths l_i (points) takes
 
 (Σlen: geo-conv and projections on packed points; n·L_max: work on the padded [n, L_max] batch;
 L_max: the packed LSTM's sequential steps, each with a fixed cost). Coefficients are fitted by
-non-negative, Huber-weighted least squares (IRLS) on a window of observations; the prior before any
+non-negative (scipy's Lawson–Hanson NNLS), Huber-weighted least squares (IRLS) on a window of observations; the prior before any
 fit is Σlen + n·L_max. The trainer fits it first on a warm-up profile (:func:`profile_shards`), since
 the on-line observations of balanced shards alone barely separate the terms. Any callable
 ``cost(lengths [n]) -> seconds`` can stand in for the model.
@@ -21,12 +21,12 @@ loss SUM by the GLOBAL batch's count and gradients are summed (stfast.parallel.d
 """
 from __future__ import annotations
 
-import itertools
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+from scipy.optimize import nnls
 
 try:
     from .. import _slicer
@@ -61,26 +61,6 @@ def imbalance(times: Sequence[float]) -> float:
     return float(t.max() / t.mean())
 
 
-def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """min ||Xβ − y|| subject to β ≥ 0, exactly, for a handful of columns: the unconstrained solution
-    when it is feasible, otherwise the best feasible solution over all column subsets (2^p ≤ 32)."""
-    p = X.shape[1]
-    beta = np.linalg.lstsq(X, y, rcond=None)[0]
-    if (beta >= 0).all():
-        return beta
-    best, best_sse = np.zeros(p), float(y @ y)
-    for k in range(1, p):
-        for cols in itertools.combinations(range(p), k):
-            b = np.linalg.lstsq(X[:, cols], y, rcond=None)[0]
-            if (b < 0).any():
-                continue
-            sse = float(((X[:, cols] @ b - y) ** 2).sum())
-            if sse < best_sse:
-                best_sse, best = sse, np.zeros(p)
-                best[list(cols)] = b
-    return best
-
-
 class LinearCostModel:
     """t = a + b·n + c·Σlen + d·n·L_max + e·L_max seconds per shard, fitted online.
 
@@ -113,6 +93,7 @@ class LinearCostModel:
         self._y: deque = deque(maxlen=window)
         self._g: deque = deque(maxlen=window)  # group (observe call) of each observation; -1: no factor
         self._next_group = 0
+        self._phi: dict[int, float] = {}  # each group's speed factor from the last fit: the next fit starts there
         self.fit_error: dict | None = None
 
     @staticmethod
@@ -168,11 +149,14 @@ class LinearCostModel:
         grouped = g >= 0
         gid = np.unique(g[grouped], return_inverse=True)[1] if grouped.any() else np.zeros(0, dtype=np.int64)
         phi = np.ones(len(y))  # each observation's group speed factor: t ≈ φ·x·β
+        # alternating β / φ converges slowly (linearly) and the window changes little between refits, so
+        # each fit continues from the last one's factors
+        phi[grouped] = [self._phi.get(int(k), 1.0) for k in g[grouped]]
         w = np.ones(len(y))
         beta = np.zeros(5)
         for _ in range(iters):
             sw = np.sqrt(w)
-            new = _nnls(Z * sw[:, None], sw / phi)  # x·β/y ≈ 1/φ
+            new = nnls(Z * sw[:, None], sw / phi)[0]  # x·β/y ≈ 1/φ (Lawson–Hanson active set)
             q = Z @ new
             if grouped.any():  # φ of a group: argmin Σ w (φ q − 1)², then geometric mean 1 (β takes the scale)
                 num = np.bincount(gid, (w * q)[grouped])
@@ -186,13 +170,14 @@ class LinearCostModel:
             r = phi * q - 1.0
             sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-9)
             w = np.minimum(1.0, 1.345 * sigma / np.maximum(np.abs(r), 1e-300))
-            if np.allclose(new, beta, rtol=1e-9, atol=0):
+            if np.allclose(new, beta, rtol=1e-4, atol=0):
                 beta = new
                 break
             beta = new
         if not (beta > 0).any():
             return False  # nothing explains the timings (all zero): keep the previous coefficients
         self.coefficients = beta / scale
+        self._phi = dict(zip(g[grouped].tolist(), phi[grouped].tolist()))
         rel = phi * (X @ self.coefficients) * v - 1.0  # relative residual after the groups' factors
         active = np.flatnonzero(beta > 0)
         stderr: list = [None] * 5
@@ -216,10 +201,12 @@ class LinearCostModel:
 
     def state_dict(self) -> dict:
         """Everything a checkpoint needs to continue where the model left off: coefficients [5], the
-        window of observations (features [n_obs, 5], seconds [n_obs]), the fit error and the sizes."""
+        window of observations (features [n_obs, 5], seconds [n_obs]) with their groups and the groups' last
+        fitted speed factors, the fit error and the sizes."""
         return {"coefficients": self.coefficients.tolist(), "window": self.window, "min_obs": self.min_obs,
                 "features": [x.tolist() for x in self._X], "seconds": list(self._y), "fit_error": self.fit_error,
-                "groups": list(self._g), "next_group": self._next_group, "per_step_scale": self.per_step_scale}
+                "groups": list(self._g), "next_group": self._next_group, "per_step_scale": self.per_step_scale,
+                "group_factors": [[k, v] for k, v in self._phi.items()]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output. Raises ValueError on bad coefficients or observations."""
@@ -237,6 +224,7 @@ class LinearCostModel:
         self._X, self._y = deque(X, maxlen=self.window), deque(y.tolist(), maxlen=self.window)
         self._g = deque(groups, maxlen=self.window)
         self._next_group = int(state.get("next_group", max(groups, default=-1) + 1))
+        self._phi = {int(k): float(v) for k, v in state.get("group_factors", [])}
         self.fit_error = state.get("fit_error")
 
 

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -118,13 +119,14 @@ class BadStepGuard:
         self.total = 0
 
     @staticmethod
-    def problem(params, reduced_loss: float) -> str | None:
+    def problem(reduced_loss: float, grad_sq: float) -> str | None:
         """Why this step must be skipped (``"non-finite loss"`` / ``"non-finite gradient"``) or None.
-        ``params``: the parameters after the gradient sync; ``reduced_loss``: the loss summed over ranks."""
-        if not torch.isfinite(torch.tensor(reduced_loss)):
+        ``reduced_loss``: the loss summed over ranks; ``grad_sq``: |g|² of the gradient after the sync,
+        accumulated in float64 (:func:`stfast.accum.noise.squared_norm`), non-finite exactly when an
+        element is — one number instead of a check per parameter."""
+        if not math.isfinite(reduced_loss):
             return "non-finite loss"
-        grads = [p.grad for p in params if p.grad is not None]
-        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        if not math.isfinite(grad_sq):
             return "non-finite gradient"
         return None
 

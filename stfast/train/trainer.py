@@ -22,6 +22,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from .. import __version__
 from ..accum.controller import AccumulationController
 from ..accum.goodput import lr_scale
+from ..accum.noise import squared_norm
 from ..accum.schedulers import FixedScheduler, make_scheduler, parse_spec
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.load import load_trips
@@ -189,7 +190,9 @@ class Trainer:
                                                     (self.train_trips, self.val_trips, self.test_trips))
         torch.manual_seed(cfg.seed)
         self.model = DeepTTE(mcfg, self.stats).to(self.device, self.dtype)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # fused: one kernel for all parameters (measured on this 2-core CPU: 0.45 ms a step against 3.5 ms
+        # for the default per-parameter loop, ~6 % of a k = 1 step); the same update up to rounding
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         # --ema-decay: the weights' exponential moving average (Polyak & Juditsky 1992), what validation,
         # checkpoint.pt and the test score use; it smooths the epoch-to-epoch jumps of a small data set
         self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
@@ -455,7 +458,7 @@ class Trainer:
             if self.slicer is not None and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
             compute.append(time.perf_counter() - t_micro)
-            self.accum.after_micro_step(len(shard), n_trips)
+            self.accum.after_micro_step(len(shard), n_trips, last)
         t_sync = time.perf_counter()
         extra = self.accum.extra(loss_val)
         if self.layout is not None and self.layout.stage > 0:
@@ -465,7 +468,8 @@ class Trainer:
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
         t_sync = time.perf_counter() - t_sync
         # a non-finite loss or gradient (the same on every rank after the sync): no update (guards)
-        self.bad_step = guards.BadStepGuard.problem(self.model.parameters(), float(reduced[-1]))
+        grad_sq = squared_norm(p.grad for p in self.model.parameters())  # also the noise scale's |g_big|²
+        self.bad_step = guards.BadStepGuard.problem(float(reduced[-1]), grad_sq)
         if self.bad_step is not None:
             self.opt.zero_grad(set_to_none=True)
             return loss_val
@@ -473,7 +477,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
-        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute))
+        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute), grad_sq)
         if self.slicer is not None:
             self._slicer_step(micro, compute, t0)
         return loss_val
