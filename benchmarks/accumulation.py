@@ -263,7 +263,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    agent = pretrained_agent(len(DEFAULT_CHOICES), seed=0)
+    agent = pretrained_agent(DEFAULT_CHOICES, seed=0)
     t_pre = time.perf_counter() - t0
     cfg = cluster_config(a.gpu_factor, a.ranks, bandwidth_gbps=a.bandwidth, noise_over_batch0=a.noise0, growth=a.growth)
     seeds = range(1000, 1000 + a.sim_seeds)

@@ -1,4 +1,5 @@
 """Accumulation environments (gymnasium), schedulers and the RL agent (contextual-bandit Q-network)."""
+import functools
 import math
 from dataclasses import replace
 
@@ -8,7 +9,7 @@ import test_trainer
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from stfast.accum.agent import Agent, pretrained_agent
+from stfast.accum.agent import Agent, goodput_model_q, pretrained_agent
 from stfast.accum.env import (
     AccumulationEnv,
     SimConfig,
@@ -18,6 +19,7 @@ from stfast.accum.env import (
 )
 from stfast.accum.profile import ComputeProfile
 from stfast.accum.schedulers import (
+    DEFAULT_CHOICES,
     OBS_DIM,
     OBS_NAMES,
     FixedScheduler,
@@ -69,7 +71,7 @@ def test_ring_allreduce_model():
 
 def test_pretrained_agent_reaches_90_percent_of_the_optimal_return_and_follows_the_best_k():
     torch.set_num_threads(1)
-    agent = pretrained_agent(5, seed=0)  # offline on the randomized simulator, not on this config
+    agent = pretrained_agent(seed=0)  # offline on the randomized simulator, not on this config
     env = SimulatedTrainingEnv(CHANGING)
     for seed in (1000, 1001):  # held out: pre-training resets its environments with seeds 0..15
         oracle = rollout(env, lambda e, o: e.best_action(), seed=seed)
@@ -240,15 +242,17 @@ def test_the_current_k_is_kept_while_its_q_is_within_the_margin():
 
 
 def test_fine_tuning_on_a_few_live_windows_keeps_what_pre_training_learned():
-    """Online updates mix the pre-training transitions into every minibatch: 48 windows around one state
-    with noisy rewards leave the greedy k of ≥ 88 % of the simulator's states as they were; without that
-    anchor the same updates change it in more than a quarter of them."""
-    agreement = {}
+    """Online updates mix the pre-training transitions into every minibatch: after 48 windows around one
+    state with noisy rewards, the greedy k of ≤ 10 % of the simulator's states loses more than 5 % of
+    goodput by the pre-trained Q (measured 5 %); without that anchor, ≥ 20 % do (measured 33 %). (Which
+    k is greedy may change more often: near the best k the predicted gains of neighbours differ little.)"""
+    lost = {}
     for anchored in (True, False):
-        agent = pretrained_agent(5, seed=0)
+        agent = pretrained_agent(seed=0)
         states = agent.prior[0][torch.randperm(len(agent.prior[0]), generator=torch.Generator().manual_seed(1))[:2000]]
         states = states.numpy()
         before = agent.act_batch(states, deterministic=True)[0]
+        q_before = agent.values(torch.as_tensor(states)).detach().numpy()
         if not anchored:
             agent.prior = tuple(t[:0] for t in agent.prior)
         rng = np.random.default_rng(0)
@@ -259,8 +263,27 @@ def test_fine_tuning_on_a_few_live_windows_keeps_what_pre_training_learned():
             agent.record(o, a, lp, v, float(rng.normal(0, 0.3)))
             if agent.n_recorded >= 8:
                 agent.update()
-        agreement[anchored] = float((agent.act_batch(states, deterministic=True)[0] == before).mean())
-    assert agreement[True] >= 0.88 and agreement[False] < 0.8, agreement
+        after = agent.act_batch(states, deterministic=True)[0]
+        rows = np.arange(len(states))
+        lost[anchored] = float((q_before[rows, before] - q_before[rows, after] > math.log(1.05)).mean())
+    assert lost[True] <= 0.10 and lost[False] >= 0.2, lost
     restored = Agent(5, seed=1)
-    restored.load_state_dict(pretrained_agent(5, seed=0).state_dict())
-    assert len(restored.prior[2]) == len(pretrained_agent(5, seed=0).prior[2]) > 1000
+    restored.load_state_dict(pretrained_agent(seed=0).state_dict())
+    assert len(restored.prior[2]) == len(pretrained_agent(seed=0).prior[2]) > 1000
+
+
+@pytest.mark.parametrize("k,noise,fixed", [(1, 40.0, 0.3), (4, 300.0, 0.05), (2, 5.0, 1.2), (8, 2000.0, 0.6)])
+def test_residual_agent_starts_as_the_goodput_model_of_its_observation(k, noise, fixed):
+    """goodput_model_q decodes the observation into Pollux's ln(goodput(k)/goodput(1)): the same numbers
+    GoodputScheduler predicts from the window itself; an agent with it as base_q and no learning yet
+    chooses exactly that."""
+    stats = WindowStats(k=k, micro_batch=32, steps=4, trips=4 * k * 32, wall_s=4 * (k * 0.05 + fixed * 0.05),
+                        comm_s=0.01, noise_scale=noise, overhead_s=4 * fixed * 0.05)
+    sched = GoodputScheduler()
+    sched.observe(stats)
+    want = np.log([sched.predicted_goodput(c, 32) / sched.predicted_goodput(1, 32) for c in DEFAULT_CHOICES])
+    obs = observation(stats, stats.samples_per_s)
+    np.testing.assert_allclose(goodput_model_q(torch.as_tensor(obs)[None])[0].numpy(), want, atol=1e-5)
+    agent = Agent(len(DEFAULT_CHOICES), seed=7, base_q=functools.partial(goodput_model_q, choices=DEFAULT_CHOICES))
+    np.testing.assert_allclose(agent.values(torch.as_tensor(obs)[None])[0].detach().numpy(), want, atol=1e-5)
+    assert agent.act(obs, deterministic=True)[0] == int(np.argmax(want))

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from stfast.accum.noise import GradientNoiseScale, UnitGradients, noise_estimates, squared_norm
+from stfast.accum.noise import (
+    GradientNoiseScale,
+    UnitGradients,
+    noise_estimates,
+    squared_norm,
+)
 from stfast.train.guards import BadStepGuard
 
 

@@ -19,6 +19,7 @@ DEFAULT_CHOICES = (1, 2, 4, 8, 16)
 OBS_NAMES = ("log_noise_over_micro_batch", "log_overhead_over_compute", "log_k", "comm_share", "budget_used",
              "loss_slope", "log_throughput", "imbalance")
 OBS_DIM = len(OBS_NAMES)
+NOISE_OBS_SCALE, OVERHEAD_OBS_SCALE = 8.0, 6.0  # observation(): log2 φ/B and log2 t_fixed/t_micro over these
 SWITCH_GAIN = 0.05  # adaptive schedulers change k only for a predicted goodput gain above this (5 %)
 
 
@@ -164,10 +165,10 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
     elif math.isinf(ns) and ns > 0:
         noise = 1.0
     else:
-        noise = math.log2(max(ns, 1e-9) / stats.micro_batch) / 8
+        noise = math.log2(max(ns, 1e-9) / stats.micro_batch) / NOISE_OBS_SCALE
     t_fixed = stats.fixed_s / max(stats.steps, 1)
     t_micro = max(stats.wall_s - stats.fixed_s, 1e-12) / (max(stats.steps, 1) * k)
-    comm = math.log2(t_fixed / t_micro) / 6 if t_fixed > 0 else -1.0
+    comm = math.log2(t_fixed / t_micro) / OVERHEAD_OBS_SCALE if t_fixed > 0 else -1.0
     thr = math.log2(stats.samples_per_s / ref_samples_per_s) / 4
     kmax = max(choices)
     obs = [noise, comm, math.log2(k) / math.log2(kmax) if kmax > 1 else 0.0, stats.comm_share,
@@ -277,4 +278,4 @@ def make_scheduler(spec: str, choices=DEFAULT_CHOICES, seed: int = 0, online: bo
         return GoodputScheduler(choices)
     from .agent import pretrained_agent
 
-    return RLScheduler(pretrained_agent(len(choices), seed=seed), choices, online=online)
+    return RLScheduler(pretrained_agent(choices, seed=seed), choices, online=online)
