@@ -22,6 +22,7 @@ trips), with the trainer's loss (entire + local, means over the step's trips and
 tr(Σ) and |G|² are averaged over the steps first and divided afterwards, as the trainer's EMA does.
 
     python benchmarks/noise_scale_units.py [--steps 12] [--batch-size 32] [--world-size 2] [--json out.json]
+        [--init RUN/last.pt]   (the weights a training run ended with, instead of a fresh model)
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.data.synthetic import synthetic_trips
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.parallel.slicer import LinearCostModel, partition
+from stfast.train.ensemble import load_model
 
 # the cost model fitted on this CPU (README, load balance): a, b, c, d, e
 CPU_COST = (0.011048642683591653, 0.0, 1.1157545301093674e-05, 1.5998237859478548e-05, 1.2811881111460965e-05)
@@ -59,14 +61,20 @@ def main(argv=None) -> int:
     ap.add_argument("--phases", type=int, default=3)
     ap.add_argument("--n-synthetic", type=int, default=1500)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--init", default=None, help="start from this stfast checkpoint's weights (e.g. a run's last.pt "
+                    "on the same synthetic city): is B_simple where a run at some k ended up different?")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     trips = synthetic_trips(a.n_synthetic, seed=0)
     lengths = np.diff(trips.offsets)
-    vocab = DriverVocab(trips.driver)
-    ds = TripDataset(trips, vocab)
     torch.manual_seed(0)
-    model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab)), NormStats.from_trips(trips))
+    if a.init:
+        model, vocab = load_model(a.init)
+        model.train()
+    else:
+        vocab = DriverVocab(trips.driver)
+        model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab)), NormStats.from_trips(trips))
+    ds = TripDataset(trips, vocab, next(model.parameters()).dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     cost = LinearCostModel(CPU_COST)
     k_conv = model.cfg.kernel_size
