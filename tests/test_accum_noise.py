@@ -8,6 +8,7 @@ import torch
 from stfast.accum.noise import (
     GradientNoiseScale,
     UnitGradients,
+    UnitNorms,
     noise_estimates,
     squared_norm,
 )
@@ -169,18 +170,23 @@ def test_squared_norm_is_the_float64_sum_of_squares_and_flags_non_finite(dtype):
     assert BadStepGuard.problem(math.nan, ref) == "non-finite loss"
 
 
-def test_unit_norm_of_a_single_micro_step_needs_no_flat_copy():
-    """k = 1 (the last micro-step is the first): the unit's |g_u|² read off .grad directly equals the
-    flat-copy path's."""
+def test_unit_norms_are_the_changes_of_the_accumulating_gradient():
+    """Each unit's |g_u|² is |Δ.grad|²·(n_total/n_u)², per tensor, in float64: for three micro-steps, one
+    parameter getting its first gradient in the second, one never (unused); ``last`` only skips the copy."""
     torch.manual_seed(1)
     ps = [torch.nn.Parameter(torch.randn(6, 4)), torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))]
-    for p in ps[:2]:
-        p.grad = torch.randn_like(p)  # the third has no gradient (unused parameter)
-    out = []
-    for last in (False, True):
-        ug = UnitGradients(ps)
-        ug.begin()
-        ug.after_micro_step(5, 20, last)
-        out.append(ug.units.as_array())
-    np.testing.assert_allclose(out[1], out[0], rtol=1e-6)
-    assert out[0][0] > 0
+    steps = [{0: torch.randn(6, 4)}, {0: torch.randn(6, 4), 1: torch.randn(3)}, {0: torch.randn(6, 4), 1: torch.randn(3)}]
+    sizes, n_total = [5, 7, 4], 16
+    ug = UnitGradients(ps)
+    ug.begin()
+    for j, (inc, n) in enumerate(zip(steps, sizes)):
+        for i, g in inc.items():  # what a backward accumulates into .grad
+            ps[i].grad = g.clone() if ps[i].grad is None else ps[i].grad + g
+        ug.after_micro_step(n, n_total, last=j == len(steps) - 1)
+    want = [sum(float(g.double().square().sum()) for g in inc.values()) * (n_total / n) ** 2
+            for inc, n in zip(steps, sizes)]
+    ref = UnitNorms()
+    for w, n in zip(want, sizes):
+        ref.add(w, n)
+    np.testing.assert_allclose(ug.units.as_array(), ref.as_array(), rtol=1e-6)
+    assert ug.units.as_array()[0] > 0

@@ -166,7 +166,8 @@ def squared_norm(tensors) -> float:
 
 class UnitGradients:
     """Squared norms of each unit's mean gradient, read off the accumulating ``.grad`` of ``params``
-    between micro-steps (one flat copy of the gradient per micro-step; no extra backward pass).
+    between micro-steps (a copy of the gradient tensors after each micro-step but the last; no extra
+    backward pass).
 
     Use: ``begin()`` before the first micro-step, ``after_micro_step(n)`` after each backward of a
     unit of n trips whose loss was its trip SUM divided by ``n_total`` (the optimizer step's trips),
@@ -175,13 +176,7 @@ class UnitGradients:
     def __init__(self, params):
         self.params = list(params)
         self.units = UnitNorms()
-        self._prev = None
-
-    def _flat(self):
-        import torch
-
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
-                          for p in self.params])
+        self._prev = None  # the .grad tensors (copies; None: no gradient yet) after the previous micro-step
 
     def begin(self) -> None:
         self.units = UnitNorms()
@@ -189,15 +184,14 @@ class UnitGradients:
 
     def after_micro_step(self, n_trips: int, n_total: int, last: bool = False) -> None:
         """Record the unit just backpropagated: its mean gradient is the change of .grad × n_total/n_trips.
-        ``last``: no micro-step follows in this optimizer step, so when it is also the first (k = 1) the
-        norm is read off .grad without the flat copy."""
+        ``last``: no micro-step follows in this optimizer step, so .grad is not copied for the next one."""
         if n_trips <= 0:
             return
-        if last and self._prev is None:
-            sq = squared_norm(p.grad for p in self.params)
-        else:
-            flat = self._flat()
-            delta = flat if self._prev is None else flat - self._prev
-            self._prev = flat
-            sq = float(delta.square().sum())
+        grads = [p.grad for p in self.params]
+        if self._prev is None:
+            sq = squared_norm(grads)
+        else:  # per tensor, so no flat copy; a tensor whose first gradient came in this unit changed by all of it
+            sq = squared_norm([g if pv is None else g - pv for g, pv in zip(grads, self._prev) if g is not None])
+        if not last:
+            self._prev = [None if g is None else g.detach().clone() for g in grads]
         self.units.add(sq * (n_total / n_trips) ** 2, n_trips)
