@@ -9,9 +9,9 @@ Cost model: a shard S of n trips with lengths l_i (points) takes
 (Σlen: geo-conv and projections on packed points; n·L_max: work on the padded [n, L_max] batch;
 L_max: the packed LSTM's sequential steps, each with a fixed cost). Coefficients are fitted by
 non-negative (scipy's Lawson–Hanson NNLS), Huber-weighted least squares (IRLS) on a window of
-observations; the prior before any fit is Σlen + n·L_max. The trainer fits it first on a warm-up profile (:func:`profile_shards`), since
-the on-line observations of balanced shards alone barely separate the terms. Any callable
-``cost(lengths [n]) -> seconds`` can stand in for the model.
+observations; the prior before any fit is Σlen + n·L_max. The trainer fits it first on a warm-up
+profile (:func:`profile_shards`), since the on-line observations of balanced shards alone barely
+separate the terms. Any callable ``cost(lengths [n]) -> seconds`` can stand in for the model.
 
 Partitioners live in C++ (csrc/slicer/partition.{h,cpp}, module ``stfast._slicer``): LPT greedy,
 Karmarkar–Karp differencing, sorted contiguous split, local-search refinement under the full model.
