@@ -24,3 +24,17 @@ def test_simulated_cluster_policies(benchmark, tmp_path):
     plot_k(res, None, tmp_path / "k.png")
     assert (tmp_path / "k.png").stat().st_size > 0
     benchmark.extra_info["table"] = table
+
+
+def test_live_time_to_target_interpolates_and_pairs_seeds():
+    from accumulation import paired_ratios, time_to
+
+    curve = [(2.0, 0.30), (4.0, 0.20), (6.0, 0.10)]
+    assert time_to(curve, 0.15) == 5.0  # halfway between the validations at 4 s and 6 s
+    assert time_to(curve, 0.35) == 2.0 and time_to(curve, 0.05) == math.inf
+    summ = {"1": {"ttt_s": [10.0, 12.0, math.inf]}, "2": {"ttt_s": [11.0, 13.0, 14.0]},
+            "goodput": {"ttt_s": [10.0, 12.0, 15.0]}, "rl": {"ttt_s": [11.0, 12.0, 16.0]}}
+    lines = paired_ratios(summ)
+    assert summ["best_fixed"] == "1"  # median 12 s against 13 s
+    assert summ["rl"]["ttt_over_1"][:2] == [1.1, 1.0] and math.isnan(summ["rl"]["ttt_over_1"][2])
+    assert summ["rl"]["ttt_over_goodput"] == [1.1, 1.0, 16 / 15] and len(lines) == 3

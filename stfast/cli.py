@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch (Loshchilov & Hutter 2017)")
     t.add_argument("--ema-decay", type=float, default=None,
                    help="validate, checkpoint and test an exponential moving average of the weights, updated "
-                        "after every optimizer step with this decay (Polyak & Juditsky 1992), e.g. 0.9")
+                        "after every optimizer step with this decay per micro-batch (decay^k at k accumulation "
+                        "steps; Polyak & Juditsky 1992), e.g. 0.9")
     t.add_argument("--alpha", type=float, default=0.3, help="weight of the local loss")
     t.add_argument("--compat", default="fixed", choices=("fixed", "original"),
                    help="original: reproduce faults 1-3 of the original DeepTTE")

@@ -105,9 +105,11 @@ def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule, ema):
     assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-12)
 
 
-def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_path):
+@pytest.mark.parametrize("k", [1, 2])
+def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_path, k):
     decay = 0.7
-    tr = Trainer(cfg(trips_file, tmp_path, dtype="float64", epochs=1, batch_size=16, ema_decay=decay))
+    tr = Trainer(cfg(trips_file, tmp_path, dtype="float64", epochs=1, batch_size=16, ema_decay=decay,
+                     accumulation=f"fixed:{k}"))
     after_step, orig = [], tr.train_step
 
     def spy(gb, use_local):
@@ -118,15 +120,16 @@ def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_
     tr.train_step = spy
     tr.fit()
     assert len(after_step) >= 3
-    # EMA_1 = θ_1, EMA_t = decay·EMA_{t−1} + (1 − decay)·θ_t (torch.optim.swa_utils' EMA)
+    # EMA_1 = θ_1, EMA_t = d·EMA_{t−1} + (1 − d)·θ_t with d = decay^k: the decay is per micro-batch
+    d = decay**k
     want = dict(after_step[0])
     for theta in after_step[1:]:
-        want = {k: decay * want[k] + (1 - decay) * theta[k] for k in want}
+        want = {n: d * want[n] + (1 - d) * theta[n] for n in want}
     best, last = params(tmp_path / "checkpoint.pt"), ckpt.load(tmp_path / "last.pt")
-    for k, v in want.items():
-        assert torch.allclose(best[k], v, rtol=1e-12, atol=1e-15), k  # checkpoint.pt: the validated average
-        assert torch.equal(last["model_state"][k], after_step[-1][k]), k  # last.pt: the trained weights
-    assert not all(torch.equal(best[k], after_step[-1][k]) for k in want)
+    for n, v in want.items():
+        assert torch.allclose(best[n], v, rtol=1e-12, atol=1e-15), n  # checkpoint.pt: the validated average
+        assert torch.equal(last["model_state"][n], after_step[-1][n]), n  # last.pt: the trained weights
+    assert not all(torch.equal(best[n], after_step[-1][n]) for n in want)
     # what validation scored is the average: re-scoring checkpoint.pt gives the best validation MAPE
     from stfast.train.trainer import evaluate
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 
 from .. import __version__
 from ..accum.controller import AccumulationController
@@ -194,8 +194,12 @@ class Trainer:
         # for the default per-parameter loop, ~6 % of a k = 1 step); the same update up to rounding
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         # --ema-decay: the weights' exponential moving average (Polyak & Juditsky 1992), what validation,
-        # checkpoint.pt and the test score use; it smooths the epoch-to-epoch jumps of a small data set
-        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay))
+        # checkpoint.pt and the test score use; it smooths the epoch-to-epoch jumps of a small data set.
+        # The decay is per global micro-batch: a step of k accumulation steps decays the average by
+        # decay^k, so it spans the same 1/(1 − decay) micro-batches of trips, hence the same stretch of
+        # an epoch, whatever k (a fixed decay per step would average k times as many trips at k).
+        self.ema = (AveragedModel(self.model, multi_avg_fn=lambda avg, new, n: torch._foreach_lerp_(
+                        avg, new, 1.0 - cfg.ema_decay ** self.accum.k))
                     if cfg.ema_decay is not None else None)
         # gradient sync (stfast.parallel.comm): buckets summed over ranks while the backward runs;
         # backward passes inside self.grad_sync.no_sync() (accumulation micro-steps) do not communicate
