@@ -333,8 +333,8 @@ def main(argv=None) -> int:
         seeds_l = list(range(a.live_seeds))
         datasets = {"synthetic": ("synthetic", ("1", "2", "4", "8", "goodput", "rl")),
                     "chengdu": (a.chengdu, ("1", "2", "4", "8", "goodput", "rl"))}
-        if not Path(a.chengdu).is_dir():
-            ap.error(f"--chengdu {a.chengdu}: no such directory (the Chengdu sample in DeepTTE JSON lines)")
+        if not Path(a.chengdu).exists():
+            ap.error(f"--chengdu {a.chengdu}: no such file (the Chengdu sample, DeepTTE JSON lines)")
         live = run_live(datasets, seeds_l, a.live_budget, root, a.n_synthetic, a.batch_size, a.window,
                         a.ema_decay or None)
         results["live"] = {}
