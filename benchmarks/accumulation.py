@@ -11,11 +11,11 @@
     goodput and rl under a wall-clock budget on the synthetic city and on the Chengdu sample,
     validating the weights' moving average (--ema-decay); the time (interpolated between epochs) and
     the epochs (the same trips at every k, so free of timing noise) to a target validation MAPE
-    (TARGET_FACTOR × the best validation MAPE of the reference run, k = 1 with the first seed), the
-    per-seed ratios of the adaptive schedulers' times to the best fixed k's, the best validation and
-    the test MAPE within the budget, and the measured communication share of a step (time in the
-    gradient sync, including waiting for the other rank, over the step time; from the windows in
-    metrics.jsonl).
+    (TARGET_FACTOR × the best validation MAPE of the reference run, k = 1 with the first seed; a
+    second table: LOOSE_TARGET_FACTOR ×), the per-seed ratios of the adaptive schedulers' times to
+    the best fixed k's, the best validation and the test MAPE within the budget, and the measured
+    communication share of a step (time in the gradient sync, including waiting for the other rank,
+    over the step time; from the windows in metrics.jsonl).
 (c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs).
 
     python benchmarks/accumulation.py --out runs/bench_accum                  # (b) and (c): simulated
@@ -45,6 +45,9 @@ from stfast.accum.schedulers import DEFAULT_CHOICES, GoodputScheduler
 
 FIXED = (1, 2, 4, 8, 16)
 TARGET_FACTOR = 1.1  # live target: 1.1 × the reference run's best validation MAPE
+# a looser second target, reported beside it: 1.1× lies where the curves flatten, so a small vertical noise
+# moves the crossing time a lot; 1.25× lies on the descent, where the crossing time is better determined
+LOOSE_TARGET_FACTOR = 1.25
 
 
 # ------------------------------------------------------------------------------ (b) simulated cluster
@@ -194,10 +197,10 @@ def run_live(datasets: dict, seeds, budget_s: float, root: Path, n_synthetic: in
     return res
 
 
-def live_table(runs: dict) -> tuple[str, dict]:
+def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:
     ref = runs["1"][0] if "1" in runs else next(iter(runs.values()))[0]
-    target = TARGET_FACTOR * min(m for _, m in ref["curve"])
-    lines = [f"target validation MAPE {100 * target:.2f} % ({TARGET_FACTOR} × the best of k = 1, first seed)", "",
+    target = factor * min(m for _, m in ref["curve"])
+    lines = [f"target validation MAPE {100 * target:.2f} % ({factor} × the best of k = 1, first seed)", "",
              ("| mode | time to target (s) | median | epochs to target | best val MAPE % | test MAPE % | steps | mean k "
               "| comm share (all / k=1 windows) |"),
              "|---|---|---|---|---|---|---|---|---|"]
@@ -340,9 +343,10 @@ def main(argv=None) -> int:
         results["live"] = {}
         for name, runs in live.items():
             t, s = live_table(runs)
-            results["live"][name] = s
+            t2, s2 = live_table(runs, LOOSE_TARGET_FACTOR)
+            results["live"][name] = {**s, "loose_target": s2}
             print(f"\n## (a) live: {name}, 2 Gloo ranks × 1 thread, budget {a.live_budget:g} s, seeds {seeds_l}, "
-                  f"micro-batch {a.batch_size}, window {a.window} (per-seed values)\n\n{t}")
+                  f"micro-batch {a.batch_size}, window {a.window} (per-seed values)\n\n{t}\n\nlooser {t2}")
     plot_k(sim, live, root / "k_over_time.png")
     (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
     print(f"\nwrote {root / 'results.json'}, {root / 'k_over_time.png'}")

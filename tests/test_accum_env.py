@@ -9,7 +9,12 @@ import test_trainer
 import torch
 from gymnasium.utils.env_checker import check_env
 
-from stfast.accum.agent import Agent, goodput_model_q, pretrained_agent
+from stfast.accum.agent import (
+    ONLINE_STEPS_PER_WINDOW,
+    Agent,
+    goodput_model_q,
+    pretrained_agent,
+)
 from stfast.accum.env import (
     AccumulationEnv,
     SimConfig,
@@ -262,7 +267,7 @@ def test_fine_tuning_on_a_few_live_windows_keeps_what_pre_training_learned():
             a, lp, v = agent.act(o)
             agent.record(o, a, lp, v, float(rng.normal(0, 0.3)))
             if agent.n_recorded >= 8:
-                agent.update()
+                agent.update(ONLINE_STEPS_PER_WINDOW * agent.n_recorded)  # as RLScheduler does
         after = agent.act_batch(states, deterministic=True)[0]
         rows = np.arange(len(states))
         lost[anchored] = float((q_before[rows, before] - q_before[rows, after] > math.log(1.05)).mean())

@@ -53,7 +53,11 @@ EPSILON = 0.05
 PRIOR_SHARE = 0.5  # online updates: share of each minibatch drawn from the pre-training transitions
 EPSILON_OFFLINE = (1.0, 0.2)  # pre-training: ε falls linearly from the first to the second value
 MINIBATCH = 128
-GRAD_STEPS = 32  # minibatch steps per update
+GRAD_STEPS = 32  # minibatch steps per update offline (ROLLOUT new transitions each)
+# online (RLScheduler): one minibatch step per window recorded since the last update. The update runs inside
+# the training loop, on the training's core: 32 steps every 8 windows took 50–80 ms per 8 windows, ~3 % of a
+# live Chengdu run's wall time (benchmarks/accumulation.py --live: rl's overhead 26 ms a step, goodput's 22 ms)
+ONLINE_STEPS_PER_WINDOW = 1
 REPLAY = 20_000  # transitions kept (the oldest are dropped)
 MAX_GRAD_NORM = 1.0
 ROLLOUT = 256  # transitions per update when training offline
@@ -182,8 +186,8 @@ class Agent:
             del self.replay[: len(self.replay) - REPLAY]
         self.n_recorded += 1
 
-    def update(self) -> dict:
-        """GRAD_STEPS minibatch steps of the squared error of Q(obs, action) to the reward, on
+    def update(self, steps: int = GRAD_STEPS) -> dict:
+        """``steps`` minibatch steps of the squared error of Q(obs, action) to the reward, on
         minibatches drawn from the replay memory and, a PRIOR_SHARE of each, from the pre-training
         transitions (``prior``, when present). Returns the last minibatch's loss."""
         self.n_recorded = 0
@@ -193,7 +197,7 @@ class Agent:
         p_obs, p_act, p_rew = self.prior
         n_prior = round(PRIOR_SHARE * MINIBATCH) if len(p_rew) else 0
         loss = torch.zeros(())
-        for _ in range(GRAD_STEPS):
+        for _ in range(steps):
             i = torch.randint(len(rew), (min(MINIBATCH - n_prior, len(rew)),), generator=self.gen)
             j = torch.randint(max(len(p_rew), 1), (n_prior,), generator=self.gen)
             o, a, r = torch.cat([obs[i], p_obs[j]]), torch.cat([act[i], p_act[j]]), torch.cat([rew[i], p_rew[j]])

@@ -207,7 +207,8 @@ def reward(stats: WindowStats, ref_samples_per_s: float) -> float:
 class RLScheduler(AccumulationScheduler):
     """A policy network (stfast.accum.agent) picks k from ``choices`` every window; the reward of
     each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
-    ``update_every`` windows (``online=False``: act only). Like GoodputScheduler it keeps the current k
+    ``update_every`` windows, one minibatch step per window (agent.ONLINE_STEPS_PER_WINDOW; ``online=False``:
+    act only). Like GoodputScheduler it keeps the current k
     unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
     so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k."""
 
@@ -237,7 +238,9 @@ class RLScheduler(AccumulationScheduler):
             self.last_reward = log_goodput_gain(stats, self.ref)
             self.agent.record(*self._pending, self.last_reward, obs, False, stats.budget_used >= 1.0)
             if self.agent.n_recorded >= self.update_every:
-                self.agent.update()
+                from .agent import ONLINE_STEPS_PER_WINDOW
+
+                self.agent.update(ONLINE_STEPS_PER_WINDOW * self.agent.n_recorded)
         action, logp, value = self.agent.act(obs, current=self.choices.index(self.k),
                                                margin=math.log1p(SWITCH_GAIN))
         self._pending = (obs, action, logp, value)

@@ -282,22 +282,23 @@ class Trainer:
             return f"fitted on a warm-up profile of {len(shards)} shards ({time.perf_counter() - t0:.1f} s)"
         return "the prior (the warm-up profile gave no fit)"
 
-    def _slicer_step(self, micro: list[np.ndarray], compute_s: list[float], t_start: float) -> None:
-        """After a step of micro-batches ``micro``: gather every rank's measured forward + backward seconds
-        of each micro-batch, feed each micro-batch's shards and times to the cost model (refit every
-        SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so that all ranks keep cutting
-        identically), and append one metrics row (rank 0; per rank, sums over the micro-batches)."""
+    def _slicer_step(self, shards: list[list[np.ndarray]], compute_s: list[float], t_start: float) -> None:
+        """After a step of micro-batches whose every rank's trip indices were ``shards`` [micro-step][rank]
+        (as cut for the step: the slicer caches only the last micro-batch's cut): gather every rank's
+        measured forward + backward seconds of each micro-batch, feed each micro-batch's shards and times
+        to the cost model (refit every SLICER_REFIT_EVERY steps, coefficients taken from rank 0 so that
+        all ranks keep cutting identically), and append one metrics row (rank 0; per rank, sums over the
+        micro-batches)."""
         gathered = dp.all_gather_floats(np.asarray(compute_s, dtype=np.float64), self.info)  # [W, k]
         step_s = time.perf_counter() - t_start
         model = self.slicer.cost_model
         predicted = np.zeros(self.info.world_size)
-        for j, m in enumerate(micro):
-            lens_j = [self.train_ds.lengths[sh] for sh in self.slicer.shards(m)]
+        lens_per_micro = [[self.train_ds.lengths[sh] for sh in parts] for parts in shards]
+        for j, lens_j in enumerate(lens_per_micro):
             predicted += [model.predict(ln) for ln in lens_j]
             model.observe(lens_j, gathered[:, j])
         times = gathered.sum(axis=1)
-        lens = [np.concatenate([self.train_ds.lengths[sh] for sh in parts])
-                for parts in zip(*(self.slicer.shards(m) for m in micro))]
+        lens = [np.concatenate(per_rank) for per_rank in zip(*lens_per_micro)]
         predicted = predicted.tolist()
         if self.step % SLICER_REFIT_EVERY == 0:
             model.fit()
@@ -438,6 +439,7 @@ class Trainer:
         self.accum.begin_step()
         loss_val = 0.0
         compute = []  # this rank's forward + backward seconds per micro-batch (the slicer's cost model)
+        cut = []  # the slicer's shards of every rank [micro-step][rank], reused by _slicer_step
         for i, m in enumerate(micro):
             # micro-steps 1..k-1 accumulate locally; the last one's backward starts the bucketed sync
             last = i == len(micro) - 1
@@ -447,7 +449,11 @@ class Trainer:
                      else contextlib.nullcontext())
             t_micro = time.perf_counter()
             with quiet:
-                shard = dp.equal_shard(m, self.data_info) if self.slicer is None else self.slicer.shard(m)
+                if self.slicer is None:
+                    shard = dp.equal_shard(m, self.data_info)
+                else:
+                    cut.append(self.slicer.shards(m))
+                    shard = cut[-1][self.slicer.rank]
                 if len(shard):
                     b = self.train_ds.batch(shard).to(self.device)
                     if self.executor is not None:
@@ -483,7 +489,7 @@ class Trainer:
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute), grad_sq)
         if self.slicer is not None:
-            self._slicer_step(micro, compute, t0)
+            self._slicer_step(cut, compute, t0)
         return loss_val
 
     def _end_window(self, epoch_done: float) -> bool:
