@@ -156,6 +156,8 @@ def read_run(out: Path) -> dict:
             "comm_s": sum(r["comm_s"] for r in windows), "window_s": sum(r["window_s"] for r in windows),
             "comm_s_k1": sum(r["comm_s"] for r in windows if r["k"] == 1),
             "window_s_k1": sum(r["window_s"] for r in windows if r["k"] == 1),
+            "trips": sum(r["trips"] for r in windows), "overhead_s": sum(r["overhead_s"] for r in windows),
+            "window_steps": sum(r["steps"] for r in windows),
             "steps": summ["steps"], "epochs": summ["epochs"], "test_mape": summ["test_mape"],
             "best_val_mape": summ["best_val_mape"]}
 
@@ -202,8 +204,8 @@ def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:
     target = factor * min(m for _, m in ref["curve"])
     lines = [f"target validation MAPE {100 * target:.2f} % ({factor} × the best of k = 1, first seed)", "",
              ("| mode | time to target (s) | median | epochs to target | best val MAPE % | test MAPE % | steps | mean k "
-              "| comm share (all / k=1 windows) |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+              "| trips/s | overhead ms/step | comm share (all / k=1 windows) |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     summ = {"target_val_mape": target}
     for mode, rs in runs.items():
         ttt = [time_to(r["curve"], target) for r in rs]
@@ -213,8 +215,12 @@ def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:
         w1 = sum(r["window_s_k1"] for r in rs)
         comm1 = sum(r["comm_s_k1"] for r in rs) / w1 if w1 else math.nan
         mk = [float(np.mean([k for _, k in r["k"]])) for r in rs]
+        # over all seeds' windows; overhead: a step's time outside forward + backward (sync, optimizer, scheduler)
+        trips_s = sum(r["trips"] for r in rs) / sum(r["window_s"] for r in rs)
+        ovh_ms = 1e3 * sum(r["overhead_s"] for r in rs) / sum(r["window_steps"] for r in rs)
         summ[mode] = {"ttt_s": ttt, "epochs_to_target": ett, "best_val_mape": [r["best_val_mape"] for r in rs],
-                      "test_mape": [r["test_mape"] for r in rs], "comm_share": comm, "comm_share_k1": comm1}
+                      "test_mape": [r["test_mape"] for r in rs], "comm_share": comm, "comm_share_k1": comm1,
+                      "trips_per_s": trips_s, "overhead_ms_per_step": ovh_ms}
         ttt_s, ett_s = (" / ".join("—" if not math.isfinite(x) else f"{x:.0f}" for x in v) for v in (ttt, ett))
         med = statistics.median(ttt)
         val = " / ".join(f"{100 * r['best_val_mape']:.2f}" for r in rs)
@@ -222,7 +228,7 @@ def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:
         steps = " / ".join(str(r["steps"]) for r in rs)
         c1 = "—" if math.isnan(comm1) else f"{100 * comm1:.1f} %"
         lines.append(f"| {mode} | {ttt_s} | {'—' if not math.isfinite(med) else f'{med:.1f}'} | {ett_s} | {val} | {test} | {steps} | {statistics.median(mk):.1f} | "
-                     f"{100 * comm:.1f} % / {c1} |")
+                     f"{trips_s:.0f} | {ovh_ms:.0f} | {100 * comm:.1f} % / {c1} |")
     lines += ["", *paired_ratios(summ)]
     return "\n".join(lines), summ
 

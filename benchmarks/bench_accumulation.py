@@ -38,3 +38,25 @@ def test_live_time_to_target_interpolates_and_pairs_seeds():
     assert summ["best_fixed"] == "1"  # median 12 s against 13 s
     assert summ["rl"]["ttt_over_1"][:2] == [1.1, 1.0] and math.isnan(summ["rl"]["ttt_over_1"][2])
     assert summ["rl"]["ttt_over_goodput"] == [1.1, 1.0, 16 / 15] and len(lines) == 3
+
+
+def test_live_table_reads_a_run_folder(tmp_path):
+    """read_run + live_table on a hand-written run: time to target, throughput and overhead per step."""
+    import json
+
+    from accumulation import live_table, read_run
+
+    rows = [{"epoch": 1, "wall_s": 2.0, "val_mape": 0.30}, {"epoch": 2, "wall_s": 4.0, "val_mape": 0.20},
+            {"window": 1, "k": 1, "steps": 4, "trips": 128, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 1.0,
+             "wall_s": 1.0},
+            {"window": 2, "k": 2, "steps": 4, "trips": 256, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 3.0,
+             "wall_s": 4.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 8, "epochs": 2, "test_mape": 0.21,
+                                                       "best_val_mape": 0.20}))
+    run = read_run(tmp_path)
+    table, summ = live_table({"1": [run], "rl": [run]}, factor=1.25)  # target 0.25: crossed at 3 s
+    assert summ["target_val_mape"] == 0.25 and summ["rl"]["ttt_s"] == [3.0] and summ["rl"]["epochs_to_target"] == [1.5]
+    assert summ["rl"]["trips_per_s"] == 384 / 4.0 and summ["rl"]["overhead_ms_per_step"] == 1e3 * 0.4 / 8
+    assert summ["rl"]["comm_share"] == 0.2 / 4.0 and summ["rl"]["comm_share_k1"] == 0.1
+    assert "| rl | 3 | 3.0 | 2 |" in table and "| 96 | 50 |" in table
