@@ -19,10 +19,15 @@ trips), with the trainer's loss (entire + local, means over the step's trips and
   measured steps are real Adam steps (the k = 1 step's gradient), so the parameters move between them as
   in training. Measured (2026-11-30): 2.8–3.3× the exact B_simple at lag 1, negative at lag 2 — an Adam
   step along g_{t−1} turns the next gradient against it, so ⟨g_t, g_{t−1}⟩ understates |G|².
+- the preconditioned noise scale (Pollux, Qiao et al. OSDI 2021, §3.1: tr(PΣPᵀ)/|PG|², for Adam
+  P = diag(1/(√v̂ + ε)) from the optimizer's second moments), exact from the same c_i, once Adam has
+  taken a step: is it where the plain B_simple is too pessimistic for Adam? (Elements Adam has seen
+  no gradient for, such as the embedding rows of drivers outside its trips, are left out.)
 tr(Σ) and |G|² are averaged over the steps first and divided afterwards, as the trainer's EMA does.
 
     python benchmarks/noise_scale_units.py [--steps 12] [--batch-size 32] [--world-size 2] [--json out.json]
-        [--init RUN/last.pt]   (the weights a training run ended with, instead of a fresh model)
+        [--init RUN/last.pt]   (the weights a training run ended with, instead of a fresh model, and its
+                               Adam state, so the preconditioned estimate is there from the first step)
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.data.synthetic import synthetic_trips
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.parallel.slicer import LinearCostModel, partition
+from stfast.train import checkpoint as ckpt
 from stfast.train.ensemble import load_model
 
 # the cost model fitted on this CPU (README, load balance): a, b, c, d, e
@@ -110,6 +116,28 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(0)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
+    if a.init and "optimizer_state" in (saved := ckpt.load(a.init)):
+        opt.load_state_dict(saved["optimizer_state"])  # the run's second moments: its preconditioner
+        for group in opt.param_groups:
+            group["lr"] = 1e-3
+
+    def adam_preconditioner():
+        """[P] float64: Adam's 1/(√v̂ + ε) per parameter element (bias-corrected v; 0 where v = 0), None before
+        its first step."""
+        (_, beta2), eps = opt.param_groups[0]["betas"], opt.param_groups[0]["eps"]
+        if not all("exp_avg_sq" in opt.state.get(q, {}) for q in params):
+            return None
+        v = torch.cat([(opt.state[q]["exp_avg_sq"] / (1 - beta2 ** float(opt.state[q]["step"]))).reshape(-1).double()
+                       for q in params])
+        # elements Adam never had a gradient for (v = 0: drivers outside the trips it trained on) would get
+        # 1/ε and swamp the rest; they are left out (weight 0)
+        return torch.where(v > 0, 1.0 / (v.sqrt() + eps), 0.0)
+
+    def exact(c):
+        """(|G|², tr(Σ)) from the c_i [n, P], unbiased."""
+        n = len(c)
+        tr = float((c - c.mean(0)).square().sum(1).sum()) / (n - 1)
+        return float(c.mean(0).square().sum()) - tr / n, tr
     B = a.batch_size
     rows = []
     for phase in range(a.phases):
@@ -118,18 +146,19 @@ def main(argv=None) -> int:
             opt.zero_grad()
             step_loss(idx, B, int(np.maximum(lengths[idx] - k_conv + 1, 0).sum())).backward()
             opt.step()
-        acc = {"exact": []} | {f"k{k}_{s}": [] for k in (1, 2) for s in SPLITS} | {"cross_step": [],
-                                                                                   "cross_step_lag2": []}
+        acc = {"exact": [], "exact_adam_preconditioned": []} | {f"k{k}_{s}": [] for k in (1, 2) for s in SPLITS} | {
+            "cross_step": [], "cross_step_lag2": []}
         history = []  # the measured steps' gradients, newest last
         for _ in range(a.steps):
             for k in (1, 2):
                 micro = [rng.choice(len(lengths), B, replace=False) for _ in range(k)]
                 idx = np.concatenate(micro)
                 c = contributions(idx)
-                n = len(idx)
-                tr = float((c - c.mean(0)).square().sum(1).sum()) / (n - 1)
                 if k == 1:
-                    acc["exact"].append((float(c.mean(0).square().sum()) - tr / n, tr))
+                    acc["exact"].append(exact(c))
+                    pre = adam_preconditioner()
+                    if pre is not None:
+                        acc["exact_adam_preconditioned"].append(exact(c * pre))
                     g = c.mean(0)
                 for s in SPLITS:
                     rows_u = []
@@ -148,7 +177,7 @@ def main(argv=None) -> int:
             opt.step()
         row = {"phase": phase, "adam_steps": phase * a.train_steps}
         for name, v in acc.items():
-            if not v:  # a lag longer than the measured steps
+            if not v:  # a lag longer than the measured steps, or no Adam step yet
                 continue
             g2, tr = (float(np.mean(x)) for x in zip(*v))
             row[name] = {"b_simple": tr / g2, "trace": tr, "g2": g2}
