@@ -252,13 +252,27 @@ def main(argv: list[str] | None = None) -> int:
     from .train.guards import RankFailure, TrainingDiverged
 
     try:
-        return fn(a)
+        rc = fn(a)
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
-        return 2
+        rc = 2
     except (TrainingDiverged, RankFailure) as e:  # the run failed (not the arguments)
         print(f"stfast: error: {e}", file=sys.stderr)
-        return 1
+        rc = 1
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
+        _exit_rank(rc)
+    return rc
+
+
+def _exit_rank(rc: int) -> None:
+    """End a torch.distributed rank process now, its files written and its process group left (dp.shutdown):
+    at interpreter finalization Gloo's worker threads can still hold work objects whose release needs the
+    GIL, and a rank was seen to abort there (SIGABRT, "terminate called without an active exception")
+    after a finished run, failing the job (pytorch/pytorch#179291 describes the mechanism)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

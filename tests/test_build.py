@@ -1,4 +1,8 @@
 """The native build: build_info() and the errors import and dispatch give when the build does not fit."""
+import fnmatch
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -46,3 +50,18 @@ def test_cpu_only_build_message():
     args = [torch.zeros(1)] * 7
     with pytest.raises(RuntimeError, match="stfast was built without CUDA support"):
         op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args)
+
+
+def test_every_data_file_of_the_package_is_installed():
+    """A regular (non-editable) install copies only the .py files and the package-data patterns of
+    pyproject.toml: each other file git tracks under stfast/ must match one (a missing profile JSON broke
+    `--accumulation rl` in `make demo`'s environment while the editable test environment had it)."""
+    tomllib = pytest.importorskip("tomllib")  # Python ≥ 3.11
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files", "stfast"], cwd=root, capture_output=True, text=True, check=True)
+    data = [p for p in tracked.stdout.split() if not p.endswith(".py")]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for path in data:
+        package, name = path.rsplit("/", 1)
+        assert any(fnmatch.fnmatch(name, pat) for pat in patterns.get(package.replace("/", "."), [])), path
+    assert "stfast/accum/profile_deeptte_cpu.json" in data
