@@ -114,7 +114,8 @@ class GoodputScheduler(AccumulationScheduler):
     """Pollux/AdaptDL-style: choose argmax_k samples_per_s(k) · E(k·B) (see stfast.accum.goodput),
     with samples_per_s(k) from a step-time model fitted to the measured windows (k·t_micro + t_fixed)
     and E from the measured noise scale. Switches only when the predicted goodput gain over the
-    current k exceeds ``min_gain`` (5 %), so measurement noise does not make k oscillate."""
+    current k exceeds ``min_gain`` (5 %), so measurement noise does not make k oscillate. Until a noise
+    scale is measured it moves at most one choice up per window."""
 
     def __init__(self, choices=DEFAULT_CHOICES, k0: int = 1, min_gain: float = SWITCH_GAIN):
         super().__init__(choices, k0)
@@ -131,6 +132,12 @@ class GoodputScheduler(AccumulationScheduler):
         if math.isfinite(stats.noise_scale):
             self.noise_scale = stats.noise_scale
         g = {k: self.predicted_goodput(k, stats.micro_batch) for k in self.choices}
+        if math.isnan(self.noise_scale):
+            # no noise scale yet (one process at k = 1 has no second batch size to measure it from): E = 1 at
+            # every k, so throughput alone would jump to the largest k for a window; step one choice up, where
+            # it becomes measurable
+            up = sorted(k for k in self.choices if k > self.k)[:1]
+            g = {k: v for k, v in g.items() if k == self.k or k in up}
         best = max(g, key=g.get)
         if g[best] > (1 + self.min_gain) * g[self.k]:
             self.k = best
