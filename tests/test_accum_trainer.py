@@ -143,6 +143,7 @@ def test_fit_with_accumulation_writes_windows_and_resumes(trips_file, tmp_path):
         rows = [json.loads(line) for line in f]
     windows = [r for r in rows if "window" in r]
     assert windows and all(r["k"] == 2 and r["steps"] == 2 for r in windows)
+    assert {r["type"] for r in rows} == {"epoch", "window"} and windows == [r for r in rows if r["type"] == "window"]
     # 84 training trips = 11 micro-batches (10 of 8, one of 4) per epoch → 6 optimizer steps (the last
     # with k=1), 18 steps in 3 epochs = 9 windows of 2 steps holding every trip 3 times
     assert len(windows) == 9 and sum(r["trips"] for r in windows) == 3 * 84

@@ -251,7 +251,7 @@ def test_nonfinite_steps_are_skipped_and_logged(trips_file, tmp_path, monkeypatc
     assert [b for b, _ in snaps] == [None, None, f"non-finite {kind}", f"non-finite {kind}"] + [None] * 17
     assert all(same == (b is not None) for b, same in snaps)  # skipped steps leave the parameters alone
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    bad = [r for r in rows if "bad_step" in r]
+    bad = [r for r in rows if r.get("type") == "bad_step"]
     assert [(r["bad_step"], r["at_batch"], r["reason"]) for r in bad] == [(3, 3, f"non-finite {kind}"),
                                                                           (3, 4, f"non-finite {kind}")]
     st = ckpt.load(tmp_path / "last.pt")

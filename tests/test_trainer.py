@@ -47,7 +47,7 @@ def test_epoch_batches_cover_every_trip_once_with_a_smaller_last_batch():
 def test_train_writes_metrics_summary_and_checkpoint(trips_file, tmp_path):
     s = Trainer(cfg(trips_file, tmp_path, epochs=2, batch_size=1000)).fit()  # one batch, B = whole split
     rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-    assert [r["epoch"] for r in rows] == [1, 2]
+    assert [r["epoch"] for r in rows] == [1, 2] and all(r["type"] == "epoch" for r in rows)
     assert set(rows[0]) >= {"epoch", "train_loss", "val_mape", "val_mae", "val_rmse", "samples_per_s", "wall_s"}
     summ = json.load(open(tmp_path / "summary.json"))
     for k in ("test_mape", "test_mae", "test_rmse", "baseline_const_speed_mape", "baseline_mean_time_mape",

@@ -147,8 +147,10 @@ def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dic
 class Trainer:
     """Trains DeepTTE per a :class:`TrainConfig`, writing into ``cfg.out``:
 
-    metrics.jsonl (one object per epoch; under data parallelism also one per step with "type": "step":
-    the slicer's shard sizes, predicted and measured imbalance, idle seconds per rank, cost model),
+    metrics.jsonl, one JSON object per line, its "type" one of: "epoch" (losses, validation metrics,
+    throughput), "window" (an accumulation window: k, noise scale, throughput, communication share),
+    "step" (under data parallelism: the slicer's shard sizes, predicted and measured imbalance, idle
+    seconds per rank, cost model) and "bad_step" (a skipped non-finite step);
     summary.json, checkpoint.pt (best validation MAPE) and
     last.pt (the latest epoch or step, what ``--resume`` continues from). Both are written atomically.
     """
@@ -506,7 +508,7 @@ class Trainer:
         stop, row = self.accum.end_window(max(used), out_of_time)
         self._set_lr()
         if row is not None:
-            row.update(step=self.step, wall_s=elapsed, accumulation=self.accum_spec)
+            row = {"type": "window", **row, "step": self.step, "wall_s": elapsed, "accumulation": self.accum_spec}
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
         return stop
@@ -533,7 +535,7 @@ class Trainer:
         where = f"at epoch {self.epoch + 1}, batch {bi}"
         if self.bad_step is not None and self.info.is_main:
             with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"bad_step": self.step + 1, "at_epoch": self.epoch, "at_batch": bi,
+                f.write(json.dumps({"type": "bad_step", "bad_step": self.step + 1, "at_epoch": self.epoch, "at_batch": bi,
                                     "reason": self.bad_step, "loss": loss}) + "\n")
             log.warning("skipped optimizer step %d %s: %s", self.step + 1, where, self.bad_step)
         self.guard.record(self.bad_step, where)
@@ -603,7 +605,7 @@ class Trainer:
             val = evaluate(self.eval_model, self.val_ds, self.info, self.device, self.show)
             self.model.train()
             self.epoch += 1
-            rec = {"epoch": self.epoch, "step": self.step, "train_loss": train_loss, "val_mape": val["mape"],
+            rec = {"type": "epoch", "epoch": self.epoch, "step": self.step, "train_loss": train_loss, "val_mape": val["mape"],
                    "val_mae": val["mae"], "val_rmse": val["rmse"], "samples_per_s": trips_done / wall,
                    "lr": self.opt.param_groups[0]["lr"],
                    "wall_s": time.perf_counter() - t_start}
