@@ -45,7 +45,7 @@ from stfast.data.synthetic import synthetic_trips
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.parallel.slicer import LinearCostModel, partition
 from stfast.train import checkpoint as ckpt
-from stfast.train.ensemble import load_model
+from stfast.train.trained import load_model
 
 # the cost model fitted on this CPU (README, load balance): a, b, c, d, e
 CPU_COST = (0.011048642683591653, 0.0, 1.1157545301093674e-05, 1.5998237859478548e-05, 1.2811881111460965e-05)
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
     lengths = np.diff(trips.offsets)
     torch.manual_seed(0)
     if a.init:
-        model, vocab = load_model(a.init)
-        model.train()
+        trained = load_model(a.init)
+        model, vocab = trained.model.train(), trained.drivers
     else:
         vocab = DriverVocab(trips.driver)
         model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab)), NormStats.from_trips(trips))

@@ -44,3 +44,4 @@ def build_info() -> dict:
 
 
 from . import ops  # noqa: F401  (fake kernels and autograd of torch.ops.stfast.*)
+from .train.trained import TrainedModel, load_model  # noqa: E402,F401  (the public way to load a trained model)

@@ -6,26 +6,43 @@ import csv
 import logging
 import os
 import sys
+from pathlib import Path
 
 FORMATS = ("auto", "synthetic", "deeptte", "geolife", "didi", "csv")
+SPLITS = ("all", "train", "val", "test")  # as stfast.train.trained.SPLITS (not imported: --help stays fast)
 
 
-def _add_data_args(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument("--data", required=required, help="file or folder of trajectories (default: synthetic city)")
-    p.add_argument("--format", default="auto", choices=FORMATS, help="input format (auto: recognized by content)")
+def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_checkpoint: bool = False) -> None:
+    """The data flags. ``from_checkpoint`` (evaluate, predict): the preprocessing flags default to the
+    checkpoint's settings, and an explicit value that differs from them is refused."""
+    ck = " (default: the checkpoint's; a different value is refused)" if from_checkpoint else ""
+    p.add_argument("--data", required=required,
+                   help="file or folder of trajectories (default: " + ("the data the checkpoint was trained on)"
+                                                                        if from_checkpoint else "the synthetic city)"))
+    p.add_argument("--format", default=None if from_checkpoint else "auto", choices=FORMATS,
+                   help="input format (auto: recognized by content)" + (
+                       "; default: auto with --data, else the checkpoint's" if from_checkpoint else ""))
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
                    help="bad records: stop with an error naming file and line, or skip and count them")
-    p.add_argument("--modes", default="", help="GeoLife transport modes to keep, e.g. car,taxi,bus")
-    p.add_argument("--min-spacing-km", type=float, default=0.2,
-                   help="raw traces: resample to points at least this far apart (0: keep every point)")
-    p.add_argument("--gap-min", type=float, default=20.0, help="raw traces: split trips at time gaps above this")
+    p.add_argument("--modes", default=None if from_checkpoint else "",
+                   help="GeoLife transport modes to keep, e.g. car,taxi,bus (empty: all)" + ck)
+    p.add_argument("--min-spacing-km", type=float, default=None if from_checkpoint else 0.2,
+                   help="raw traces: resample to points at least this far apart (0: keep every point)" + ck)
+    p.add_argument("--gap-min", type=float, default=None if from_checkpoint else 20.0,
+                   help="raw traces: split trips at time gaps above this (minutes)" + ck)
+    p.add_argument("--tz", default=None,
+                   help="time zone of local time (time of day, weekday, date), an IANA name such as Europe/Lisbon; "
+                        "default: Asia/Shanghai for GeoLife, DeepTTE JSON and DiDi GAIA, and for a point CSV the "
+                        "UTC offset its timestamps carry, else UTC" + ck)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
+                                 formatter_class=fmt)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)")
+    t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)", formatter_class=fmt)
     _add_data_args(t)
     t.add_argument("--n-synthetic", type=int, default=20000, help="trips of the synthetic city")
     t.add_argument("--epochs", type=int, default=10)
@@ -70,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="date: last day test, the day before validation, the rest training")
     t.add_argument("--split-days", default=None, help="explicit TRAIN/VAL/TEST days of month, e.g. 24-28/29/30")
     t.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    t.add_argument("--out", default="runs/latest", help="output folder")
+    t.add_argument("--out", default="runs/latest", help="output folder: one run per folder (must be empty or new)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt (or checkpoint.pt)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in a non-empty --out (its metrics, checkpoints, plots are deleted first)")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     # ---- gradient accumulation (stfast.accum)
     t.add_argument("--accumulation", default=None,
@@ -99,17 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "layers (the LSTM per layer: attr + geo-conv + layer 0 | layer 1 + estimators)")
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
-        e = sub.add_parser(name, help=hlp)
+        e = sub.add_parser(name, help=hlp, formatter_class=fmt)
         e.add_argument("--checkpoint", required=True, nargs="+",
                        help="checkpoint.pt; several (e.g. seeds) are averaged as an ensemble")
-        _add_data_args(e, required=True)
-        e.add_argument("--device", default="cpu")
+        _add_data_args(e, from_checkpoint=True)
+        e.add_argument("--split", default="all", choices=SPLITS,
+                       help="all trips of --data, or the training run's train/val/test split of them (the data "
+                            "must be the run's: same trips, checked by fingerprint)")
+        e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         if name == "predict":
-            e.add_argument("--out", required=True, help="CSV of predictions")
+            e.add_argument("--out", required=True,
+                           help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
+                                "preprocessing dropped go to OUT's name with .dropped.csv, with their reason")
 
-    b = sub.add_parser("bench", help="benchmarks on your data and hardware")
+    b = sub.add_parser("bench", help="benchmarks on your data and hardware", formatter_class=fmt)
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png")
+    m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png", formatter_class=fmt)
     m.add_argument("--data", default=None, help="trajectories (default: the synthetic city)")
     m.add_argument("--format", default="auto", choices=FORMATS)
     m.add_argument("--n-synthetic", type=int, default=3000, help="trips of the synthetic city")
@@ -125,26 +149,29 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--reuse", action="store_true",
                    help="keep runs that finished before in --out (their summary.json), run only the rest")
     m.add_argument("--out", required=True)
-    r = sub.add_parser("report", help="render a training run as report.png and report.html")
+    r = sub.add_parser("report", help="render a training run as report.png and report.html", formatter_class=fmt)
     r.add_argument("run_dir", help="the --out folder of a stfast train run")
     r.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
     d = sub.add_parser("data", help="data tools")
     dsub = d.add_subparsers(dest="data_command", required=True)
-    c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines")
+    c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines", formatter_class=fmt)
     _add_data_args(c, required=True)
     c.add_argument("--out", required=True)
     return ap
 
 
-def _modes(s: str) -> tuple:
-    return tuple(m.strip() for m in s.split(",") if m.strip())
+def _modes(s: str | None) -> tuple | None:
+    return None if s is None else tuple(m.strip() for m in s.split(",") if m.strip())
 
 
-def _load(a):
-    from .data.load import load_trips
+def _data_options(a) -> dict:
+    """The data flags as TrainConfig fields (None: not given, for evaluate/predict)."""
+    from .train.config import check_data_options
 
-    return load_trips(a.data, a.format, on_error=a.on_error, modes=set(_modes(a.modes)) or None,
-                      min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min)
+    opts = {"modes": _modes(a.modes), "min_spacing_km": a.min_spacing_km,
+            "gap_s": None if a.gap_min is None else 60 * a.gap_min, "tz": a.tz}
+    check_data_options(opts["min_spacing_km"], opts["gap_s"], opts["tz"])
+    return opts
 
 
 def cmd_train(a) -> int:
@@ -153,12 +180,13 @@ def cmd_train(a) -> int:
     from .train.trainer import train
 
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, on_error=a.on_error,
-                      modes=_modes(a.modes), min_spacing_km=a.min_spacing_km, gap_s=60 * a.gap_min, epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
+                      **_data_options(a), epochs=a.epochs, batch_size=a.batch_size, lr=a.lr,
                       weight_decay=a.weight_decay, lr_schedule=a.lr_schedule, ema_decay=a.ema_decay, alpha=a.alpha, compat=a.compat, head=a.head, loss=a.loss, dropout=a.dropout,
                       driver_dim=a.driver_dim, time_bin_min=a.time_bin_min, kernels=a.kernels, patience=a.patience, seed=a.seed,
                       data_seed=a.data_seed, ensemble=a.ensemble, split=a.split,
                       split_by=a.split_by, split_days=a.split_days, device=a.device, dtype=a.dtype,
-                      nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out, resume=a.resume,
+                      nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out,
+                      resume=a.resume, overwrite=a.overwrite,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
                       accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
                       checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s,
@@ -179,14 +207,19 @@ def cmd_train(a) -> int:
 
 
 def _predict(a):
-    """Trips of ``--data`` and their predicted travel times [T] (s): the mean over the ``--checkpoint``s
-    (one checkpoint: its model; several, e.g. seeds of one configuration: an ensemble)."""
+    """Trips of ``--data`` (read and preprocessed as the checkpoints' training run did; ``--split`` of
+    them) and their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
+    its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing)."""
     from .train.ensemble import predict_ensemble
+    from .train.trained import load_model
 
-    trips = _load(a)
-    if len(trips) == 0:
-        raise ValueError(f"{a.data}: no trips left after preprocessing ({trips.dropped})")
-    return trips, predict_ensemble(a.checkpoint, trips, a.device, progress=sys.stderr.isatty())
+    models = [load_model(p, a.device) for p in a.checkpoint]
+    given = _data_options(a)
+    for m in models[1:]:  # an ensemble is read one way: every member must have been trained on it
+        m.resolve_data_options(**models[0].data_options())
+    trips = models[0].load_trips(a.data, a.format, a.on_error, **given)
+    trips = models[0].split(trips, a.split)
+    return trips, predict_ensemble(models, trips, a.device, progress=sys.stderr.isatty())
 
 
 def cmd_evaluate(a) -> int:
@@ -195,27 +228,53 @@ def cmd_evaluate(a) -> int:
     trips, pred = _predict(a)
     m = errors(pred, trips.time)
     what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
-    print(f"{len(trips)} trips{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
+    split = "" if a.split == "all" else f" of the {a.split} split"
+    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
     return 0
+
+
+def _write_csv(path: Path, header: list, rows) -> None:
+    """Write a CSV atomically (temp file in the same folder, renamed into place; removed on failure)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def cmd_predict(a) -> int:
+    out = Path(a.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
     tr, pred = _predict(a)
-    tmp = f"{a.out}.tmp{os.getpid()}"
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["trip", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s"])
-        for i in range(len(tr)):
-            w.writerow([i, tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}", f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"])
-    os.replace(tmp, a.out)
-    print(f"wrote {len(tr)} predictions to {a.out}")
+    _write_csv(out, ["trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s"],
+               ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
+                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"] for i in range(len(tr))))
+    dropped = dropped_path(out)
+    _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
+    print(f"wrote {len(tr)} predictions to {out}; {len(tr.dropped_trips)} input trips dropped in preprocessing, "
+          f"with their reason, to {dropped}")
     return 0
 
 
+def dropped_path(predictions: Path) -> Path:
+    """``preds.csv`` → ``preds.dropped.csv``: where ``stfast predict`` lists the trips preprocessing dropped."""
+    return predictions.with_name(f"{predictions.stem}.dropped.csv")
+
+
 def cmd_data_convert(a) -> int:
-    trips = _load(a)
-    if len(trips) == 0:
-        logging.getLogger("stfast").warning("%s: no trips survived preprocessing (see dropped below)", a.data)
+    from .data.load import load_trips
+    from .train.trainer import require_trips
+
+    opts = _data_options(a)
+    trips = require_trips(load_trips(a.data, a.format, on_error=a.on_error, modes=set(opts["modes"]) or None,
+                                     min_spacing_km=opts["min_spacing_km"], gap_s=opts["gap_s"]), a.data)
     trips.to_jsonl(a.out)
     drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")

@@ -34,6 +34,14 @@ def shared_data() -> Path:
     return d
 
 
+def one_line_error(capsys, rc, expect_rc=2) -> str:
+    """The CLI's stderr after it returned ``rc``: exactly one line, and ``rc`` is ``expect_rc``."""
+    err = capsys.readouterr().err.strip()
+    assert rc == expect_rc, err
+    assert len(err.splitlines()) == 1 and err.startswith("stfast: error: "), err
+    return err
+
+
 def random_trips(n_trips: int, seed: int = 0, min_len: int = 3, max_len: int = 40, n_drivers: int = 8):
     """Fresh random (never zero) trips around Chengdu: realistic gaps, cumulative time/dist."""
     import numpy as np

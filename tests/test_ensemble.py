@@ -29,8 +29,8 @@ def test_ensemble_trains_members_on_one_split_and_scores_their_mean(tmp_path):
     ckpts = [out / f"seed{k}" / "checkpoint.pt" for k in (3, 4)]
     singles = []
     for c in ckpts:
-        model, vocab = load_model(c)
-        singles.append(predict(model, TripDataset(test, vocab)))
+        m = load_model(c)
+        singles.append(predict(m.model, TripDataset(test, m.drivers)))
     assert not np.allclose(singles[0], singles[1])  # two different models
     mean = predict_ensemble(ckpts, test)
     np.testing.assert_allclose(mean, (singles[0] + singles[1]) / 2, rtol=1e-12)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import one_line_error as _one_line_error
 from conftest import random_trips
 
 from stfast.cli import main
@@ -122,13 +123,6 @@ def test_resume_from_a_corrupt_last_pt_uses_the_previous_one(trips_file, tmp_pat
 
 
 # ---------------------------------------------------------------- arguments rejected before any work
-def _one_line_error(capsys, rc, expect_rc=2):
-    err = capsys.readouterr().err.strip()
-    assert rc == expect_rc, err
-    assert len(err.splitlines()) == 1, err
-    return err
-
-
 def test_resume_rejects_another_model_config_or_version(trips_file, tmp_path, capsys):
     out = tmp_path / "run"
     base = ["train", "--data", trips_file, *CLI_ARGS, "--max-steps", "2", "--out", str(out)]

@@ -7,10 +7,12 @@ batch's mean loss, whatever the shard sizes (an empty shard contributes zeros).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -141,20 +143,53 @@ def broadcast_floats(values: np.ndarray, info: DistInfo, src: int = 0) -> np.nda
     return t.cpu().numpy()
 
 
+def _child_pids() -> list[int]:
+    """PIDs of this process's children (Linux /proc): the ranks torchrun's agent started."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
 def launch(nproc: int, argv: list[str]) -> int:
     """Start ``python -m stfast.cli argv`` on ``nproc`` local processes exactly as torchrun does
-    (standalone rendezvous). Returns the exit code."""
+    (standalone rendezvous). Returns the exit code: 0 when every rank exited 0.
+
+    SIGINT (Ctrl-C): torchrun's agent starts each rank in a session of its own, so the signal reaches
+    this launcher only. It is passed on to the ranks once, and each stops cleanly after its current
+    step (writing last.pt); the launcher waits for them and reports their exit status (torchrun's agent
+    would report the signal as a failure, exit 1). A second SIGINT is passed on too: the ranks then stop
+    at once."""
+    import signal
+
     from torch.distributed.run import get_args_parser, run
 
+    parser = get_args_parser()
+    flags = ["--standalone", "--nproc-per-node", str(nproc)]
+    if any("--signals-to-handle" in a.option_strings for a in parser._actions):
+        # the signals torchrun's agent handles itself (it signals the ranks and fails): all but SIGINT
+        flags += ["--signals-to-handle", "SIGTERM,SIGHUP,SIGQUIT"]
     # our own flags are attached after parsing: argparse would otherwise match them against torchrun's
-    args = get_args_parser().parse_args(["--standalone", "--nproc-per-node", str(nproc), "--module", "stfast.cli"])
+    args = parser.parse_args([*flags, "--module", "stfast.cli"])
     args.training_script_args = list(argv)
     # `python -m` would put the working directory first on sys.path, so run from a source checkout the
     # workers would import its uncompiled stfast/ instead of the installed package (Python ≥ 3.11)
     os.environ.setdefault("PYTHONSAFEPATH", "1")
+
+    def forward(signum, frame):
+        for pid in _child_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = signal.signal(signal.SIGINT, forward)
     try:
         run(args)
     except Exception as e:  # torchrun raises ChildFailedError with the failing rank's traceback
         print(f"stfast: distributed run failed: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0

@@ -1,9 +1,14 @@
 """Configuration of one training run (what `stfast train` parses into)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
+#: data settings (TrainConfig field → the flag a user types, and how a value is shown in that flag's unit)
+DATA_FLAGS = {"modes": ("--modes", lambda v: ",".join(v) or "(all)"),
+              "min_spacing_km": ("--min-spacing-km", lambda v: f"{v:g}"),
+              "gap_s": ("--gap-min", lambda v: f"{v / 60:g}"),
+              "tz": ("--tz", lambda v: v or "(the format's default)")}
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
 CP_PLANS = ("components", "layers")  # the cut of the 2 stages: after the LSTM | between its layers
 
@@ -19,6 +24,7 @@ class TrainConfig:
     modes: tuple = ()  # GeoLife transport modes to keep (empty: all)
     min_spacing_km: float = 0.2  # raw traces: resampling distance (0: keep every point)
     gap_s: float = 1200.0  # raw traces: split trips at longer time gaps
+    tz: str | None = None  # IANA time zone of local time (weekID/timeID/dateID); None: the format's default
     epochs: int = 10
     batch_size: int = 64  # GLOBAL batch (trips per optimizer step, over all ranks)
     lr: float = 1e-3
@@ -49,6 +55,7 @@ class TrainConfig:
     max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
     out: str = "runs/latest"
     resume: bool = False
+    overwrite: bool = False  # a non-empty ``out`` without ``resume``: clear its run files (else refused)
     progress: bool | None = None  # None: only on a TTY and rank 0
     # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch ----
     accumulation: str | None = None  # K, fixed:K, goodput or rl; None: rl when nproc > 1, else fixed:1
@@ -74,10 +81,38 @@ class TrainConfig:
         d["modes"] = list(self.modes)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """The config :meth:`to_dict` wrote (a checkpoint's ``train_config``); keys this version does not
+        know are ignored, missing ones take their defaults."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["modes"] = tuple(kw.get("modes", ()))
+        return cls(**kw)
+
+    def data_options(self) -> dict:
+        """The settings that decide which trips the data becomes (reading and preprocessing): what
+        ``evaluate``/``predict`` take from a checkpoint and ``--resume`` must not change. Keys are the
+        TrainConfig field names (see :data:`DATA_FLAGS` for the flag of each)."""
+        d = {k: getattr(self, k) for k in DATA_FLAGS}
+        d["modes"] = sorted(d["modes"])
+        return d
+
     def validate(self) -> None:
         """Reject inconsistent settings before any work. Raises ValueError with one clear line."""
         if self.epochs < 1:
             raise ValueError(f"--epochs must be ≥ 1, got {self.epochs}")
+        check_device(self.device)
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be ≥ 1, got {self.threads}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"--max-steps must be ≥ 1, got {self.max_steps} (a run of no step would report "
+                             "nothing it trained)")
+        if self.n_synthetic < 1:
+            raise ValueError(f"--n-synthetic must be ≥ 1, got {self.n_synthetic}")
+        check_data_options(self.min_spacing_km, self.gap_s, self.tz)
+        if self.resume and self.overwrite:
+            raise ValueError("--resume continues the run in --out, --overwrite replaces it: choose one")
         if self.batch_size < 1:
             raise ValueError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if not self.lr > 0:
@@ -157,8 +192,36 @@ class TrainConfig:
             raise ValueError(f"--cp-plan must be one of {', '.join(CP_PLANS)}, got {self.cp_plan}")
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
-        if self.device.startswith("cuda"):
-            import torch
 
-            if not torch.cuda.is_available():
-                raise ValueError("--device cuda requested but torch sees no CUDA device")
+
+def check_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is ``cpu``, ``cuda`` or ``cuda:N`` of a GPU torch sees."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device} requested but torch sees no CUDA device")
+        n = int(device.split(":")[1]) if ":" in device else 0
+        if n >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+
+
+def check_data_options(min_spacing_km: float | None, gap_s: float | None, tz: str | None) -> None:
+    """Raise ValueError naming the flag (``--min-spacing-km``, ``--gap-min``, ``--tz``) of a value out of
+    range. None means unset (the default, or the checkpoint's)."""
+    if min_spacing_km is not None and not min_spacing_km >= 0:
+        raise ValueError(f"--min-spacing-km must be ≥ 0 (0 keeps every point), got {min_spacing_km:g}")
+    if gap_s is not None and not gap_s > 0:
+        raise ValueError(f"--gap-min must be > 0 minutes, got {gap_s / 60:g}")
+    if tz is not None:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"--tz: unknown time zone {tz!r} (an IANA name such as Europe/Lisbon or "
+                             "Asia/Shanghai)") from None

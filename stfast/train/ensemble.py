@@ -5,39 +5,21 @@ data (1,000 trips) it removes most of the seed-to-seed spread of a single model 
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.trips import Trips
-from ..models.deeptte import DeepTTE, DeepTTEConfig
-from . import checkpoint as ckpt
+from .trained import TrainedModel, load_model
 
 
-def load_model(path: str | os.PathLike, device: str = "cpu") -> tuple[DeepTTE, DriverVocab]:
-    """The DeepTTE model saved in checkpoint ``path`` (in the dtype it was trained in, eval mode) and its
-    driver vocabulary. Raises FileNotFoundError / ValueError (see checkpoint.load)."""
-    state = ckpt.load(path, device)
-    model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), NormStats.from_dict(state["norm_stats"]))
-    dtype = state["model_state"]["entire.out.weight"].dtype  # float32 or float64, as trained
-    model.to(device, dtype).load_state_dict(state["model_state"])
-    return model.eval(), DriverVocab.from_list(state["drivers"])
-
-
-def predict_ensemble(paths, trips: Trips, device: str = "cpu", progress: bool = False) -> np.ndarray:
-    """Predicted travel times [T] (s, float64) of ``trips``: the mean over the models of the checkpoints
-    ``paths`` (one path: that model's predictions). Raises ValueError when ``paths`` is empty."""
-    from .trainer import predict
-
-    paths = list(paths)
-    if not paths:
+def predict_ensemble(models, trips: Trips, device: str = "cpu", progress: bool = False) -> np.ndarray:
+    """Predicted travel times [T] (s, float64) of ``trips``: the mean over ``models`` (checkpoint paths or
+    loaded :class:`~stfast.train.trained.TrainedModel`s; one: that model's predictions). Raises
+    ValueError when ``models`` is empty."""
+    models = list(models)
+    if not models:
         raise ValueError("predict_ensemble: no checkpoints given")
-    preds = []
-    for path in paths:
-        model, vocab = load_model(path, device)
-        ds = TripDataset(trips, vocab, next(model.parameters()).dtype)
-        preds.append(predict(model, ds, device=device, progress=progress))
+    preds = [(m if isinstance(m, TrainedModel) else load_model(m, device)).predict(trips, progress=progress)
+             for m in models]
     return np.mean(preds, axis=0)
 
 
@@ -54,22 +36,22 @@ def train_ensemble(cfg) -> dict:
     from dataclasses import replace
     from pathlib import Path
 
-    from ..data.load import load_trips
+    from . import guards
     from .metrics import errors
-    from .trainer import format_summary, split_trips, train
+    from .trainer import format_summary, load_config_trips, split_trips, train
 
     out = Path(cfg.out)
+    guards.check_out_dir(cfg)  # one ensemble per folder (its members' folders are checked as runs)
     members, dirs = [], []
     for k in range(cfg.ensemble):
         seed = cfg.seed + k
-        mcfg = replace(cfg, seed=seed, data_seed=cfg.split_seed, ensemble=1, out=str(out / f"seed{seed}"))
+        mcfg = replace(cfg, seed=seed, data_seed=cfg.split_seed, ensemble=1, out=str(out / f"seed{seed}"),
+                       overwrite=False)
         done = Path(mcfg.out) / "summary.json"
         print(f"ensemble member {k + 1}/{cfg.ensemble}: seed {seed} → {mcfg.out}", flush=True)
         members.append(json.loads(done.read_text()) if cfg.resume and done.is_file() else train(mcfg))
         dirs.append(Path(mcfg.out))
-    trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
-                       seed=cfg.split_seed)
+    trips = load_config_trips(cfg)
     _, val, test = split_trips(trips, cfg)
     ckpts = [d / "checkpoint.pt" for d in dirs]
     v = errors(predict_ensemble(ckpts, val, cfg.device), val.time)

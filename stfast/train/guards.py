@@ -2,6 +2,9 @@
 
 * :func:`check_resume` — a ``--resume`` checkpoint must come from this stfast version and the same
   model configuration (the differing fields are named), checked before any data is read.
+* :func:`check_resume_data` — ``--resume`` on other data (its fingerprint differs) is refused.
+* :func:`check_out_dir` — one run per folder: a non-empty ``--out`` is refused without ``--resume``
+  (``--overwrite`` clears it first).
 * :func:`check_world_size` — more ranks than training trips is rejected before the model is built.
 * :class:`StopSignals` — SIGTERM/SIGINT ask the run to finish its current step, write ``last.pt`` and
   exit 0 (a second signal acts as usual: the process ends at once).
@@ -14,6 +17,7 @@
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -57,6 +61,67 @@ def check_resume(state: dict, cfg, path) -> None:
         diff.append(f"dtype {saved_dtype!r} in the checkpoint, {cfg.dtype!r} now")
     if diff:
         raise ValueError(f"--resume: {path} is from another model configuration: " + "; ".join(diff))
+    from .config import DATA_FLAGS, TrainConfig
+
+    saved_cfg = TrainConfig.from_dict(state.get("train_config", {}))
+    old, new = saved_cfg.data_options(), cfg.data_options()
+    diff = [f"{DATA_FLAGS[k][0]} {DATA_FLAGS[k][1](old[k])} in the checkpoint, {DATA_FLAGS[k][1](new[k])} now"
+            for k in old if old[k] != new[k]]
+    for k, flag in (("split", "--split"), ("split_by", "--split-by"), ("split_days", "--split-days"),
+                    ("split_seed", "--data-seed")):
+        if getattr(saved_cfg, k) != getattr(cfg, k):
+            diff.append(f"{flag} {getattr(saved_cfg, k)} in the checkpoint, {getattr(cfg, k)} now")
+    if diff:
+        raise ValueError(f"--resume: {path} was trained on other trips or splits: " + "; ".join(diff))
+
+
+def check_resume_data(state: dict, fingerprint: str, n_trips: int, cfg, path) -> None:
+    """Raise ValueError (one line) when the data read now is not the data the checkpoint ``state`` (from
+    ``path``) was trained on: their fingerprints (:func:`stfast.data.fingerprint.trips_fingerprint`) differ."""
+    saved = state.get("data_fingerprint")
+    if saved is not None and saved != fingerprint:
+        was = state.get("train_config", {}).get("data") or "the synthetic city"
+        now = cfg.data or "the synthetic city"
+        raise ValueError(f"--resume: {path} was trained on other data ({was}, {state.get('n_trips', '?')} trips, "
+                         f"fingerprint {saved[:12]}); --data {now} gives {n_trips} trips, fingerprint "
+                         f"{fingerprint[:12]}: train into a new --out")
+
+
+#: what a training run writes into its folder (``check_out_dir`` clears these with ``--overwrite``)
+RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "last.pt", "last.prev.pt", "learning_curve.png",
+             "learning_curves.png", "report.png", "report.html")
+
+
+def check_out_dir(cfg) -> None:
+    """One run per folder. Without ``--resume`` (or a torchrun restart) ``cfg.out`` must be empty or
+    absent: a non-empty one is refused (ValueError naming what it holds), unless ``cfg.overwrite``, which
+    first removes the run files stfast writes (:data:`RUN_FILES`, ensemble members' ``seed<k>/`` folders
+    and temp files of an interrupted write); other files are kept, and named."""
+    import shutil
+    from pathlib import Path
+
+    out = Path(cfg.out)
+    if cfg.resume or restart_count() > 0 or not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    held = sorted(p.name for p in out.iterdir())
+    if not held:
+        return
+    if not cfg.overwrite:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise ValueError(f"--out {out} is not empty ({shown}): continue that run with --resume, replace it "
+                         f"with --overwrite, or choose another --out")
+    for p in out.iterdir():
+        ours = (p.name in RUN_FILES or p.name.startswith((".summary.json.tmp", ".tmp_", ".last.pt.tmp",
+                                                          ".checkpoint.pt.tmp"))
+                or (p.is_dir() and p.name.startswith("seed") and p.name[4:].isdigit()))
+        if ours:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    kept = sorted(p.name for p in out.iterdir())
+    if kept:
+        logging.getLogger("stfast.train").warning("--overwrite: kept %s in %s (not files of a stfast run)",
+                                                  ", ".join(kept), out)
 
 
 def check_world_size(n_train: int, world_size: int) -> None:

@@ -25,6 +25,7 @@ from ..accum.goodput import lr_scale
 from ..accum.noise import squared_norm
 from ..accum.schedulers import FixedScheduler, make_scheduler, parse_spec
 from ..data.dataset import DriverVocab, NormStats, TripDataset
+from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips
 from ..data.splits import (
     default_date_split,
@@ -56,10 +57,22 @@ SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
 
 
 def load_config_trips(cfg: TrainConfig) -> Trips:
-    """The trips ``cfg`` names (file or synthetic city), read and preprocessed."""
-    return load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                      min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
-                      seed=cfg.split_seed)
+    """The trips ``cfg`` names (file or synthetic city), read and preprocessed. Raises ValueError when
+    preprocessing dropped every trip (see :func:`require_trips`)."""
+    trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
+                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
+                       seed=cfg.split_seed)
+    return require_trips(trips, cfg.data or "the synthetic city")
+
+
+def require_trips(trips: Trips, source: str) -> Trips:
+    """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
+    of ``source``, with the counts of what was dropped and why."""
+    if len(trips) == 0:
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing was dropped: no input trips"
+        raise ValueError(f"{source}: reading and preprocessing left no trip (dropped: {drops}); check --format, "
+                         "--modes, --min-spacing-km and --gap-min")
+    return trips
 
 
 def resume_checkpoint(cfg: TrainConfig) -> tuple[dict | None, Path | None]:
@@ -175,9 +188,13 @@ class Trainer:
     # ---------------------------------------------------------------- set-up
     def setup(self) -> None:
         cfg = self.cfg
+        self._check_out_dir()
         resume = self._resume_state()  # before any data is read: a mismatched checkpoint fails fast
         trips = load_config_trips(cfg)
         self.dropped = dict(trips.dropped)
+        self.n_trips, self.data_fingerprint = len(trips), trips_fingerprint(trips)
+        if resume is not None:
+            guards.check_resume_data(resume, self.data_fingerprint, self.n_trips, cfg, self._resume_path)
         self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
         guards.check_world_size(len(self.train_trips), self.info.world_size)
         if resume is not None:
@@ -379,6 +396,22 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = self.cfg.lr * lr_scale(self.accum.k, self.cfg.lr_scaling) * decay
 
+    def _check_out_dir(self) -> None:
+        """One run per folder (guards.check_out_dir), decided by rank 0 (which clears it under --overwrite)
+        and agreed by all ranks, so that none starts while rank 0 refuses."""
+        err = None
+        if self.info.is_main:
+            try:
+                guards.check_out_dir(self.cfg)
+            except ValueError as e:
+                err = e
+        if self.info.distributed:
+            refused = dp.all_reduce_sum(np.array([0.0 if err is None else 1.0]), self.info)[0] > 0
+            if refused and err is None:
+                err = ValueError(f"--out {self.cfg.out} was refused by rank 0 (see its error)")
+        if err is not None:
+            raise err
+
     def _resume_state(self):
         self._epoch_progress = (0.0, 0)
         state, self._resume_path = resume_checkpoint(self.cfg)
@@ -416,6 +449,9 @@ class Trainer:
             "step": self.step,
             "best_val_mape": self.best,
             "train_config": self.cfg.to_dict(),
+            # the data: a --resume or `evaluate --split` on other trips is refused (guards.check_resume_data)
+            "data_fingerprint": self.data_fingerprint,
+            "n_trips": self.n_trips,
             "accumulation": self.accum.state_dict(),
             # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and metrics.jsonl's length
             "epoch_progress": self._epoch_progress,
@@ -725,11 +761,16 @@ def format_summary(s: dict) -> str:
 
 def preflight(cfg: TrainConfig) -> None:
     """What the ranks would reject, checked once in the launching process (``stfast train --nproc``)
-    before any rank starts: the --resume checkpoint (version, model configuration), then more ranks
-    than training trips (this reads and splits the data once more). Raises ValueError / FileNotFoundError."""
+    before any rank starts: the --out folder (one run per folder; cleared here under --overwrite), the
+    --resume checkpoint (version, model configuration, data), then more ranks than training trips (this
+    reads and splits the data once more). Raises ValueError / FileNotFoundError."""
     cfg.validate()
-    resume_checkpoint(cfg)
-    guards.check_world_size(len(split_trips(load_config_trips(cfg), cfg)[0]), cfg.nproc)
+    guards.check_out_dir(cfg)
+    state, path = resume_checkpoint(cfg)
+    trips = load_config_trips(cfg)
+    if state is not None:
+        guards.check_resume_data(state, trips_fingerprint(trips), len(trips), cfg, path)
+    guards.check_world_size(len(split_trips(trips, cfg)[0]), cfg.nproc)
 
 
 def train(cfg: TrainConfig) -> dict:
