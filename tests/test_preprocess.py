@@ -6,7 +6,8 @@ import logging
 import math
 import time as _time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
@@ -39,6 +40,7 @@ def make(trajs, drivers=None, modes=None, state=None, dropped=None) -> Trajector
         state=np.ones(n, np.float32) if state is None else np.asarray(state, np.float32),
         driver=np.array(drivers or [str(i) for i in range(len(trajs))], dtype=object),
         source=np.array([f"f{i}" for i in range(len(trajs))], dtype=object),
+        trip_id=np.array([f"trip{i}" for i in range(len(trajs))], dtype=object),
         mode=None if modes is None else np.array(modes, dtype=object),
         dropped=dict(dropped or {}),
     )
@@ -216,23 +218,25 @@ def test_calendar_ids_in_utc_plus_8():
     assert datetime(2014, 8, 24, 1, 8, tzinfo=timezone.utc).timestamp() == T0
     # Sunday 2014-08-24 09:08 local; Monday 2014-09-01 04:30 local (still August 31 in UTC)
     t1 = datetime(2014, 8, 31, 20, 30, 59, tzinfo=timezone.utc).timestamp()
-    out = preprocess(make([line(6, t0=T0), line(6, t0=t1)]))
+    out = preprocess(make([line(6, t0=T0), line(6, t0=t1)]), PreprocessConfig(tz="Asia/Shanghai"))
     np.testing.assert_array_equal(out.week_id, [6, 0])
     np.testing.assert_array_equal(out.time_id, [9 * 60 + 8, 4 * 60 + 30])
     np.testing.assert_array_equal(out.date_id, [24, 1])
     assert out.week_id.dtype == np.int64 and out.time_id.dtype == np.int64
-    utc = preprocess(make([line(6, t0=t1)]), PreprocessConfig(tz_offset_h=0.0))
-    assert (utc.week_id[0], utc.time_id[0], utc.date_id[0]) == (6, 20 * 60 + 30, 31)
+    assert out.tz == out.preprocess_config.tz == "Asia/Shanghai"
+    utc = preprocess(make([line(6, t0=t1)]))  # hand-made Trajectories default to UTC
+    assert (utc.week_id[0], utc.time_id[0], utc.date_id[0]) == (6, 20 * 60 + 30, 31) and utc.tz == "UTC"
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_calendar_ids_match_datetime(seed):
     rng = np.random.default_rng(seed)
     ts = rng.uniform(0, 2e9, 30).round()
-    tz = float(rng.choice([-5.0, 0.0, 5.5, 8.0]))
-    out = preprocess(make([line(5, t0=t) for t in ts]), PreprocessConfig(tz_offset_h=tz))
+    tz = str(rng.choice(["America/New_York", "UTC", "Asia/Kolkata", "Asia/Shanghai", "Europe/Lisbon",
+                         "Australia/Lord_Howe"]))
+    out = preprocess(make([line(5, t0=t) for t in ts]), PreprocessConfig(tz=tz))
     for k, t in enumerate(ts):
-        d = datetime.fromtimestamp(t, tz=timezone(timedelta(hours=tz)))
+        d = datetime.fromtimestamp(t, tz=ZoneInfo(tz))
         assert out.week_id[k] == d.weekday()
         assert out.time_id[k] == d.hour * 60 + d.minute
         assert out.date_id[k] == d.day
@@ -285,7 +289,9 @@ def test_empty_and_type_errors():
     out = preprocess(make([]))
     assert len(out) == 0 and out.n_points == 0 and out.week_id.dtype == np.int64
     out = preprocess(make([[], line(1)]))
-    assert len(out) == 0 and out.dropped == {"too_short": 1, "points_of_dropped_trips": 1}
+    assert len(out) == 0 and out.dropped == {"empty_trajectory": 1, "too_short": 1, "points_of_dropped_trips": 1}
+    assert list(out.dropped_trips) == [("trip0", 0, "empty_trajectory"), ("trip1", 0, "too_short")]
+    assert out.trip_id.dtype == object and out.segment.dtype == np.int64
     with pytest.raises(TypeError):
         preprocess("not trajectories")
     with pytest.raises(TypeError):
@@ -304,7 +310,8 @@ def test_mutable_config_is_checked_and_modes_normalised():
 
 
 @pytest.mark.parametrize("kw", [dict(gap_s=0), dict(min_points=0), dict(max_speed_kmh=-1), dict(stay_min_s=0),
-                                dict(min_spacing_km=0), dict(max_points=2), dict(tz_offset_h=30)])
+                                dict(min_spacing_km=0), dict(max_points=2), dict(tz="Europe/Lisbonn"),
+                                dict(tz="+08:00"), dict(tz="")])
 def test_config_validation(kw):
     with pytest.raises(ValueError):
         PreprocessConfig(**kw)
@@ -338,14 +345,17 @@ def test_million_points_in_seconds():
 
 
 def reference(tr: Trajectories, cfg: PreprocessConfig):
-    """Point-by-point implementation of the documented rules."""
+    """Point-by-point implementation of the documented rules: kept trips (points, traj, time, dist,
+    segment), dropped counts, dropped rows (traj id, segment, reason) in input order."""
     drop = Counter()
+    rows = []  # (traj index, segment, reason)
     trips = []  # (point indices, traj index)
     hav = lambda i, j: float(haversine_km(tr.lng[i], tr.lat[i], tr.lng[j], tr.lat[j]))  # noqa: E731
     for k in range(len(tr)):
         idx = [i for i in range(tr.offsets[k], tr.offsets[k + 1])
                if np.isfinite(tr.lng[i]) and np.isfinite(tr.lat[i]) and np.isfinite(tr.t[i])]
         drop["nonfinite_point"] += tr.lengths[k] - len(idx)
+        n_pieces = len(trips)
         seen, nodup = set(), []
         for i in idx:
             key = (tr.t[i], tr.lng[i], tr.lat[i])
@@ -387,11 +397,17 @@ def reference(tr: Trajectories, cfg: PreprocessConfig):
                 cur.append(i)
         if cur:
             trips.append((cur, k))
+        if len(trips) == n_pieces:  # the trajectory lost every point before it was cut
+            why = "empty_trajectory" if tr.lengths[k] == 0 else "nonfinite_point" if not idx else "stay_point"
+            drop["empty_trajectory"] += tr.lengths[k] == 0
+            rows.append((k, 0, why))
     out = []
-    for pts, k in trips:
+    seg = [sum(1 for _, kk in trips[:p] if kk == k) for p, (_, k) in enumerate(trips)]
+    for (pts, k), sg in zip(trips, seg):
         if cfg.modes is not None and tr.mode is not None and tr.mode[pts[0]] not in cfg.modes:
             drop["mode_filtered"] += 1
             drop["points_of_dropped_trips"] += len(pts)
+            rows.append((k, sg, "mode_filtered"))
             continue
         if cfg.min_spacing_km is not None:
             kept = [pts[0]]
@@ -413,15 +429,17 @@ def reference(tr: Trajectories, cfg: PreprocessConfig):
         elif cfg.max_points is not None and len(pts) > cfg.max_points:
             reason = "too_long"
         else:
-            out.append((pts, k, time, dist))
+            out.append((pts, k, time, dist, sg))
             continue
         drop[reason] += 1
         drop["points_of_dropped_trips"] += len(pts)
-    return out, {k: int(v) for k, v in drop.items() if v}
+        rows.append((k, sg, reason))
+    rows.sort(key=lambda r: r[:2])
+    return out, {k: int(v) for k, v in drop.items() if v}, [(tr.trip_id[k], sg, why) for k, sg, why in rows]
 
 
 point_st = st.tuples(
-    st.sampled_from(["move", "move", "move", "still", "dup", "back", "jump"]),
+    st.sampled_from(["move", "move", "move", "still", "dup", "back", "jump", "nan"]),
     st.integers(1, 900),  # dt seconds
     st.floats(0.0, 1.5),  # km moved
     st.floats(0.0, 2 * math.pi),  # heading
@@ -437,6 +455,10 @@ def build(raw_trajs) -> Trajectories:
             if kind == "dup" and out:
                 out.append(out[-1])
                 modes.append(modes[-1])
+                continue
+            if kind == "nan":
+                out.append((math.nan, lat, round(t)))
+                modes.append(mode)
                 continue
             if kind == "back":
                 t -= dt / 10
@@ -475,16 +497,18 @@ cfg_st = st.builds(
 def test_property_matches_reference_and_invariants(raw, cfg):
     tr = build(raw)
     out = preprocess(tr, cfg)
-    ref, ref_drop = reference(tr, cfg)
+    ref, ref_drop, ref_rows = reference(tr, cfg)
 
-    # same trips, points and counts as the point-by-point reference
+    # same trips, points, ids, counts and dropped rows as the point-by-point reference
     assert out.dropped == ref_drop
+    assert list(out.dropped_trips) == ref_rows
     assert len(out) == len(ref)
-    for i, (pts, k, time, dist) in enumerate(ref):
+    for i, (pts, k, time, dist, seg) in enumerate(ref):
         s = out.points(i)
         np.testing.assert_array_equal(out.lng[s], tr.lng[pts])
         np.testing.assert_array_equal(out.lat[s], tr.lat[pts])
         assert out.driver[i] == tr.driver[k]
+        assert (out.trip_id[i], out.segment[i]) == (tr.trip_id[k], seg)
         assert out.time[i] == time
         assert out.dist[i] == pytest.approx(dist, rel=1e-9, abs=1e-12)
 

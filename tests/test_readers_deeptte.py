@@ -68,7 +68,10 @@ def test_real_labels_and_ids(chengdu):
 def test_real_records_equal_text(shared_data, chengdu):
     lines = (shared_data / "chengdu_deeptte_sample" / "test").read_text().splitlines()
     for i in (0, 1, 777, 1399):
-        assert chengdu.record(i) == json.loads(lines[i])
+        rec = chengdu.record(i)
+        # the original keys as in the file; the ids added: line number, segment 0, the default zone
+        assert {k: rec[k] for k in DEEPTTE_KEYS} == json.loads(lines[i])
+        assert (rec["tripID"], rec["segment"], rec["tz"]) == (str(i + 1), 0, "Asia/Shanghai")
     first = json.loads(lines[0])
     assert chengdu.driver[0] == str(first["driverID"]) == "7361" and chengdu.time[0] == 816.0
 

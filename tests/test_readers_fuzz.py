@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.preprocess import preprocess
 from stfast.data.readers import (
+    DEEPTTE_KEYS,
     detect_format,
     read_any,
     read_csv_points,
@@ -236,7 +237,11 @@ def _perturbations():
         ("lat 91", setpoint("lats", 91.5)),
         ("lng -181", setpoint("lngs", -181.0)),
         ("time_gap out of order", out_of_order),
-        ("missing key", lambda r, j: json.dumps({k: v for k, v in r.items() if k != sorted(r)[j % len(r)]})),
+        ("missing key", lambda r, j: json.dumps({k: v for k, v in r.items()
+                                                 if k != sorted(DEEPTTE_KEYS)[j % len(DEEPTTE_KEYS)]})),
+        ("tripID list", setitem("tripID", ["a"])),
+        ("segment -1", setitem("segment", -1)),
+        ("unknown tz", setitem("tz", "Mars/Olympus")),
         ("weekID 7", setitem("weekID", 7)),
         ("timeID 1440", setitem("timeID", 1440)),
         ("dateID -1", setitem("dateID", -1)),

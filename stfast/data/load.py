@@ -1,36 +1,104 @@
 """One entry point from a path (or nothing: the synthetic city) to preprocessed trips."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
+from .readers.deeptte_json import DEEPTTE_TZ
+from .readers.didi_gaia import DIDI_TZ
+from .readers.geolife import GEOLIFE_TZ
+from .synthetic import SyntheticCityConfig
 from .trips import Trajectories, Trips
+from .tz import TZ_FROM_TIMESTAMPS, check_tz
 
 log = logging.getLogger("stfast.data")
 
+DEFAULT_TZ = {
+    "geolife": GEOLIFE_TZ,
+    "didi": DIDI_TZ,
+    "deeptte": DEEPTTE_TZ,
+    "csv": TZ_FROM_TIMESTAMPS,  # UTC where a timestamp carries no offset (all naive: "UTC")
+    "synthetic": SyntheticCityConfig.tz,
+}
+"""The time zone each format uses when ``tz`` is None (see :mod:`stfast.data.tz` for the values)."""
+
 
 def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", modes=None,
-               min_spacing_km: float | None = 0.2, gap_s: float = 1200.0,
-               n_synthetic: int = 20000, seed: int = 0, preprocess_config=None) -> Trips:
+               min_spacing_km: float | None = 0.2, gap_s: float = 1200.0, tz: str | None = None,
+               n_synthetic: int = 20000, seed: int = 0, preprocess_config=None, **options) -> Trips:
     """Read ``data`` in format ``fmt`` (``auto`` detects it) and preprocess raw trajectories into trips.
 
-    ``data=None`` or ``fmt="synthetic"`` generates ``n_synthetic`` trips of the synthetic city with
-    ``seed``. For raw traces (GeoLife, DiDi, CSV): ``modes`` (set of GeoLife transport modes) keeps
-    only trips those labels cover; ``min_spacing_km`` resamples to points at least that far apart
-    (DeepTTE's data is ~0.2–0.4 km apart; None or 0 keeps every point); ``gap_s`` splits trips at
-    longer time gaps. ``preprocess_config`` overrides all three.
-    Raises TrajectoryFormatError on bad input (see the readers).
-    """
-    if data is None or fmt == "synthetic":
-        from .synthetic import synthetic_trips
+    Args:
+        data: a path (file or folder, see :mod:`stfast.data.readers`), or None for the synthetic city.
+        fmt: ``"auto"``, ``"synthetic"`` or one of :data:`stfast.data.readers.FORMATS`.
+        on_error: ``"raise"`` or ``"skip"`` bad records (see the readers).
+        modes: GeoLife transport modes to keep (an iterable of str; None or empty: all).
+        min_spacing_km: resample raw traces to points at least this far apart, km (DeepTTE's data is
+            ~0.2–0.4 km apart; None or 0 keeps every point).
+        gap_s: split raw traces at time gaps longer than this, seconds.
+        tz: time zone of the calendar ids (weekID/timeID/dateID): an IANA name such as
+            ``"Europe/Lisbon"`` (DST-correct) or :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`. None: the
+            format's default, :data:`DEFAULT_TZ` — Asia/Shanghai for GeoLife, DiDi GAIA, DeepTTE
+            JSON and the synthetic city; for the point CSV the UTC offsets written in its timestamps,
+            UTC where a timestamp has none. An explicit name applies to every format that has
+            absolute times; DeepTTE records carry their calendar ids already, so there it only checks
+            the name and warns when it differs from the records' zone.
+        n_synthetic, seed: size and seed of the synthetic city (``data=None`` or ``fmt="synthetic"``).
+        preprocess_config: a :class:`~stfast.data.preprocess.PreprocessConfig` used as is instead of
+            ``modes``, ``min_spacing_km``, ``gap_s`` and ``options`` (``tz``, when given, still
+            overrides its ``tz``): to repeat a load, pass the ``preprocess_config`` of the Trips it
+            returned (``PreprocessConfig.from_dict(cfg.to_dict())`` after a JSON round trip).
+        **options: any other :class:`~stfast.data.preprocess.PreprocessConfig` field by name
+            (``max_speed_kmh``, ``stay_radius_m``, ``stay_min_s``, ``min_points``, ``min_time_s``,
+            ``min_dist_km``, ``max_points``).
 
-        return synthetic_trips(n_synthetic, seed=seed)
+    The synthetic city is preprocessed with its own config
+    (:meth:`~stfast.data.synthetic.SyntheticCityConfig.preprocess_config`), so ``modes``,
+    ``min_spacing_km``, ``gap_s`` and ``options`` do not apply to it; ``tz`` and
+    ``preprocess_config`` do.
+
+    Returns:
+        :class:`~stfast.data.trips.Trips` with ``trip_id``/``segment`` per trip, ``dropped`` counts,
+        ``dropped_trips`` rows, ``tz`` (the zone used, resolved: an IANA name or
+        :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`) and ``preprocess_config`` (what preprocessing
+        used, ``tz`` resolved; None for DeepTTE JSON, which is not preprocessed).
+
+    Raises:
+        TrajectoryFormatError: bad input (see the readers).
+        ValueError: an unknown time zone ("unknown time zone 'Europe/Lisbonn' (an IANA name such as
+            Europe/Lisbon)"), an option value out of range (see PreprocessConfig).
+        TypeError: an ``options`` name that is not a PreprocessConfig field.
+    """
+    from .preprocess import PreprocessConfig, preprocess
+
+    fields = {f.name for f in dataclasses.fields(PreprocessConfig)} - {"modes", "min_spacing_km", "gap_s", "tz"}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise TypeError(f"load_trips() got unknown option(s) {', '.join(unknown)}; "
+                        f"PreprocessConfig options: {', '.join(sorted(fields))}")
+    if tz is not None:
+        check_tz(tz)
+    if preprocess_config is not None and not isinstance(preprocess_config, PreprocessConfig):
+        raise TypeError(f"preprocess_config must be a PreprocessConfig, got {type(preprocess_config).__name__}")
+
+    def with_tz(cfg):
+        return cfg if tz is None else dataclasses.replace(cfg, tz=tz)
+
+    if data is None or fmt == "synthetic":
+        from .synthetic import generate_city
+
+        city = SyntheticCityConfig()
+        return preprocess(generate_city(n_synthetic, seed=seed, config=city),
+                          with_tz(preprocess_config or city.preprocess_config()))
     from .readers import read_any
 
     got = read_any(data, fmt, on_error=on_error)
     if isinstance(got, Trajectories):
-        from .preprocess import PreprocessConfig, preprocess
-
         cfg = preprocess_config or PreprocessConfig(modes=set(modes) if modes else None,
-                                                    min_spacing_km=min_spacing_km or None, gap_s=gap_s)
-        got = preprocess(got, cfg)
+                                                    min_spacing_km=min_spacing_km or None, gap_s=gap_s,
+                                                    **options)
+        return preprocess(got, with_tz(cfg))
+    if tz is not None and tz != got.tz:
+        log.warning("%s: DeepTTE records carry their own weekID/timeID/dateID (computed in %s); tz=%s "
+                    "does not change them", data, got.tz, tz)
     return got

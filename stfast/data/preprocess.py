@@ -25,9 +25,21 @@ Steps, in order (the ``dropped`` key of each is given in quotes):
 
 Keys counted in points: nonfinite_point, duplicate_point, nonpositive_time_gap, speed_outlier,
 stay_point, resampled, and ``points_of_dropped_trips`` (all points of trips dropped in steps 4 and 7).
-Keys counted in trips: mode_filtered, too_short, too_short_time, too_short_dist, too_long. So
+Keys counted in trips: mode_filtered, too_short, too_short_time, too_short_dist, too_long, and
+empty_trajectory (input trajectories without any point). So
 ``trips.n_points + sum(point keys) == traj.n_points`` always holds. Counts of the input's own
 ``dropped`` dict (reader skips) are added in.
+
+Ids: every trip keeps the ``trip_id`` of its input trajectory and gets ``segment``, the 0-based number
+of its piece among the pieces step 4 cut the trajectory into (so a trajectory cut into three pieces
+whose middle one was too short yields segments 0 and 2). ``Trips.dropped_trips`` lists, after the
+reader's own entries, one row per piece dropped in steps 4 or 7 (its reason: the trip key) and one per
+input trajectory that lost all its points before step 4 (segment 0; reason "empty_trajectory",
+"nonfinite_point" or "stay_point", the step that removed its last points), in input order.
+
+Local time: the calendar ids of step 6 are those of the trip's first point in the time zone
+``config.tz`` (DST-correct, :mod:`stfast.data.tz`); None takes the trajectories' own ``tz``, which
+the readers set to their format's default (see :func:`stfast.data.load.load_trips`).
 
 Stay definition (after Li et al., "Mining user similarity based on location history", GIS 2008, the
 stay-point detection used with GeoLife): point ``i`` anchors a stay when every point from ``i`` to the
@@ -39,13 +51,15 @@ has no window there: a stop at the very end is not a stay.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from stfast.data.geo import haversine_km
-from stfast.data.trips import Trajectories, Trips, lengths_to_offsets
+from stfast.data.trips import DroppedTrips, Trajectories, Trips, lengths_to_offsets
+from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, check_tz, utc_offset_s
 
 log = logging.getLogger("stfast.data")
 
@@ -60,9 +74,7 @@ POINT_KEYS = (
     "points_of_dropped_trips",
 )
 #: dropped-dict keys that count trips
-TRIP_KEYS = ("mode_filtered", "too_short", "too_short_time", "too_short_dist", "too_long")
-
-_SECONDS_PER_DAY = 86400.0
+TRIP_KEYS = ("mode_filtered", "too_short", "too_short_time", "too_short_dist", "too_long", "empty_trajectory")
 
 
 @dataclass
@@ -85,18 +97,23 @@ class PreprocessConfig:
         min_spacing_km: when set, resample: keep a point only if it is at least this far (haversine, km)
             from the last kept point; the trip's last point is always kept. DeepTTE's Chengdu samples
             are about 0.2–0.4 km apart; 0.2 is a typical choice. Default None (off).
-        tz_offset_h: offset of local time from UTC in hours, for weekID/timeID/dateID. Default 8.0
-            (Beijing/Chengdu: GeoLife and DiDi are UTC+8 local).
+        tz: time zone of weekID/timeID/dateID: an IANA name such as "Europe/Lisbon" (DST-correct at
+            each trip's start, through :mod:`zoneinfo`), or :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`
+            (each trip's first timestamp's own UTC offset, UTC where it had none). Default None: the
+            trajectories' own ``tz``, their format's default (Asia/Shanghai for GeoLife, DiDi and the
+            synthetic city; for the point CSV the timestamps' offsets, else UTC).
         min_points: fewer points than this drops the trip ("too_short"). Default 3, DeepTTE's
             geo-conv kernel size (shorter trips have no conv output).
         min_time_s: a trip shorter than this (seconds) is dropped ("too_short_time"). Default 60.
         min_dist_km: a trip shorter than this (km) is dropped ("too_short_dist"). Default 0.5.
         max_points: when set, a trip with more points is dropped ("too_long"). Default None.
 
+    :meth:`to_dict` / :meth:`from_dict` turn a config into a JSON-able dict and back (for checkpoints).
+
     Raises:
         ValueError: a value out of range (negative durations or distances, min_points < 1,
-            max_points < min_points), at construction and again in :func:`preprocess` (the
-            dataclass is mutable, so fields set later are checked there).
+            max_points < min_points, an unknown time zone), at construction and again in
+            :func:`preprocess` (the dataclass is mutable, so fields set later are checked there).
     """
 
     max_speed_kmh: float | None = 200.0
@@ -105,7 +122,7 @@ class PreprocessConfig:
     stay_min_s: float | None = 600.0
     modes: frozenset | None = None
     min_spacing_km: float | None = None
-    tz_offset_h: float = 8.0
+    tz: str | None = None
     min_points: int = 3
     min_time_s: float = 60.0
     min_dist_km: float = 0.5
@@ -128,14 +145,33 @@ class PreprocessConfig:
             raise ValueError(f"stay_min_s must be > 0 or None, not {self.stay_min_s}")
         if self.min_spacing_km is not None and not self.min_spacing_km > 0:
             raise ValueError(f"min_spacing_km must be > 0 or None, not {self.min_spacing_km}")
-        if not -24.0 <= self.tz_offset_h <= 24.0:
-            raise ValueError(f"tz_offset_h must be within [-24, 24], not {self.tz_offset_h}")
+        if self.tz is not None:
+            check_tz(self.tz)
         if int(self.min_points) != self.min_points or self.min_points < 1:
             raise ValueError(f"min_points must be an integer >= 1, not {self.min_points}")
         if not self.min_time_s >= 0 or not self.min_dist_km >= 0:
             raise ValueError("min_time_s and min_dist_km must be >= 0")
         if self.max_points is not None and self.max_points < self.min_points:
             raise ValueError(f"max_points ({self.max_points}) must be >= min_points ({self.min_points})")
+
+    def to_dict(self) -> dict:
+        """Every field by name, JSON-able: ``modes`` as a sorted list (or None), the rest as they are."""
+        d = dataclasses.asdict(self)
+        d["modes"] = None if self.modes is None else sorted(self.modes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PreprocessConfig":
+        """The config :meth:`to_dict` wrote (missing keys take the defaults).
+
+        Raises:
+            ValueError: a key that is not a field (named), or a value out of range.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown PreprocessConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**d)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -353,25 +389,23 @@ def _resample(lng, lat, gid, s_km) -> np.ndarray:
     return keep
 
 
-def _calendar_ids(t0: np.ndarray, tz_offset_h: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unix seconds UTC → (week_id Monday=0, time_id minute of day, date_id day of month), local time."""
-    local = np.asarray(t0, dtype=np.float64) + tz_offset_h * 3600.0
-    days = np.floor(local / _SECONDS_PER_DAY).astype(np.int64)
-    sec = local - days * _SECONDS_PER_DAY
-    time_id = np.clip(np.floor(sec / 60.0).astype(np.int64), 0, 1439)
-    week_id = (days + 3) % 7  # 1970-01-01 was a Thursday
-    d = days.astype("datetime64[D]")
-    date_id = (d - d.astype("datetime64[M]").astype("datetime64[D]")).astype(np.int64) + 1
-    return week_id, time_id, date_id
+def _start_offsets(traj: Trajectories, tz: str, t0: np.ndarray, i0: np.ndarray) -> np.ndarray:
+    """[T'] float64 seconds local − UTC at the trips' first points (UTC t0, input indices i0)."""
+    if tz != TZ_FROM_TIMESTAMPS:
+        return utc_offset_s(t0, tz)
+    if traj.utc_offset_s is None:
+        return np.zeros(len(t0))
+    off = np.asarray(traj.utc_offset_s, dtype=np.float64)[i0]
+    return np.where(np.isnan(off), 0.0, off)
 
 
-def _empty_trips(dropped: dict) -> Trips:
-    f, i = np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
-    return Trips(
-        offsets=np.zeros(1, dtype=np.int64), lng=f, lat=f.copy(), state=np.zeros(0, dtype=np.float32),
-        time_gap=f.copy(), dist_gap=f.copy(), dist=f.copy(), time=f.copy(),
-        driver=np.zeros(0, dtype=object), week_id=i, time_id=i.copy(), date_id=i.copy(), dropped=dropped,
-    )
+def _dropped_rows(traj: Trajectories, parts: list) -> DroppedTrips:
+    """DroppedTrips of (trajectory index, segment, reason) array triples, in input order."""
+    if not parts:
+        return DroppedTrips.empty()
+    k, seg, why = (np.concatenate(c) for c in zip(*parts))
+    order = np.lexsort((seg, k))
+    return DroppedTrips(np.asarray(traj.trip_id, dtype=object)[k[order]], seg[order], why.astype(object)[order])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -391,13 +425,18 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
         state float32, time_gap float64 s (0 first, strictly increasing), dist_gap float64 km
         (cumulative haversine, R = 6371 km, 0 first), time = time_gap[-1] s, dist = dist_gap[-1] km,
         driver (the trajectory's), week_id (0..6, Monday = 0), time_id (minute of day 0..1439) and
-        date_id (day of month) of the first point in UTC + ``tz_offset_h``. Trips keep the order of
-        their trajectories and of time. ``dropped`` holds the counts (keys in the module docstring)
-        plus ``traj.dropped``; one INFO line on the ``stfast.data`` logger summarises them.
+        date_id (day of month) of the first point in local time (``config.tz``, else ``traj.tz``),
+        trip_id [T'] object str (the trajectory's) and segment [T'] int64 (see the module docstring).
+        Trips keep the order of their trajectories and of time. ``dropped`` holds the counts (keys in
+        the module docstring) plus ``traj.dropped``; ``dropped_trips`` the dropped trips and pieces
+        after ``traj.dropped_trips``; ``tz`` the time zone used; ``preprocess_config`` a copy of
+        ``config`` whose ``tz`` is that zone. One INFO line on the ``stfast.data`` logger summarises
+        the counts.
 
     Raises:
         TypeError: ``traj`` is not a Trajectories or ``config`` not a PreprocessConfig.
-        ValueError: a config value out of range (see :class:`PreprocessConfig`).
+        ValueError: a config value out of range (see :class:`PreprocessConfig`), or neither
+            ``config.tz`` nor ``traj.tz`` names a time zone.
     """
     if not isinstance(traj, Trajectories):
         raise TypeError(f"preprocess expects Trajectories, got {type(traj).__name__}")
@@ -406,9 +445,22 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
     if not isinstance(config, PreprocessConfig):
         raise TypeError(f"config must be a PreprocessConfig, got {type(config).__name__}")
     config.validate()
-    cfg = config
+    tz = config.tz if config.tz is not None else traj.tz
+    if tz is None:
+        raise ValueError("the trajectories carry no time zone (tz None, e.g. concatenated from sources "
+                         "with different ones): set PreprocessConfig.tz")
+    cfg = dataclasses.replace(config, tz=check_tz(tz))
     dropped: dict[str, int] = {}
+    gone: list[tuple] = []  # (trajectory index, segment, reason) arrays of what yields no trip
     n_in = traj.n_points
+    n_traj = len(traj)
+
+    def vanish(before: np.ndarray, reason: str) -> np.ndarray:
+        """Record trajectories that had points (``before``) and have none now; the new alive mask."""
+        alive = np.bincount(gid, minlength=n_traj) > 0
+        k = np.flatnonzero(before & ~alive)
+        gone.append((k, np.zeros(len(k), np.int64), np.full(len(k), reason, object)))
+        return alive
 
     lng_all = np.asarray(traj.lng, dtype=np.float64)
     lat_all = np.asarray(traj.lat, dtype=np.float64)
@@ -423,7 +475,10 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
     # 1. non-finite values
     finite = np.isfinite(lng_all) & np.isfinite(lat_all) & np.isfinite(t_all)
     _add(dropped, "nonfinite_point", (~finite).sum())
+    vanish(np.ones(n_traj, dtype=bool), "empty_trajectory")
+    _add(dropped, "empty_trajectory", (traj.lengths == 0).sum())
     compact(finite)
+    alive = vanish(traj.lengths > 0, "nonfinite_point")
 
     # 2. duplicates and non-positive time gaps
     compact(_order_and_duplicates(t_all[idx], lng_all[idx], lat_all[idx], gid, dropped))
@@ -452,18 +507,22 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
     keep = ~stay
     start = start[keep]
     compact(keep)
+    vanish(alive, "stay_point")  # steps 2 and 3 keep a trajectory's first point: only stays empty one
     tid = np.cumsum(start) - 1  # trip id per point
     trip_traj = gid[start]  # source trajectory of each trip
+    piece = np.arange(len(trip_traj))
+    trip_seg = piece - np.maximum.accumulate(np.where(_first_mask(trip_traj), piece, 0))
 
     if use_modes and len(idx):
         trip_mode = traj.mode[idx[start]]
         ok = np.fromiter((mm in cfg.modes for mm in trip_mode), dtype=bool, count=len(trip_mode))
         _add(dropped, "mode_filtered", (~ok).sum())
+        gone.append((trip_traj[~ok], trip_seg[~ok], np.full(int((~ok).sum()), "mode_filtered", object)))
         pmask = ok[tid]
         _add(dropped, "points_of_dropped_trips", (~pmask).sum())
         compact(pmask)
         tid = np.cumsum(_first_mask(tid[pmask])) - 1
-        trip_traj = trip_traj[ok]
+        trip_traj, trip_seg = trip_traj[ok], trip_seg[ok]
 
     # 5. resampling
     if cfg.min_spacing_km is not None and len(idx):
@@ -474,7 +533,7 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
 
     n = len(idx)
     if n == 0:
-        return _finish(_empty_trips(dropped), traj, n_in, dropped)
+        return _finish(Trips.empty(), traj, n_in, dropped, _dropped_rows(traj, gone), cfg)
 
     # 6. DeepTTE fields
     t, lng, lat = t_all[idx], lng_all[idx], lat_all[idx]
@@ -507,9 +566,12 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
         _add(dropped, name, hit.sum())
     ok = reason < 0
     _add(dropped, "points_of_dropped_trips", lengths[~ok].sum())
+    names = np.array([name for name, _ in rules], dtype=object)
+    gone.append((trip_traj[~ok], trip_seg[~ok], names[reason[~ok]]))
     pmask = ok[tg]
 
-    week_id, time_id, date_id = _calendar_ids(t[starts[ok]], cfg.tz_offset_h)
+    week_id, time_id, date_id = calendar_ids(
+        t[starts[ok]], _start_offsets(traj, cfg.tz, t[starts[ok]], idx[starts[ok]]))
     pidx = idx[pmask]
     state = np.asarray(traj.state)[pidx].astype(np.float32)
     trips = Trips(
@@ -519,16 +581,19 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
         dist=dist[ok], time=time[ok],
         driver=np.asarray(traj.driver, dtype=object)[trip_traj[ok]],
         week_id=week_id, time_id=time_id, date_id=date_id,
-        dropped=dropped,
+        trip_id=np.asarray(traj.trip_id, dtype=object)[trip_traj[ok]], segment=trip_seg[ok],
     )
-    return _finish(trips, traj, n_in, dropped)
+    return _finish(trips, traj, n_in, dropped, _dropped_rows(traj, gone), cfg)
 
 
-def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict) -> Trips:
+def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict, rows: DroppedTrips,
+            cfg: PreprocessConfig) -> Trips:
     merged = dict(traj.dropped or {})
     for k, v in dropped.items():
         merged[k] = merged.get(k, 0) + v
     trips.dropped = merged
+    trips.dropped_trips = DroppedTrips.concat([traj.dropped_trips, rows])
+    trips.tz, trips.preprocess_config = cfg.tz, cfg
     log.info(
         "preprocess: %d trajectories (%d points) -> %d trips (%d points); dropped %s",
         len(traj), n_in, len(trips), trips.n_points,

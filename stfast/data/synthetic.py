@@ -37,6 +37,7 @@ import numpy as np
 from stfast.data.geo import EARTH_RADIUS_KM
 from stfast.data.preprocess import PreprocessConfig, preprocess
 from stfast.data.trips import Trajectories, Trips, lengths_to_offsets
+from stfast.data.tz import TZ_FROM_TIMESTAMPS, check_tz, local_to_utc
 
 _KM_PER_DEG = EARTH_RADIUS_KM * math.pi / 180.0
 
@@ -74,11 +75,12 @@ class SyntheticCityConfig:
         gps_noise_m: GPS noise sd per axis (10 m).
         p_state0_end: probability of 1–2 state-0 fixes at each end of a trip (0.3).
         start_date: first local day "YYYY-MM-DD" (2014-08-01); n_days: days of departures (31).
-        tz_offset_h: local time = UTC + this (8.0); use the same in PreprocessConfig.
+        tz: IANA time zone of the city's local time ("Asia/Shanghai", UTC+8 all year); departures
+            are drawn in local time and preprocessed in the same zone.
 
     Raises:
         ValueError: a value out of range (non-positive sizes or scales, tables of the wrong length,
-            dist_min_km > dist_max_km or a route that cannot fit the grid).
+            dist_min_km > dist_max_km or a route that cannot fit the grid, an unknown time zone).
     """
 
     center_lng: float = 104.06
@@ -109,7 +111,7 @@ class SyntheticCityConfig:
     p_state0_end: float = 0.3
     start_date: str = "2014-08-01"
     n_days: int = 31
-    tz_offset_h: float = 8.0
+    tz: str = "Asia/Shanghai"
 
     def __post_init__(self):
         for name in ("weekday_kmh", "weekend_kmh", "hour_weights"):
@@ -139,6 +141,8 @@ class SyntheticCityConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a probability")
         np.datetime64(self.start_date, "D")  # raises ValueError on a bad date
+        if check_tz(self.tz) == TZ_FROM_TIMESTAMPS:
+            raise ValueError(f"tz must be an IANA time-zone name, not {self.tz!r}")
 
     @property
     def n_blocks(self) -> int:
@@ -147,7 +151,7 @@ class SyntheticCityConfig:
 
     def preprocess_config(self) -> PreprocessConfig:
         """The PreprocessConfig :func:`synthetic_trips` uses (the defaults, in this city's time zone)."""
-        return PreprocessConfig(tz_offset_h=self.tz_offset_h)
+        return PreprocessConfig(tz=self.tz)
 
 
 def driver_factors(config: SyntheticCityConfig = SyntheticCityConfig()) -> np.ndarray:
@@ -188,7 +192,7 @@ def _simulate(n_trips: int, seed: int, config: SyntheticCityConfig):
     start_day = np.datetime64(cfg.start_date, "D").astype(np.int64)  # days since 1970-01-01
     local_day = start_day + day
     weekend = ((local_day + 3) % 7) >= 5
-    dep = (local_day * 86400 + sec_of_day).astype(np.float64) - round(cfg.tz_offset_h * 3600)
+    dep = local_to_utc((local_day * 86400 + sec_of_day).astype(np.float64), cfg.tz)
     minute = sec_of_day / 60.0
     base_kmh = np.where(weekend, _speed_profile(cfg.weekend_kmh, minute), _speed_profile(cfg.weekday_kmh, minute))
 
@@ -323,6 +327,7 @@ def _simulate(n_trips: int, seed: int, config: SyntheticCityConfig):
         offsets=lengths_to_offsets(n_fix), lng=lng, lat=lat, t=t, state=state,
         driver=np.array([str(d) for d in range(cfg.n_drivers)], dtype=object)[driver],
         source=np.full(n, f"synthetic-city(seed={int(seed)})", dtype=object),
+        trip_id=np.arange(n).astype(str).astype(object), tz=cfg.tz,
     )
     # mean block region factor and arterial share per trip (for diagnostics and tests)
     cnt = np.maximum(blocks_per_trip, 1)
@@ -354,8 +359,9 @@ def generate_city(n_trips: int, seed: int = 0, config: SyntheticCityConfig = Syn
     Returns:
         :class:`~stfast.data.trips.Trajectories` with T trajectories and N points (about 35 per trip):
         ``lng``/``lat`` [N] float64 degrees, ``t`` [N] float64 Unix seconds UTC (whole seconds; local
-        time is UTC + ``config.tz_offset_h``), ``state`` [N] float32 0/1, ``driver`` [T] object str,
-        ``source`` [T] object str ``"synthetic-city(seed=S)"``, ``mode`` None. Bitwise deterministic
+        time is that of ``config.tz``), ``state`` [N] float32 0/1, ``driver`` [T] object str,
+        ``source`` [T] object str ``"synthetic-city(seed=S)"``, ``trip_id`` [T] object str, the trip's
+        index ("0".."T-1"), ``mode`` None, ``tz`` ``config.tz``. Bitwise deterministic
         for (n_trips, seed, config). Every trip passes :meth:`SyntheticCityConfig.preprocess_config`.
 
     Raises:

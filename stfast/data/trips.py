@@ -40,11 +40,29 @@ def _gather_points(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np
 
 
 class _CSR:
-    """Shared behaviour of the two CSR containers: per-point and per-trip arrays, subset, concat."""
+    """Shared behaviour of the two CSR containers: per-point and per-trip arrays, subset, concat.
+
+    Besides the arrays a container carries metadata (not compared by ``==``): ``dropped`` and
+    ``dropped_trips`` describe the load that made it (summed / concatenated by :meth:`concat`, not
+    kept by :meth:`subset`); ``tz`` (and for Trips ``preprocess_config``) describe how every trip's
+    fields were computed (kept by :meth:`subset`, kept by :meth:`concat` when all parts agree, else
+    None).
+    """
 
     offsets: np.ndarray
     _POINT_FIELDS: tuple[str, ...] = ()
     _TRIP_FIELDS: tuple[str, ...] = ()
+    _OBJECT_FIELDS = frozenset({"driver", "source", "mode", "trip_id"})
+    _INT_FIELDS = frozenset({"week_id", "time_id", "date_id", "segment"})
+    _KEPT_META: tuple[str, ...] = ("tz",)  # metadata that subset keeps
+
+    def _fill_trip_ids(self) -> None:
+        """Defaults of the id fields: trip ``i`` is ``str(i)``; segment 0 (where the class has it)."""
+        t = len(self.offsets) - 1
+        if self.trip_id is None:
+            self.trip_id = np.arange(t).astype(str).astype(object)
+        if "segment" in self._TRIP_FIELDS and self.segment is None:
+            self.segment = np.zeros(t, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -86,6 +104,8 @@ class _CSR:
         for name in self._TRIP_FIELDS:
             a = getattr(self, name)
             kw[name] = None if a is None else a[idx]
+        for name in self._KEPT_META:
+            kw[name] = getattr(self, name)
         return type(self)(**kw)
 
     @classmethod
@@ -99,18 +119,83 @@ class _CSR:
         for name in cls._POINT_FIELDS + cls._TRIP_FIELDS:
             vals = [getattr(p, name) for p in parts]
             kw[name] = None if any(v is None for v in vals) else np.concatenate(vals)
+        for name in cls._KEPT_META:
+            vals = [getattr(p, name) for p in parts]
+            kw[name] = vals[0] if all(v == vals[0] for v in vals) else None
+        kw["dropped"] = {}
+        for p in parts:
+            for k, v in p.dropped.items():
+                kw["dropped"][k] = kw["dropped"].get(k, 0) + v
+        kw["dropped_trips"] = DroppedTrips.concat([p.dropped_trips for p in parts])
         return cls(**kw)
 
     @classmethod
     def empty(cls) -> "_CSR":
+        """No trips (every field a 0-length array of its dtype)."""
         kw = {"offsets": np.zeros(1, dtype=np.int64)}
         for name in cls._POINT_FIELDS + cls._TRIP_FIELDS:
-            kw[name] = np.zeros(0, dtype=object if name in ("driver", "source", "mode") else np.float64)
+            dt = object if name in cls._OBJECT_FIELDS else np.int64 if name in cls._INT_FIELDS else np.float64
+            kw[name] = np.zeros(0, dtype=np.float32 if name == "state" else dt)
         return cls(**kw)
 
     def points(self, i: int) -> slice:
         """Slice of trip ``i``'s points in the flat arrays."""
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+@dataclass
+class DroppedTrips:
+    """The input trips that produced no trip, one row each, D rows.
+
+    Columns: ``trip_id`` [D] object str (the input's id, as in ``Trips.trip_id``), ``segment`` [D]
+    int64 (number of the piece within its input trajectory when preprocessing cut it into several,
+    as in ``Trips.segment``; 0 for a trajectory dropped whole), ``reason`` [D] object str (a key of
+    the ``dropped`` counts, see :mod:`stfast.data.preprocess` and the readers). Iterating yields
+    ``(trip_id, segment, reason)`` tuples.
+
+    Raises:
+        ValueError: columns of different lengths.
+    """
+
+    trip_id: np.ndarray
+    segment: np.ndarray
+    reason: np.ndarray
+
+    def __post_init__(self):
+        self.trip_id = np.asarray(self.trip_id, dtype=object).reshape(-1)
+        self.segment = np.asarray(self.segment, dtype=np.int64).reshape(-1)
+        self.reason = np.asarray(self.reason, dtype=object).reshape(-1)
+        if not len(self.trip_id) == len(self.segment) == len(self.reason):
+            raise ValueError("DroppedTrips columns trip_id, segment, reason must have equal lengths, got "
+                             f"{len(self.trip_id)}, {len(self.segment)}, {len(self.reason)}")
+
+    def __len__(self) -> int:
+        return len(self.trip_id)
+
+    def __iter__(self) -> Iterator[tuple[str, int, str]]:
+        return zip(map(str, self.trip_id), map(int, self.segment), map(str, self.reason))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DroppedTrips) and list(self) == list(other)
+
+    @classmethod
+    def empty(cls) -> "DroppedTrips":
+        return cls(np.zeros(0, object), np.zeros(0, np.int64), np.zeros(0, object))
+
+    @classmethod
+    def of(cls, trip_ids, reason: str, segment=0) -> "DroppedTrips":
+        """Rows for ``trip_ids`` ([D] str), all with one ``reason`` and ``segment`` (int or [D])."""
+        ids = np.asarray(list(trip_ids) if not isinstance(trip_ids, np.ndarray) else trip_ids, dtype=object)
+        return cls(ids, np.array(np.broadcast_to(np.asarray(segment, np.int64), ids.shape)),
+                   np.full(len(ids), reason, object))
+
+    @classmethod
+    def concat(cls, parts: list["DroppedTrips"]) -> "DroppedTrips":
+        """Rows of all ``parts``, in order."""
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return cls.empty()
+        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in ("trip_id", "segment", "reason")))
 
 
 @dataclass
@@ -120,8 +205,19 @@ class Trajectories(_CSR):
     Point fields ([N]): ``lng``, ``lat`` (float64, degrees WGS-84), ``t`` (float64, Unix seconds UTC),
     ``state`` (float32, 0/1 taxi occupied; 0 where unknown), ``mode`` (object str transport mode from
     GeoLife labels, "" where unlabelled; None when the source has no labels).
+    ``utc_offset_s`` (float64 seconds, local − UTC, as written in the point's timestamp; NaN where
+    the timestamp carried no offset; None when the source has no such offsets: only the point CSV has).
     Trip fields ([T]): ``driver`` (object str: user, driver or vehicle id), ``source`` (object str:
-    the file the trace came from, for messages).
+    the file the trace came from, for messages), ``trip_id`` (object str: the input's own id of the
+    trace — CSV ``trip_id``, DiDi ``order_id``, GeoLife ``<user>/<file stem>``; default ``str(i)``).
+
+    Metadata: ``dropped`` (per-reason counts of what the reader skipped, e.g. ``{"empty_file": 2}``),
+    ``dropped_trips`` (:class:`DroppedTrips`: the skipped traces whose id is known), ``tz`` (the
+    source's time zone, the default of :func:`~stfast.data.preprocess.preprocess`: an IANA name or
+    :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`; default "UTC").
+
+    Raises:
+        ValueError: field lengths that disagree with ``offsets``.
     """
 
     offsets: np.ndarray
@@ -132,13 +228,17 @@ class Trajectories(_CSR):
     driver: np.ndarray
     source: np.ndarray
     mode: np.ndarray | None = None
-    # per-reason counts of what the reader skipped (for example {"empty_file": 2})
+    trip_id: np.ndarray | None = None
+    utc_offset_s: np.ndarray | None = None
     dropped: dict = field(default_factory=dict, compare=False)
+    dropped_trips: DroppedTrips = field(default_factory=DroppedTrips.empty, compare=False)
+    tz: str = field(default="UTC", compare=False)
 
-    _POINT_FIELDS = ("lng", "lat", "t", "state", "mode")
-    _TRIP_FIELDS = ("driver", "source")
+    _POINT_FIELDS = ("lng", "lat", "t", "state", "mode", "utc_offset_s")
+    _TRIP_FIELDS = ("driver", "source", "trip_id")
 
     def __post_init__(self):
+        self._fill_trip_ids()
         self._validate()
 
 
@@ -151,7 +251,17 @@ class Trips(_CSR):
     ``dist_gap`` (float64, km since the first point, cumulative haversine, starts at 0).
     Trip fields ([T]): ``dist`` (float64, km), ``time`` (float64, travel time in seconds, the label),
     ``driver`` (object str), ``week_id`` (int64, 0..6, Monday = 0), ``time_id`` (int64, minute of day
-    of departure, 0..1439), ``date_id`` (int64, day of month).
+    of departure, 0..1439), ``date_id`` (int64, day of month), all three in local time;
+    ``trip_id`` (object str, the id of the input trip it came from; default ``str(i)``) and
+    ``segment`` (int64, 0-based number of the trip within its input trajectory where preprocessing cut
+    one trajectory into several; default 0): ``(trip_id, segment)`` joins a trip back to its input.
+
+    Metadata (see :class:`_CSR` for what subset/concat do with it): ``dropped`` (per-reason counts of
+    what reading and preprocessing dropped), ``dropped_trips`` (:class:`DroppedTrips`, one row per
+    input trip or piece that produced no trip), ``tz`` (the time zone of the calendar ids: an IANA
+    name, :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`, or None when unknown), ``preprocess_config``
+    (the :class:`~stfast.data.preprocess.PreprocessConfig` that made the trips, its ``tz`` resolved;
+    None when they were read as DeepTTE records).
 
     Source: the record format of Wang et al., "When Will You Arrive?" (AAAI 2018), UrbComp/DeepTTE.
     """
@@ -168,18 +278,27 @@ class Trips(_CSR):
     week_id: np.ndarray
     time_id: np.ndarray
     date_id: np.ndarray
-    # per-reason counts of what preprocessing dropped on the way to these trips
+    trip_id: np.ndarray | None = None
+    segment: np.ndarray | None = None
     dropped: dict = field(default_factory=dict, compare=False)
+    dropped_trips: DroppedTrips = field(default_factory=DroppedTrips.empty, compare=False)
+    tz: str | None = field(default=None, compare=False)
+    preprocess_config: object = field(default=None, compare=False)
 
     _POINT_FIELDS = ("lng", "lat", "state", "time_gap", "dist_gap")
-    _TRIP_FIELDS = ("dist", "time", "driver", "week_id", "time_id", "date_id")
+    _TRIP_FIELDS = ("dist", "time", "driver", "week_id", "time_id", "date_id", "trip_id", "segment")
+    _KEPT_META = ("tz", "preprocess_config")
 
     def __post_init__(self):
+        self._fill_trip_ids()
         self._validate()
 
     def record(self, i: int) -> dict:
-        """Trip ``i`` as a DeepTTE JSON record (keys as in the original data)."""
+        """Trip ``i`` as a DeepTTE JSON record: the keys of the original data, plus ``tripID`` (str),
+        ``segment`` (int) and, when known, ``tz`` (the time zone of the calendar ids), which
+        :func:`~stfast.data.readers.read_deeptte_jsonl` reads back."""
         s = self.points(i)
+        tz = {} if self.tz is None else {"tz": self.tz}
         return {
             "time_gap": self.time_gap[s].tolist(),
             "dist": float(self.dist[i]),
@@ -192,6 +311,9 @@ class Trips(_CSR):
             "time": float(self.time[i]),
             "lngs": self.lng[s].tolist(),
             "dist_gap": self.dist_gap[s].tolist(),
+            "tripID": str(self.trip_id[i]),
+            "segment": int(self.segment[i]),
+            **tz,
         }
 
     def records(self) -> Iterator[dict]:
@@ -208,8 +330,9 @@ class Trips(_CSR):
 
     # ---- binary save / memory-mapped load (large data sets)
     def save(self, path: str | os.PathLike) -> None:
-        """Write the trips as a folder of ``.npy`` files (one per field; ``driver`` as fixed-width
-        unicode) plus ``meta.json`` (format, ``dropped``), atomically: a temp folder renamed into place.
+        """Write the trips as a folder of ``.npy`` files (one per field, ``dropped_trips`` as
+        ``dropped_<column>.npy``; str fields as fixed-width unicode) plus ``meta.json`` (format,
+        ``dropped``, ``tz``, ``preprocess_config``), atomically: a temp folder renamed into place.
         An existing folder at ``path`` is replaced. Raises OSError on write failures."""
         import shutil
 
@@ -217,10 +340,14 @@ class Trips(_CSR):
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for name in ("offsets", *self._POINT_FIELDS, *self._TRIP_FIELDS):
-            a = getattr(self, name)
+        arrays = {name: getattr(self, name) for name in ("offsets", *self._POINT_FIELDS, *self._TRIP_FIELDS)}
+        arrays.update({f"dropped_{c}": getattr(self.dropped_trips, c) for c in _DROPPED_COLUMNS})
+        for name, a in arrays.items():
             np.save(tmp / f"{name}.npy", a.astype(str) if a.dtype == object else a, allow_pickle=False)
-        (tmp / "meta.json").write_text(json.dumps({"format": TRIPS_FORMAT, "dropped": self.dropped}))
+        cfg = self.preprocess_config
+        meta = {"format": TRIPS_FORMAT, "dropped": self.dropped, "tz": self.tz,
+                "preprocess_config": None if cfg is None else cfg.to_dict()}
+        (tmp / "meta.json").write_text(json.dumps(meta))
         old = path.with_name(f".{path.name}.old{os.getpid()}")
         if path.exists():
             os.replace(path, old)
@@ -231,18 +358,32 @@ class Trips(_CSR):
     def load(cls, path: str | os.PathLike, mmap: bool = True) -> "Trips":
         """Trips written by :meth:`save`. With ``mmap`` the arrays are read-only memory maps (pages
         are read on first touch; resident memory stays small until used); ``driver`` is then a
-        fixed-width unicode array ``<U*``, not object. Raises ValueError if ``path`` is not such a folder."""
+        fixed-width unicode array ``<U*``, not object (so is ``trip_id``). A folder of the older
+        format ``stfast-trips/1`` loads with the default ids (``str(i)``, segment 0). Raises ValueError
+        if ``path`` is not such a folder."""
         path = Path(path)
         meta_p = path / "meta.json"
         meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
-        if meta.get("format") != TRIPS_FORMAT:
+        if meta.get("format") not in (TRIPS_FORMAT, "stfast-trips/1"):
             raise ValueError(f"{path} is not a trips folder written by Trips.save (no {TRIPS_FORMAT} meta.json)")
-        kw = {name: np.load(path / f"{name}.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
-              for name in ("offsets", *cls._POINT_FIELDS, *cls._TRIP_FIELDS)}
-        return cls(**kw, dropped=meta.get("dropped", {}))
+
+        def load(name):
+            p = path / f"{name}.npy"
+            return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False) if p.is_file() else None
+
+        kw = {name: load(name) for name in ("offsets", *cls._POINT_FIELDS, *cls._TRIP_FIELDS)}
+        cols = [load(f"dropped_{c}") for c in _DROPPED_COLUMNS]
+        cfg = meta.get("preprocess_config")
+        if cfg is not None:
+            from stfast.data.preprocess import PreprocessConfig  # preprocess imports this module
+
+            cfg = PreprocessConfig.from_dict(cfg)
+        return cls(**kw, dropped=meta.get("dropped", {}), tz=meta.get("tz"), preprocess_config=cfg,
+                   dropped_trips=DroppedTrips.empty() if cols[0] is None else DroppedTrips(*cols))
 
 
-TRIPS_FORMAT = "stfast-trips/1"
+TRIPS_FORMAT = "stfast-trips/2"
+_DROPPED_COLUMNS = ("trip_id", "segment", "reason")
 
 
 def _driver_json(d):

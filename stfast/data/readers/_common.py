@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Iterator
 
 from stfast.data.errors import TrajectoryFormatError
+from stfast.data.trips import DroppedTrips
 
 log = logging.getLogger("stfast.data")
 
@@ -26,14 +27,23 @@ class _Problems:
         self.skip = _check_on_error(on_error)
         self.dropped: dict[str, int] = {}
         self.first: TrajectoryFormatError | None = None
+        self._bad_trips: dict[str, None] = {}  # ids of trips with a skipped record, in order
 
-    def bad(self, path, line: int | None, field: str | None, reason: str, kind: str = "bad_line") -> None:
+    def bad(self, path, line: int | None, field: str | None, reason: str, kind: str = "bad_line",
+            trip: str | None = None) -> None:
+        """A bad record at ``line`` (of trip ``trip`` when its id is known): raise or count it."""
         err = TrajectoryFormatError(path, line, field, reason)
         if not self.skip:
             raise err
         self.dropped[kind] = self.dropped.get(kind, 0) + 1
         if self.first is None:
             self.first = err
+        if trip:
+            self._bad_trips[trip] = None
+
+    def dropped_trips(self, kept) -> DroppedTrips:
+        """Rows (reason "bad_line") for the trips with a skipped record that are not in ``kept``."""
+        return DroppedTrips.of([i for i in self._bad_trips if i not in kept], "bad_line")
 
     def count(self, kind: str, n: int = 1) -> None:
         self.dropped[kind] = self.dropped.get(kind, 0) + n

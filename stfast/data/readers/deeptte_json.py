@@ -9,6 +9,10 @@ Travel Time Based on Deep Neural Networks", AAAI 2018; https://github.com/UrbCom
 
 ``time_gap`` (s) and ``dist_gap`` (km) are cumulative from the first point; ``time`` is the label
 (seconds, equal to ``time_gap[-1]``); ``timeID`` is the minute of day of departure.
+
+Optional keys, written by :meth:`stfast.data.trips.Trips.to_jsonl` (the original data has none):
+``tripID`` (str or int: the input trip's id), ``segment`` (int >= 0: its piece number) and ``tz``
+(the time zone the calendar ids were computed in).
 """
 from __future__ import annotations
 
@@ -21,12 +25,15 @@ import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import _BadField, _iter_lines, _Problems, _require_file
-from stfast.data.trips import Trips, lengths_to_offsets
+from stfast.data.trips import DroppedTrips, Trips, lengths_to_offsets
+from stfast.data.tz import check_tz
 
 DEEPTTE_LIST_KEYS = ("lngs", "lats", "states", "time_gap", "dist_gap")
 DEEPTTE_SCALAR_KEYS = ("dist", "time", "driverID", "weekID", "timeID", "dateID")
 DEEPTTE_KEYS = DEEPTTE_LIST_KEYS + DEEPTTE_SCALAR_KEYS
 """Keys every DeepTTE record must have."""
+DEEPTTE_TZ = "Asia/Shanghai"
+"""Time zone of records without a ``tz`` key (the original data: Chengdu)."""
 
 DIST_GAP_TOLERANCE_KM = 1e-3  # |dist_gap[0]| allowed (1 m)
 _MONOTONE_SLACK = 1e-9  # float noise allowed in the cumulative lists
@@ -65,6 +72,16 @@ def _integer(rec: dict, key: str, lo: int | None, hi: int | None) -> int:
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise _BadField(key, f"{v} outside [{lo}, {'∞' if hi is None else hi}]")
     return v
+
+
+def _trip_key(rec) -> str | None:
+    """The record's own ``tripID`` as str, None when it has none; _BadField when not str/int."""
+    v = rec.get("tripID") if isinstance(rec, dict) else None
+    if v is None:
+        return None
+    if type(v) not in (int, str) or v == "":
+        raise _BadField("tripID", f"expected a non-empty string or an integer, got {v!r}")
+    return str(v)
 
 
 def _parse_record(rec, tol: float) -> tuple:
@@ -108,7 +125,14 @@ def _parse_record(rec, tol: float) -> tuple:
     tid = _integer(rec, "timeID", 0, 1439)
     date = _integer(rec, "dateID", 0, None)
     state = np.array(lists["states"], dtype=np.float32)
-    return lng, lat, state, tg, dg, dist, time, str(drv), week, tid, date
+    seg = _integer(rec, "segment", 0, None) if "segment" in rec else 0
+    tz = rec.get("tz")
+    if tz is not None:
+        try:
+            check_tz(tz)
+        except ValueError as e:
+            raise _BadField("tz", str(e)) from None
+    return lng, lat, state, tg, dg, dist, time, str(drv), week, tid, date, seg, tz
 
 
 def read_deeptte_jsonl(
@@ -122,9 +146,13 @@ def read_deeptte_jsonl(
         Trips in file order: ``lng``, ``lat`` [N] float64 degrees; ``state`` [N] float32;
         ``time_gap`` [N] float64 s and ``dist_gap`` [N] float64 km (cumulative, as stored);
         ``dist`` [T] float64 km; ``time`` [T] float64 s; ``driver`` [T] object ``str(driverID)``;
-        ``week_id``, ``time_id``, ``date_id`` [T] int64. ``dropped`` counts skipped lines
-        (``{"bad_line": k}``) with ``on_error="skip"``, or ``{"empty_file": 1}`` for a file without
-        records (with a warning).
+        ``week_id``, ``time_id``, ``date_id`` [T] int64; ``trip_id`` [T] object str (the record's
+        ``tripID``, else its 1-based line number); ``segment`` [T] int64 (``segment``, else 0).
+        ``dropped`` counts skipped lines (``{"bad_line": k}``) with ``on_error="skip"``, or
+        ``{"empty_file": 1}`` for a file without records (with a warning); ``dropped_trips`` lists the
+        skipped lines (trip id as above, reason "bad_line"). ``tz``: the records' ``tz`` (all records
+        agreeing; sorted and comma-joined when they differ), :data:`DEEPTTE_TZ` where they have none.
+        ``preprocess_config`` None.
 
     Raises:
         TrajectoryFormatError (path, 1-based line, JSON key): invalid JSON or not an object; a missing
@@ -132,35 +160,44 @@ def read_deeptte_jsonl(
         lng outside [-180, 180]; ``time_gap`` not starting within ``time_tolerance_s`` of 0 or
         ``dist_gap`` not within 1 m of 0; either list decreasing; ``dist`` negative or not finite;
         ``|time - time_gap[-1]| > time_tolerance_s``; ``driverID`` not int/str; ``weekID`` not an
-        integer in 0..6, ``timeID`` not in 0..1439, ``dateID`` negative.
+        integer in 0..6, ``timeID`` not in 0..1439, ``dateID`` negative; an optional key of the wrong
+        type (``tripID`` not a non-empty str/int, ``segment`` not an integer >= 0, ``tz`` not a
+        time-zone name).
     """
     probs = _Problems(on_error)
     path = _require_file(path)
     if path.is_dir():
         raise TrajectoryFormatError(path, None, None, "is a directory, expected a JSON-lines file")
-    recs = []
+    recs, ids, bad = [], [], []  # bad: (trip id, segment) of skipped lines
     for no, line in _iter_lines(path):
         if line is None:
             probs.bad(path, no, None, "line is not valid UTF-8 text")
             continue
         if not line.strip():
             continue
+        trip, seg = str(no), 0
         try:
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:  # JSONDecodeError, or an integer of > 4300 digits
                 raise _BadField(None, f"invalid JSON: {e}") from None
             try:
+                if isinstance(obj, dict) and type(obj.get("segment")) is int:
+                    seg = obj["segment"]
+                trip = _trip_key(obj) or trip
                 recs.append(_parse_record(obj, time_tolerance_s))
+                ids.append(trip)
             except OverflowError:
                 raise _BadField(None, "number too large for float64") from None
         except _BadField as e:
             probs.bad(path, no, e.field, e.reason)
+            bad.append((trip, seg))
     probs.warn(path)
     if not recs and not probs.dropped:
         logging.getLogger("stfast.data").warning("%s: no records (empty file)", path)
         probs.count("empty_file")
-    cols = list(zip(*recs)) if recs else [()] * 11
+    cols = list(zip(*recs)) if recs else [()] * 13
+    zones = sorted({DEEPTTE_TZ if z is None else z for z in cols[12]})
     f64, i64 = np.zeros(0, np.float64), np.zeros(0, np.int64)
     lengths = np.array([len(a) for a in cols[0]], dtype=np.int64)
     return Trips(
@@ -176,5 +213,9 @@ def read_deeptte_jsonl(
         week_id=np.array(cols[8], dtype=np.int64) if recs else i64,
         time_id=np.array(cols[9], dtype=np.int64) if recs else i64,
         date_id=np.array(cols[10], dtype=np.int64) if recs else i64,
+        trip_id=np.array(ids, dtype=object),
+        segment=np.array(cols[11], dtype=np.int64) if recs else i64,
         dropped=dict(probs.dropped),
+        dropped_trips=DroppedTrips.of([i for i, _ in bad], "bad_line", [s for _, s in bad]),
+        tz=", ".join(zones) if zones else DEEPTTE_TZ,
     )

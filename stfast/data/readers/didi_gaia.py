@@ -22,6 +22,9 @@ from stfast.data.geo import gcj02_to_wgs84
 from stfast.data.readers._common import _BadField, _finite, _lng_lat, _is_didi_data_file, _iter_lines, _Problems, _require_file
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
+DIDI_TZ = "Asia/Shanghai"
+"""Default time zone of DiDi GAIA data (Chengdu, Xi'an)."""
+
 DIDI_FIELDS = ("driver_id", "order_id", "unix_ts", "lng", "lat")
 
 
@@ -39,9 +42,11 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
         :class:`~stfast.data.trips.Trajectories`, one trajectory per ``order_id`` in order of first
         appearance, its points sorted by time (stable: equal timestamps keep file order; duplicates
         are kept): ``lng``, ``lat`` [N] float64 WGS-84 degrees (converted from GCJ-02); ``t`` [N]
-        float64 Unix seconds; ``state`` [N] float32 ones; ``driver`` [T] driver_id; ``source`` [T] the
-        file of the order's first row; ``mode`` None. ``dropped`` counts rows skipped with
-        ``on_error="skip"`` (``"bad_line"``) and files without rows (``"empty_file"``, with a warning).
+        float64 Unix seconds; ``state`` [N] float32 ones; ``driver`` [T] driver_id; ``trip_id`` [T]
+        order_id; ``source`` [T] the file of the order's first row; ``mode`` None; ``tz``
+        :data:`DIDI_TZ`. ``dropped`` counts rows skipped with ``on_error="skip"`` (``"bad_line"``) and
+        files without rows (``"empty_file"``, with a warning); ``dropped_trips`` lists (reason
+        "bad_line") the orders all of whose rows were skipped.
 
     Raises:
         TrajectoryFormatError: missing path, a directory without ``gps_*`` files, a row without 5
@@ -74,6 +79,7 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
             if not line.strip():
                 continue
             parts = line.split(",")
+            order = None
             try:
                 if len(parts) != 5:
                     raise _BadField(None, f"expected 5 comma-separated fields, got {len(parts)}")
@@ -92,7 +98,7 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
                 elif drivers[c] != drv:
                     raise _BadField("driver_id", f"order {order} was driven by {drivers[c]}, now by {drv}")
             except _BadField as e:
-                probs.bad(f, no, e.field, e.reason)
+                probs.bad(f, no, e.field, e.reason, trip=order)
                 continue
             code.append(c)
             t.append(ts)
@@ -121,5 +127,8 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
         driver=np.array(drivers, dtype=object),
         source=np.array(sources, dtype=object),
         mode=None,
+        trip_id=np.array(list(orders), dtype=object),
         dropped=dict(probs.dropped),
+        dropped_trips=probs.dropped_trips(orders),
+        tz=DIDI_TZ,
     )

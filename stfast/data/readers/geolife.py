@@ -25,7 +25,7 @@ import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import _BadField, _finite, _lng_lat, _iter_lines, _Problems, _require_file
-from stfast.data.trips import Trajectories, lengths_to_offsets
+from stfast.data.trips import DroppedTrips, Trajectories, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
 
@@ -33,6 +33,8 @@ GEOLIFE_EPOCH = _dt.datetime(1899, 12, 30, tzinfo=_dt.timezone.utc)
 """Day 0 of the PLT "days" field (field 5), as in Excel/OLE Automation dates."""
 GEOLIFE_HEADER_LINES = 6
 """Number of header lines at the top of every .plt file (ignored)."""
+GEOLIFE_TZ = "Asia/Shanghai"
+"""Default time zone of GeoLife data (most of it recorded in Beijing; its timestamps are GMT)."""
 GEOLIFE_ALTITUDE_MISSING = -777.0
 """Altitude value (feet) that marks an invalid altitude."""
 GEOLIFE_FIELDS = ("lat", "lng", "zero", "altitude", "days", "date", "time")
@@ -242,12 +244,13 @@ def read_geolife(
         order: ``lng``, ``lat`` [N] float64 degrees WGS-84; ``t`` [N] float64 Unix seconds UTC from the
         date and time fields (GMT; non-zero-padded values such as ``2008-1-2``, ``7:0:57`` accepted;
         field 5 is only checked to be a number); ``state`` [N] float32 zeros; ``driver`` [T] the user
-        folder name; ``source`` [T] the file path; ``mode`` [N] object str transport mode from
+        folder name; ``trip_id`` [T] ``<user>/<file stem>`` (``010/20081023025304``); ``source`` [T]
+        the file path; ``tz`` :data:`GEOLIFE_TZ`; ``mode`` [N] object str transport mode from
         ``<user>/labels.txt`` ("" where no interval covers the point or the user has no labels), or
         None when no selected user has a labels file. Points keep file order (duplicate timestamps
         are kept). Empty or header-only files are left out, counted in ``dropped["empty_file"]`` and
         reported in one warning; a file whose every line was skipped counts as
-        ``dropped["no_valid_points"]``.
+        ``dropped["no_valid_points"]``; ``dropped_trips`` lists both kinds by trip id.
 
     Raises:
         TrajectoryFormatError: missing root, no ``.plt`` files, unknown ``users``, a point line
@@ -270,9 +273,10 @@ def read_geolife(
         raise TrajectoryFormatError(root, None, None, "no .plt files found")
 
     date_cache: dict = {}
-    lats, lngs, ts, lens, drivers, sources, user_of_traj = [], [], [], [], [], [], []
+    lats, lngs, ts, lens, drivers, sources, user_of_traj, ids = [], [], [], [], [], [], [], []
     labels: dict[int, tuple] = {}
     empty: list[Path] = []
+    lost: list[tuple[str, str]] = []  # (trip id, reason) of files that give no trajectory
     for gi, (user, udir, files) in enumerate(groups):
         for f in files:
             la, ln, t, any_data = _read_plt(f, probs, date_cache)
@@ -281,12 +285,14 @@ def read_geolife(
                     probs.count("no_valid_points")
                 else:
                     empty.append(f)
+                lost.append((f"{user}/{f.stem}", "no_valid_points" if any_data else "empty_file"))
                 continue
             lats.append(la)
             lngs.append(ln)
             ts.append(t)
             lens.append(len(la))
             drivers.append(user)
+            ids.append(f"{user}/{f.stem}")
             sources.append(str(f))
             user_of_traj.append(gi)
         lab = udir / "labels.txt" if udir is not None else None
@@ -327,5 +333,8 @@ def read_geolife(
         driver=np.array(drivers, dtype=object),
         source=np.array(sources, dtype=object),
         mode=mode,
+        trip_id=np.array(ids, dtype=object),
         dropped=dict(probs.dropped),
+        dropped_trips=DroppedTrips([i for i, _ in lost], np.zeros(len(lost), np.int64), [r for _, r in lost]),
+        tz=GEOLIFE_TZ,
     )
