@@ -274,7 +274,8 @@ def cmd_data_convert(a) -> int:
 
     opts = _data_options(a)
     trips = require_trips(load_trips(a.data, a.format, on_error=a.on_error, modes=set(opts["modes"]) or None,
-                                     min_spacing_km=opts["min_spacing_km"], gap_s=opts["gap_s"]), a.data)
+                                     min_spacing_km=opts["min_spacing_km"], gap_s=opts["gap_s"], tz=opts["tz"]),
+                           a.data)
     trips.to_jsonl(a.out)
     drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")

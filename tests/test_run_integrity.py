@@ -240,3 +240,23 @@ def test_load_model_returns_a_model_ready_to_predict(jsonl, tmp_path):
     assert pred.shape == (len(trips),) and pred.dtype == np.float64 and np.all(pred > 0)
     with pytest.raises(FileNotFoundError):
         stfast.load_model(tmp_path / "missing.pt")
+
+
+# ---------------------------------------------------------------- item 5: --tz
+def test_tz_flag_reaches_the_calendar_ids_and_the_checkpoint(city, tmp_path, capsys):
+    conv = tmp_path / "new_york.jsonl"
+    assert main(["data", "convert", "--data", city["csv"], "--tz", "America/New_York", "--out", str(conv)]) == 0
+    assert main(["data", "convert", "--data", city["csv"], "--out", str(tmp_path / "utc.jsonl")]) == 0
+    lis = [json.loads(r)["timeID"] for r in conv.read_text().splitlines()]
+    utc = [json.loads(r)["timeID"] for r in (tmp_path / "utc.jsonl").read_text().splitlines()]
+    # New York is UTC-5 (winter) or UTC-4 (summer); the CSV's timestamps are plain Unix seconds (UTC)
+    shift = {(a - b) % 1440 for a, b in zip(lis, utc)}
+    assert shift and shift <= {1440 - 300, 1440 - 240}
+    out = tmp_path / "r"
+    assert main(["train", "--data", city["csv"], "--tz", "Europe/Lisbon", *FAST, "--out", str(out)]) == 0
+    m = stfast.load_model(out / "checkpoint.pt")
+    assert m.tz == "Europe/Lisbon" and m.preprocess["tz"] == "Europe/Lisbon"
+    capsys.readouterr()
+    err = _one_line_error(capsys, main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data",
+                                        city["csv"], "--tz", "Asia/Shanghai"]))
+    assert "--tz Asia/Shanghai differs from" in err and "Europe/Lisbon" in err

@@ -218,10 +218,9 @@ def check_data_options(min_spacing_km: float | None, gap_s: float | None, tz: st
     if gap_s is not None and not gap_s > 0:
         raise ValueError(f"--gap-min must be > 0 minutes, got {gap_s / 60:g}")
     if tz is not None:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+        from ..data.tz import check_tz
 
         try:
-            ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"--tz: unknown time zone {tz!r} (an IANA name such as Europe/Lisbon or "
-                             "Asia/Shanghai)") from None
+            check_tz(tz)
+        except ValueError as e:
+            raise ValueError(f"--tz: {e}") from None

@@ -39,6 +39,10 @@ class TrainedModel:
         data_fingerprint: :func:`stfast.data.fingerprint.trips_fingerprint` of all trips the run read
             (before splitting); None in checkpoints that do not record it.
         path: the checkpoint file.
+        preprocess: every preprocessing setting as the run used it
+            (:meth:`stfast.data.preprocess.PreprocessConfig.to_dict`; None when it read DeepTTE records,
+            which are not preprocessed).
+        tz: the time zone of the run's calendar ids, resolved (an IANA name, or the CSV's own offsets).
     """
 
     model: DeepTTE
@@ -47,6 +51,8 @@ class TrainedModel:
     config: TrainConfig
     data_fingerprint: str | None
     path: Path
+    preprocess: dict | None = None
+    tz: str | None = None
 
     @property
     def dtype(self):
@@ -57,8 +63,9 @@ class TrainedModel:
         return next(self.model.parameters()).device
 
     def data_options(self) -> dict:
-        """The checkpoint's data settings (TrainConfig field names: modes, min_spacing_km, gap_s, tz)."""
-        return self.config.data_options()
+        """The checkpoint's data settings (TrainConfig field names: modes, min_spacing_km, gap_s, tz; tz
+        resolved: the zone the run used)."""
+        return dict(self.config.data_options(), tz=self.tz or self.config.tz)
 
     def resolve_data_options(self, **given) -> dict:
         """The checkpoint's data settings, checked against ``given`` (TrainConfig field names; a None
@@ -82,6 +89,7 @@ class TrainedModel:
         training run did. ``given``: data settings the caller set explicitly (see
         :meth:`resolve_data_options`). Raises ValueError (a differing setting; preprocessing dropped
         every trip), TrajectoryFormatError (bad input: file, line, field), FileNotFoundError."""
+        from ..data.preprocess import PreprocessConfig
         from .trainer import load_config_trips
 
         self.resolve_data_options(**given)
@@ -89,7 +97,8 @@ class TrainedModel:
             cfg = replace(self.config, on_error=on_error, format=fmt or self.config.format)
         else:
             cfg = replace(self.config, data=str(data), format=fmt or "auto", on_error=on_error)
-        return load_config_trips(cfg)
+        pre = None if self.preprocess is None else PreprocessConfig.from_dict(self.preprocess)
+        return load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre)
 
     def split(self, trips: Trips, which: str) -> Trips:
         """The training run's ``which`` split (``train``, ``val``, ``test``; ``all``: ``trips`` as they are)
@@ -143,4 +152,4 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
     dtype = state["model_state"]["entire.out.weight"].dtype  # float32 or float64, as trained
     model.to(device, dtype).load_state_dict(state["model_state"])
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
-                        state.get("data_fingerprint"), path)
+                        state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"))

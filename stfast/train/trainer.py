@@ -56,12 +56,13 @@ LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (
 SLICER_REFIT_EVERY = 5  # steps between refits of the slicer's cost model
 
 
-def load_config_trips(cfg: TrainConfig) -> Trips:
-    """The trips ``cfg`` names (file or synthetic city), read and preprocessed. Raises ValueError when
+def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
+    """The trips ``cfg`` names (file or synthetic city), read and preprocessed (with
+    ``preprocess_config``, a PreprocessConfig, when given: a checkpoint's). Raises ValueError when
     preprocessing dropped every trip (see :func:`require_trips`)."""
     trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, n_synthetic=cfg.n_synthetic,
-                       seed=cfg.split_seed)
+                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
+                       seed=cfg.split_seed, preprocess_config=preprocess_config)
     return require_trips(trips, cfg.data or "the synthetic city")
 
 
@@ -193,6 +194,7 @@ class Trainer:
         trips = load_config_trips(cfg)
         self.dropped = dict(trips.dropped)
         self.n_trips, self.data_fingerprint = len(trips), trips_fingerprint(trips)
+        self.preprocess_config, self.tz = trips.preprocess_config, trips.tz  # as used (tz resolved)
         if resume is not None:
             guards.check_resume_data(resume, self.data_fingerprint, self.n_trips, cfg, self._resume_path)
         self.train_trips, self.val_trips, self.test_trips = split_trips(trips, cfg)
@@ -452,6 +454,9 @@ class Trainer:
             # the data: a --resume or `evaluate --split` on other trips is refused (guards.check_resume_data)
             "data_fingerprint": self.data_fingerprint,
             "n_trips": self.n_trips,
+            # every preprocessing setting as used (None: DeepTTE records, not preprocessed) and the time zone
+            "preprocess_config": None if self.preprocess_config is None else self.preprocess_config.to_dict(),
+            "tz": self.tz,
             "accumulation": self.accum.state_dict(),
             # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and metrics.jsonl's length
             "epoch_progress": self._epoch_progress,
