@@ -13,6 +13,11 @@ Common rules: every reader raises only :class:`~stfast.data.errors.TrajectoryFor
 input (with the 1-based line number and the field name where they apply) and takes
 ``on_error="raise" | "skip"``; with ``"skip"`` a bad record is left out, counted in the result's
 ``.dropped`` dict, and one warning on the ``stfast.data`` logger says how many were skipped.
+
+Every result carries each trip's own id (``trip_id``: CSV ``trip_id``, DiDi ``order_id``, GeoLife
+``<user>/<file stem>``, DeepTTE ``tripID`` or the line number), ``dropped_trips`` (the skipped trips
+whose id is known) and ``tz``, the format's time zone that preprocessing uses by default (GeoLife,
+DiDi, DeepTTE: Asia/Shanghai; CSV: the offsets its timestamps carry, else UTC).
 :func:`detect_format` guesses the format from the content; :func:`read_any` detects and reads.
 """
 from __future__ import annotations
