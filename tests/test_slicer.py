@@ -2,6 +2,7 @@
 classic LPT / Karmarkar–Karp behaviour on small instances, the cost-model fit on synthetic timings,
 the sampler (determinism across processes, equal step counts, the last smaller batch), and exact
 gradients with 2 Gloo ranks on deliberately unequal shards."""
+import copy
 import hashlib
 import itertools
 import json
@@ -437,8 +438,9 @@ def test_loss_scaling_recipe_gives_the_global_batch_mean_gradient():
 def test_shard_carries_its_size_and_shard_dataset_refuses_other_samplers():
     s = Shard([4, 1], global_size=9)
     assert s == [4, 1] and s.global_size == 9 and repr(s) == "Shard([4, 1], global_size=9)"
-    back = pickle.loads(pickle.dumps(s))
-    assert type(back) is Shard and back == [4, 1] and back.global_size == 9
+    for back in [pickle.loads(pickle.dumps(s, protocol)) for protocol in range(pickle.HIGHEST_PROTOCOL + 1)] + [
+            copy.copy(s), copy.deepcopy(s)]:
+        assert type(back) is Shard and back == [4, 1] and back.global_size == 9
     with pytest.raises(ValueError, match="global_size"):
         Shard([1, 2, 3], global_size=2)
     with pytest.raises(ValueError, match="global_size"):

@@ -418,7 +418,7 @@ class Shard(list):
 
     __slots__ = ("global_size",)
 
-    def __init__(self, items: Sequence = (), global_size: int = 0):
+    def __init__(self, items: Sequence, global_size: int):
         super().__init__(items)
         if isinstance(global_size, bool) or not isinstance(global_size, (int, np.integer)) or global_size < len(self):
             raise ValueError(f"global_size must be an int ≥ the shard's {len(self)} items, got {global_size!r}")
@@ -426,6 +426,9 @@ class Shard(list):
 
     def __repr__(self) -> str:
         return f"Shard({list.__repr__(self)}, global_size={self.global_size})"
+
+    def __reduce__(self):  # every pickle protocol, and the copy module, rebuild it with its size
+        return Shard, (list(self), self.global_size)
 
 
 class ShardDataset:
