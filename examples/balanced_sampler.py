@@ -6,8 +6,10 @@
 Sequences of 2 to 200 steps: an equal-count split would leave one rank waiting for the other's long
 sequences. Every rank computes the same cost-balanced cut of each global batch (no communication); each
 divides its shard's loss SUM by the GLOBAL batch size and gradients are summed, so the training equals
-one process on the whole batches. Rank 0 prints the shard sizes of the first steps and the largest
-parameter difference against that single process.
+one process on the whole batches. The global batch size comes with each shard (``Shard.global_size``,
+handed to the collate_fn by ``ShardDataset``), so it is right with any ``num_workers``: a loader runs
+ahead of the loop, and its workers hold copies of the sampler. Rank 0 prints the shard sizes of the
+first steps and the largest parameter difference against that single process.
 """
 from __future__ import annotations
 
@@ -23,10 +25,16 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _sequences import SeqRegressor, make_sequences, run_gloo
 
-from stfast.parallel.slicer import BalancedBatchSampler
+from stfast.parallel.slicer import BalancedBatchSampler, ShardDataset
 
 N, GLOBAL_BATCH = 96, 32
 SEQS, TARGET = make_sequences(N, seed=3, max_len=200)
+
+
+def collate(shard):
+    """The shard's sequence indices as they are (a Shard: a list with ``global_size``; the default collate
+    would make a tensor of them and drop the size); the loop gathers the sequences."""
+    return shard
 
 
 def train(rank: int, world: int) -> tuple[dict, list]:
@@ -35,13 +43,13 @@ def train(rank: int, world: int) -> tuple[dict, list]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     lengths = np.array([len(s) for s in SEQS])
     sampler = BalancedBatchSampler(lengths, GLOBAL_BATCH, world, rank, seed=0)
-    loader = DataLoader(list(range(N)), batch_sampler=sampler, collate_fn=lambda idx: idx)
+    loader = DataLoader(ShardDataset(range(N)), batch_sampler=sampler, collate_fn=collate)
     shard_sizes = []
     for idx in loader:
         opt.zero_grad(set_to_none=True)
         if idx:
             pred = model([SEQS[i].double() for i in idx])
-            loss = (pred - TARGET[idx].double()).square().sum() / len(sampler.global_batch)
+            loss = (pred - TARGET[idx].double()).square().sum() / idx.global_size
             loss.backward()
         for p in model.parameters():  # sum over ranks (an empty shard contributes zeros)
             if p.grad is None:

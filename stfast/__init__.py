@@ -26,6 +26,12 @@ def _load_extension():
 
 _C = _load_extension()
 
+from . import _lazy  # noqa: E402
+
+# stfast.nn, stfast.accum and stfast.parallel without an import of their own, each imported on first use
+# (import stfast stays as cheap as before)
+__getattr__, __dir__ = _lazy.lazy_exports(__name__, {"nn": (), "accum": (), "parallel": ()})[1:]
+
 
 def build_info() -> dict:
     """What the native extension was built with.

@@ -2,24 +2,30 @@
 classic LPT / Karmarkar–Karp behaviour on small instances, the cost-model fit on synthetic timings,
 the sampler (determinism across processes, equal step counts, the last smaller batch), and exact
 gradients with 2 Gloo ranks on deliberately unequal shards."""
+import copy
 import hashlib
 import itertools
 import json
 import os
+import pickle
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 from conftest import random_trips
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
 from stfast import _slicer
 from stfast.parallel.slicer import (
     METHODS,
     BalancedBatchSampler,
     LinearCostModel,
+    Shard,
+    ShardDataset,
     imbalance,
     partition,
     predicted_times,
@@ -326,6 +332,7 @@ def test_sampler_equal_steps_and_every_trip_once(n_trips, gbs, w, method):
         for k, gb in enumerate(samplers[0].global_batches()):
             parts = [steps[r][k] for r in range(w)]
             assert sorted(np.concatenate(parts).tolist()) == sorted(gb.tolist())
+            assert {p.global_size for p in parts} == {len(gb)}
             if len(gb) >= w:
                 assert min(len(p) for p in parts) >= 1
         last = samplers[0].global_batches()[-1]
@@ -341,7 +348,7 @@ h = hashlib.sha256()
 for r in range(int(sys.argv[1])):
     s = BalancedBatchSampler(lengths, 512, int(sys.argv[1]), r, seed=9, cost_model=LinearCostModel((1e-3, 1e-4, 2e-5, 1e-6, 3e-5)))
     for idx in s:
-        h.update(idx.astype(np.int64).tobytes())
+        h.update(np.asarray(idx, np.int64).tobytes())
 print(h.hexdigest())
 """
 
@@ -360,8 +367,89 @@ def test_sampler_identical_in_separate_processes():
     for r in range(4):
         for idx in BalancedBatchSampler(lengths, 512, 4, r, seed=9,
                                         cost_model=LinearCostModel((1e-3, 1e-4, 2e-5, 1e-6, 3e-5))):
-            h.update(idx.astype(np.int64).tobytes())
+            h.update(np.asarray(idx, np.int64).tobytes())
     assert outs[0] == h.hexdigest()
+
+
+# ---------------------------------------------------------------- the global batch size in a DataLoader
+def _indices_and_size(samples):  # module level: DataLoader workers pickle the collate_fn
+    return list(samples), samples.global_size
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_collate_sees_each_steps_global_size(workers):
+    """The collate_fn reads the size of the global batch its shard was cut from, in worker processes too
+    (there the loader draws from the sampler ahead of the batches it returns, and the workers hold copies)."""
+    lengths = np.random.default_rng(21).integers(3, 300, 100)
+    for w, rank in [(2, 0), (2, 1), (8, 7)]:  # 8 ranks: the last global batch (4 trips) leaves shards empty
+        sampler = BalancedBatchSampler(lengths, 32, w, rank, seed=2)
+        loader = DataLoader(ShardDataset(range(100)), batch_sampler=sampler, collate_fn=_indices_and_size,
+                            num_workers=workers)
+        got = list(loader)
+        assert [size for _, size in got] == [32, 32, 32, 4]
+        assert [idx for idx, _ in got] == [sampler.shard(gb).tolist() for gb in sampler.global_batches()]
+    assert got[-1][0] == []  # rank 7's empty shard still knows its global batch
+
+
+class _Pairs:
+    """A user's map-style dataset: (features [3], target []) float64 per trip."""
+
+    def __init__(self, n: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 3, generator=g, dtype=torch.float64)
+        self.y = torch.randn(n, generator=g, dtype=torch.float64)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _stack(samples):
+    return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples]), samples.global_size
+
+
+def test_loss_scaling_recipe_gives_the_global_batch_mean_gradient():
+    """The docstring's recipe (loss SUM / the shard's global_size, gradients summed over ranks) equals the
+    gradient of the mean loss over the whole global batch, step by step, with and without workers."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)).double()
+    data, w = _Pairs(100, seed=8), 3
+    lengths = np.random.default_rng(8).integers(3, 300, 100)
+    loaders = [DataLoader(ShardDataset(data), batch_sampler=BalancedBatchSampler(lengths, 32, w, r, seed=4),
+                          collate_fn=_stack, num_workers=2 if r == 0 else 0) for r in range(w)]
+
+    def grad(loss):
+        return torch.autograd.grad(loss, list(model.parameters()))
+
+    global_batches = loaders[0].batch_sampler.global_batches()
+    steps = list(zip(*loaders))
+    assert len(steps) == len(global_batches) == 4
+    assert any(len({len(y) for _, y, _ in parts}) > 1 for parts in steps)  # unequal shards: world size ≠ divisor
+    for parts, gb in zip(steps, global_batches):
+        per_rank = [grad((model(x).squeeze(-1) - y).square().sum() / size) for x, y, size in parts]
+        gb = torch.as_tensor(gb)
+        full = grad((model(data.x[gb]).squeeze(-1) - data.y[gb]).square().mean())
+        for got, want in zip(map(sum, zip(*per_rank)), full):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+def test_shard_carries_its_size_and_shard_dataset_refuses_other_samplers():
+    s = Shard([4, 1], global_size=9)
+    assert s == [4, 1] and s.global_size == 9 and repr(s) == "Shard([4, 1], global_size=9)"
+    for back in [pickle.loads(pickle.dumps(s, protocol)) for protocol in range(pickle.HIGHEST_PROTOCOL + 1)] + [
+            copy.copy(s), copy.deepcopy(s)]:
+        assert type(back) is Shard and back == [4, 1] and back.global_size == 9
+    with pytest.raises(ValueError, match="global_size"):
+        Shard([1, 2, 3], global_size=2)
+    with pytest.raises(ValueError, match="global_size"):
+        Shard([1], global_size=1.5)
+    batched = ShardDataset(["a", "b", "c"]).__getitems__(Shard([2, 0], 5))
+    assert batched == ["c", "a"] and batched.global_size == 5
+    loader = DataLoader(ShardDataset(range(10)), batch_size=4, collate_fn=_indices_and_size)
+    with pytest.raises(TypeError, match="BalancedBatchSampler"):
+        next(iter(loader))
 
 
 # ---------------------------------------------------------------- exact gradients

@@ -401,15 +401,87 @@ def random_global_batches(n_trips: int, global_batch_size: int, seed: int, epoch
     return out
 
 
+class Shard(list):
+    """One rank's part of one step's global batch, carrying the size of that global batch: a list of
+    trip indices (python ints) as :class:`BalancedBatchSampler` yields it, or of the samples of those
+    trips as :class:`ShardDataset` hands them to a DataLoader's ``collate_fn``.
+
+    The size travels with the shard because nothing else is in step with it: a DataLoader draws from
+    its batch sampler ahead of the batches it returns (prefetch) and its worker processes hold their
+    own copies of the sampler, so state read off the sampler belongs to another step. A list subclass
+    pickles with its attribute, so the size reaches worker processes unchanged.
+
+    Attributes: ``global_size`` int ≥ len(self), trips in the step's global batch over all ranks:
+    divide this rank's loss SUM by it and SUM gradients over ranks for the global batch's mean gradient.
+    Raises ValueError when ``global_size`` is not an int ≥ the number of items.
+    """
+
+    __slots__ = ("global_size",)
+
+    def __init__(self, items: Sequence, global_size: int):
+        super().__init__(items)
+        if isinstance(global_size, bool) or not isinstance(global_size, (int, np.integer)) or global_size < len(self):
+            raise ValueError(f"global_size must be an int ≥ the shard's {len(self)} items, got {global_size!r}")
+        self.global_size = int(global_size)
+
+    def __repr__(self) -> str:
+        return f"Shard({list.__repr__(self)}, global_size={self.global_size})"
+
+    def __reduce__(self):  # every pickle protocol, and the copy module, rebuild it with its size
+        return Shard, (list(self), self.global_size)
+
+
+class ShardDataset:
+    """A map-style dataset view that hands a DataLoader's ``collate_fn`` each shard's samples as a
+    :class:`Shard`, with the ``global_size`` of the shard :class:`BalancedBatchSampler` yielded.
+
+    ``ShardDataset(dataset)[i]`` is ``dataset[i]``; the DataLoader's batched fetch (``__getitems__``,
+    torch ≥ 2.0, in the main process or a worker) returns ``Shard([dataset[i] for i in shard],
+    shard.global_size)`` (through ``dataset.__getitems__`` when it has one). ``dataset``: any object
+    with ``__getitem__`` and ``__len__`` (``range(T)`` gives the trip indices themselves).
+    Raises TypeError when fetched with indices that are not a Shard (another batch sampler).
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return self.dataset[index]
+
+    def __getitems__(self, indices: Shard) -> Shard:
+        if not isinstance(indices, Shard):
+            raise TypeError(f"ShardDataset is fetched with the Shards of a BalancedBatchSampler (batch_sampler=); "
+                            f"got {type(indices).__name__}")
+        batched = getattr(self.dataset, "__getitems__", None)
+        samples = batched(list(indices)) if batched else [self.dataset[i] for i in indices]
+        return Shard(samples, indices.global_size)
+
+
 class BalancedBatchSampler:
-    """Yields this rank's trip indices [n_r] int64 for each optimizer step of an epoch.
+    """Yields this rank's :class:`Shard` for each optimizer step of an epoch: its trip indices [n_r]
+    (python ints, in batch order) and ``global_size``, the trips of the step's global batch over all ranks.
 
     Every rank builds the same global batches from ``seed`` (and the epoch, see ``set_epoch``) and
     the same partition of each (deterministic, no communication), so all ranks run the same number of
     steps; the last, smaller global batch is a step like the others (when it holds fewer trips than
-    ranks, some ranks get none and contribute zero gradients). Usable as a DataLoader
-    ``batch_sampler``. For exact gradients divide the shard's loss SUM by ``len(self.global_batch)``
-    (the current global batch, set before each yield) and SUM gradients over ranks.
+    ranks, some ranks get an empty shard and contribute zero gradients).
+
+    Exact gradients under unequal shards: divide the shard's loss SUM by ``shard.global_size`` and SUM
+    gradients over ranks (all-reduce with sum); that is the global batch's mean gradient. As a
+    DataLoader ``batch_sampler``, wrap the dataset in :class:`ShardDataset`, whose batched fetch hands
+    ``collate_fn`` the shard's samples as a Shard with the same ``global_size`` (with any
+    ``num_workers``; the sampler itself runs ahead of the batches the loader returns)::
+
+        def collate(samples):                          # a module-level function: workers pickle it
+            return my_collate(samples), samples.global_size
+
+        loader = DataLoader(ShardDataset(dataset), batch_sampler=sampler, collate_fn=collate, num_workers=2)
+        for batch, global_size in loader:
+            loss = loss_fn(model(batch), reduction="sum") / global_size
+            loss.backward()                            # then all-reduce (sum) the gradients
 
     Args: ``lengths`` [T] trip lengths (points); ``global_batch_size`` trips per step over all ranks;
     ``world_size``, ``rank``; ``seed``; ``cost_model`` (LinearCostModel or a callable of shard lengths;
@@ -432,7 +504,6 @@ class BalancedBatchSampler:
         self.cost_model = LinearCostModel() if cost_model is None else cost_model
         self.method, self._batches, self.drop_last = method, batches, drop_last
         self.epoch = 0
-        self.global_batch: np.ndarray = np.zeros(0, np.int64)
         self._last: tuple | None = None  # (global batch bytes, coefficients, shards) of the last partition
 
     def set_epoch(self, epoch: int) -> None:
@@ -463,7 +534,6 @@ class BalancedBatchSampler:
         """This rank's trip indices of ``global_batch``."""
         return self.shards(global_batch)[self.rank]
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[Shard]:
         for gb in self.global_batches():
-            self.global_batch = np.asarray(gb, dtype=np.int64)
-            yield self.shard(gb)
+            yield Shard(self.shard(gb).tolist(), len(gb))
