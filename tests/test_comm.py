@@ -1,8 +1,10 @@
-"""Communicators and GradientSync: bucket assignment, the Store bootstrap, 2 Gloo ranks against torch DDP and
-one process (float64, 1e-9), and the C++ NCCL communicator where the build and a GPU allow (world size 1)."""
+"""Communicators and GradientSync: bucket assignment, the Store bootstrap, the communicator's group / abort /
+close state machine over a fake NCCL (CPU), 2 Gloo ranks against torch DDP and one process (float64, 1e-9),
+and the C++ NCCL communicator where the build and a GPU allow (world size 1)."""
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from stfast.parallel.comm import (
     TorchCommunicator,
     assign_buckets,
     make_communicator,
+    native_group,
     nccl_available,
 )
 
@@ -80,6 +83,246 @@ def test_store_bootstrap_timeout_names_rank_and_key(tmp_path):
         stfast._C._exchange_through_store(store, 1, "stfast_nccl_unique_id/7", b"", 0.2)
     with pytest.raises(ValueError, match="timeout must be > 0"):
         stfast._C._exchange_through_store(store, 1, "k", b"", 0.0)
+
+
+# ------------------------------------------------- group / abort / close state machine (fake NCCL, CPU)
+# stfast._C._FakeComm runs the communicator's state machine (csrc/comm/comm_core.h, the code NcclCommunicator
+# runs) over a fake NCCL that models NCCL's rules and records breaches of them in `violations`.
+Fake = stfast._C._FakeComm
+
+
+def _depths():
+    """(our per-thread group depth, the fake NCCL's per-thread group depth)"""
+    return stfast._C._comm_group_depth(), stfast._C._fake_nccl_group_depth()
+
+
+@pytest.fixture(autouse=True)
+def _no_group_left_open():
+    """A failing test must not leave this thread's group open for the next ones."""
+    yield
+    while stfast._C._comm_group_depth() > 0:
+        try:
+            Fake().group_end()
+        except RuntimeError:
+            pass
+
+
+def _in_thread(fn, *args):
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out
+
+
+def test_error_inside_group_closes_the_group_then_aborts():
+    c = Fake()
+    with pytest.raises(RuntimeError, match="invalid argument") as info:
+        with native_group(c):
+            queued = c.op("send")
+            c.op("recv", fail=True)  # NCCL rejects it: the whole group is cancelled
+    assert _depths() == (0, 0)  # the thread's NCCL group is closed
+    assert "cancelled" in "".join(info.value.__notes__)  # group_end's own error, as a note
+    log = c.log
+    assert log.index("ncclGroupEnd") < log.index("ncclCommAbort")  # abort only once the group is closed
+    assert c.violations == [] and not c.alive
+    assert queued.phase == "cancelled" and c.cancelled == 1 and c.launched == 0
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        queued.wait()
+    with pytest.raises(RuntimeError, match="invalid argument"):  # cleanly aborted: every call says why
+        c.op()
+
+
+def test_abort_from_another_thread_inside_a_group_waits_for_group_end():
+    c = Fake()
+    c.group_start()
+    w = c.op("send")
+    assert "error" not in _in_thread(c.abort, "stopped by the watchdog")
+    assert c.alive and "ncclCommAbort" not in c.log  # deferred: the open group refers to the communicator
+    assert c.error == "stopped by the watchdog"
+    with pytest.raises(RuntimeError, match="stopped by the watchdog"):
+        c.op("recv")  # recorded at once
+    with pytest.raises(RuntimeError, match="cancelled.*stopped by the watchdog"):
+        c.group_end()
+    assert c.log[-2:] == ["ncclGroupEnd", "ncclCommAbort"]
+    assert c.violations == [] and not c.alive and _depths() == (0, 0)
+    assert w.phase == "cancelled"
+
+
+def test_abort_inside_a_group_without_operations_on_it_is_immediate():
+    a, b = Fake(), Fake()
+    a.group_start()
+    b.abort("nothing queued on it")
+    assert not b.alive and b.violations == []
+    a.group_end()
+    assert a.alive and a.error == ""
+
+
+def test_watchdog_inside_a_group_makes_no_nccl_call_and_defers_the_timeout_abort():
+    c = Fake(timeout_s=0.05)
+    late = c.op("all_reduce")  # launched, never finishes
+    c.group_start()
+    c.op("send")
+    time.sleep(0.1)
+    n_async = c.log.count("ncclCommGetAsyncError")
+    assert _in_thread(c.watchdog_tick) == {"value": 0}
+    assert c.log.count("ncclCommGetAsyncError") == n_async  # no NCCL call while the group refers to it
+    assert c.alive and "did not finish within" in c.error
+    with pytest.raises(RuntimeError, match="did not finish within"):
+        late.synchronize()
+    with pytest.raises(RuntimeError, match="cancelled"):
+        c.group_end()
+    assert c.log[-2:] == ["ncclGroupEnd", "ncclCommAbort"] and c.violations == []
+
+
+def test_watchdog_outside_groups_retires_finished_works_and_aborts_on_async_error():
+    c = Fake()
+    done, running = c.op(), c.op()
+    done.finish()
+    assert c.watchdog_tick() == 1  # one stream: only the first finished one retires
+    c.set_async("error")
+    c.watchdog_tick()
+    assert not c.alive and "asynchronous NCCL error" in c.error and c.violations == []
+    with pytest.raises(RuntimeError, match="asynchronous NCCL error"):
+        running.wait()
+
+
+def test_group_depth_is_per_thread_and_spans_communicators():
+    a, b, other = Fake(), Fake(), Fake()
+    a.group_start()
+    b.group_start()
+    wb = b.op("recv")  # grouped: this thread's group is open, whichever communicator opened it
+    b.group_end()  # inner end: nothing launches yet
+    assert wb.phase == "queued" and not wb.is_completed() and _depths() == (1, 1)
+    with pytest.raises(RuntimeError, match="inside the group"):
+        wb.wait()
+    res = _in_thread(lambda: (stfast._C._comm_group_depth(), other.op().phase))
+    assert res == {"value": (0, "launched")}  # another thread: no group, launches at once
+    res = _in_thread(b.op)  # b has operations queued in this thread's group: NCCL allows one thread
+    assert "another thread" in str(res["error"])
+    a.group_end()  # the outermost end launches b's operations too
+    assert wb.phase == "launched" and wb.recorded and b.launched == 1 and _depths() == (0, 0)
+    wb.finish()
+    wb.wait()
+    assert wb.is_completed() and wb.blocked == 1
+    assert all(x.violations == [] and x.error == "" for x in (a, b, other))
+
+
+def test_group_end_without_group_start_raises_without_an_nccl_call():
+    c = Fake()
+    with pytest.raises(RuntimeError, match="without group_start"):
+        c.group_end()
+    assert "ncclGroupEnd" not in c.log and c.violations == [] and c.error == ""
+
+
+def test_exception_in_the_block_still_ends_the_group():
+    c = Fake()
+    with pytest.raises(KeyError):
+        with native_group(c):
+            w = c.op("send")
+            raise KeyError("user code failed")
+    assert _depths() == (0, 0) and w.phase == "launched" and c.error == ""
+
+
+def test_close_keeps_the_results_of_finished_works():
+    c = Fake()
+    finished, unfinished = c.op(), c.op()
+    finished.finish()
+    c.close()
+    assert c.log[-2:] == ["ncclCommFinalize", "ncclCommDestroy"] and not c.alive
+    assert finished.is_completed()
+    finished.wait()
+    finished.synchronize()
+    assert not unfinished.is_completed()
+    unfinished.finish()
+    assert unfinished.is_completed()
+    assert c.error == "communicator is closed"
+    with pytest.raises(RuntimeError, match="closed"):
+        c.op()
+    c.close()  # idempotent
+    assert c.violations == []
+    aborted = Fake()
+    w = aborted.op()
+    w.finish()
+    aborted.abort("peer failed")
+    with pytest.raises(RuntimeError, match="peer failed"):  # an abort, unlike close, is an error
+        w.is_completed()
+
+
+def test_close_inside_a_group_holding_operations_is_refused_and_changes_nothing():
+    c = Fake()
+    c.group_start()
+    w = c.op("send")
+    with pytest.raises(RuntimeError, match="open group"):
+        c.close()
+    assert c.alive and c.error == ""
+    c.group_end()
+    assert w.phase == "launched"
+    c.close()
+    assert c.violations == []
+
+
+def test_in_progress_calls_are_polled_to_the_timeout_then_abort():
+    c = Fake(timeout_s=0.05)
+    c.set_async("in_progress")  # the non-blocking call never leaves ncclInProgress
+    with pytest.raises(RuntimeError, match="did not complete within"):
+        c.op()
+    assert not c.alive and c.violations == []
+
+
+ACTIONS = st.lists(st.tuples(st.sampled_from(["start", "end", "op", "fail", "abort", "tick", "close", "finish"]),
+                             st.integers(0, 1)), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ACTIONS)
+def test_state_machine_never_breaks_nccl_rules(actions):
+    """Any sequence of calls on two communicators in one thread: NCCL's rules hold after every step, our
+    group depth is NCCL's, and once the groups are ended every work is launched or cancelled and every
+    communicator is healthy and usable, closed, or aborted."""
+    comms = [Fake(), Fake()]
+    works = []
+    for act, i in actions:
+        c = comms[i]
+        try:
+            if act == "start":
+                c.group_start()
+            elif act == "end":
+                c.group_end()
+            elif act in ("op", "fail"):
+                works.append(c.op(fail=act == "fail"))
+            elif act == "abort":
+                c.abort("aborted by the test")
+            elif act == "tick":
+                c.watchdog_tick()
+            elif act == "close":
+                c.close()
+            elif works:
+                works[-1].finish()
+        except RuntimeError:
+            pass
+        assert stfast._C._comm_group_depth() == stfast._C._fake_nccl_group_depth()
+        assert comms[0].violations == [] and comms[1].violations == []
+    while stfast._C._comm_group_depth() > 0:
+        try:
+            comms[0].group_end()
+        except RuntimeError:
+            pass
+    assert _depths() == (0, 0)
+    assert all(w.phase in ("launched", "cancelled") for w in works)
+    for c in comms:
+        assert c.violations == []
+        if c.error == "":
+            assert c.alive and c.op().phase == "launched"
+        elif c.error != "communicator is closed":
+            assert not c.alive  # the error led to ncclCommAbort once no group referred to it
 
 
 # -------------------------------------------------------------------------------------- buckets

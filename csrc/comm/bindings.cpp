@@ -1,9 +1,11 @@
-// pybind11 face of the communicator (stfast._C): the Store bootstrap in every build (the CPU tests use it),
+// pybind11 face of the communicator (stfast._C): the Store bootstrap and the fake-NCCL test hook of the
+// group / abort / close state machine (_FakeComm, fake_comm.h) in every build (the CPU tests use them),
 // NcclWork and NcclCommunicator only in builds with CUDA + NCCL (STFAST_WITH_NCCL).
 // Store arguments are torch.distributed stores, converted by torch's own pybind11 type (shared internals).
 #include "comm/bindings.h"
 
 #include "comm/bootstrap.h"
+#include "comm/fake_comm.h"
 #ifdef STFAST_WITH_NCCL
 #include "comm/nccl_communicator.h"
 #endif
@@ -44,6 +46,48 @@ struct DeleteWithoutGil {
 
 }  // namespace
 
+// The test hook: CommCore over a fake NCCL (fake_comm.h).
+static void add_fake_bindings(py::module_& m) {
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  py::class_<FakeWork, std::shared_ptr<FakeWork>>(m, "_FakeWork", "Test hook: a work of _FakeComm.")
+      .def("wait", &FakeWork::wait, nogil())
+      .def("is_completed", &FakeWork::is_completed, nogil())
+      .def("synchronize", &FakeWork::synchronize, nogil())
+      .def("finish", &FakeWork::finish, "The fake GPU reaches the work's end event.")
+      .def_property_readonly("phase", [](FakeWork& w) {
+        switch (w.phase()) {
+          case WorkBase::Phase::Queued: return "queued";
+          case WorkBase::Phase::Launched: return "launched";
+          default: return "cancelled";
+        }
+      })
+      .def_property_readonly("recorded", &FakeWork::recorded)
+      .def_property_readonly("blocked", &FakeWork::blocked)
+      .def_property_readonly("name", &FakeWork::name)
+      .def_property_readonly("seq", &FakeWork::seq);
+  py::class_<FakeComm, std::shared_ptr<FakeComm>>(
+      m, "_FakeComm", "Test hook: the communicator's state machine (CommCore) over a fake NCCL that records calls "
+      "and breaches of NCCL's group / abort rules.")
+      .def(py::init<double>(), py::arg("timeout_s") = 60.0)
+      .def("op", &FakeComm::op, py::arg("name") = "all_reduce", py::arg("fail") = false, nogil())
+      .def("group_start", &FakeComm::group_start, nogil())
+      .def("group_end", &FakeComm::group_end, nogil())
+      .def("abort", &FakeComm::abort, py::arg("reason") = "aborted by the caller", nogil())
+      .def("close", &FakeComm::close, nogil())
+      .def("watchdog_tick", [](FakeComm& c) { return c.watchdog_tick().size(); }, nogil())
+      .def("set_async", &FakeComm::set_async, py::arg("state"))
+      .def_property_readonly("error", &FakeComm::error)
+      .def_property_readonly("log", &FakeComm::log)
+      .def_property_readonly("violations", &FakeComm::violations)
+      .def_property_readonly("launched", &FakeComm::launched)
+      .def_property_readonly("cancelled", &FakeComm::cancelled)
+      .def_property_readonly("alive", &FakeComm::alive);
+  m.def("_fake_nccl_group_depth", [] { return fake_nccl_thread.depth; },
+        "Test hook: the fake NCCL's group depth of the calling thread.");
+  m.def("_comm_group_depth", &CommCore::thread_group_depth,
+        "The communicators' NCCL group depth of the calling thread (over all communicators).");
+}
+
 static void add_bindings_or_throw(PyObject* module) {
   py::module_ m = py::reinterpret_borrow<py::module_>(module);
   m.def(
@@ -62,11 +106,13 @@ static void add_bindings_or_throw(PyObject* module) {
       py::arg("store"), py::arg("rank"), py::arg("key"), py::arg("value"), py::arg("timeout_s"),
       "Communicator bootstrap: rank 0 publishes `value` under `key`, other ranks wait up to timeout_s and read it.");
 
+  add_fake_bindings(m);
+
 #ifdef STFAST_WITH_NCCL
   using Work = std::shared_ptr<NcclWork>;
   py::class_<NcclWork, Work>(m, "NcclWork", "One enqueued NCCL operation.")
       .def("wait", &NcclWork::wait, "Make the current CUDA stream wait for the operation (no host sync).")
-      .def("is_completed", &NcclWork::is_completed)
+      .def("is_completed", &NcclWork::is_completed, "True once finished (False while queued in an open group).")
       .def("synchronize", &NcclWork::synchronize, py::call_guard<py::gil_scoped_release>(),
            "Block the host until the operation finished (raises the communicator's error).")
       .def_property_readonly("name", &NcclWork::name)

@@ -45,62 +45,44 @@ c10::DeviceIndex checked_device(int device) {
   return static_cast<c10::DeviceIndex>(device);
 }
 
+std::string where_of(int rank, int world_size, int device) {
+  std::ostringstream s;
+  s << "NcclCommunicator rank " << rank << "/" << world_size << " (cuda:" << device << ")";
+  return s.str();
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------ NcclWork
 
 NcclWork::NcclWork(std::string name, uint64_t seq, std::vector<at::Tensor> tensors,
-                   std::shared_ptr<CommState> state, c10::DeviceIndex device)
-    : name_(std::move(name)),
-      seq_(seq),
-      tensors_(std::move(tensors)),
-      state_(std::move(state)),
-      device_(device),
-      start_(std::chrono::steady_clock::now()) {}
+                   std::shared_ptr<CommState> state, c10::DeviceIndex device, c10::cuda::CUDAStream stream)
+    : WorkBase(std::move(name), seq, std::move(state)), tensors_(std::move(tensors)), device_(device),
+      stream_(stream) {}
 
-void NcclWork::check_state() const {
-  std::string err = state_->get();
-  TORCH_CHECK(err.empty(), "NcclCommunicator ", name_, " #", seq_, ": ", err);
-}
+void NcclWork::record_end() { end_.record(stream_); }
 
-void NcclWork::wait() {
-  check_state();
-  TORCH_CHECK(recorded_, "NcclCommunicator ", name_, " #", seq_,
-              ": wait() inside a group; call it after group_end()");
-  c10::cuda::CUDAGuard guard(device_);
-  end_.block(c10::cuda::getCurrentCUDAStream(device_));
-}
-
-bool NcclWork::is_completed() {
-  check_state();
-  if (!recorded_) return false;
+bool NcclWork::end_reached() {
   c10::cuda::CUDAGuard guard(device_);
   return end_.query();
 }
 
-void NcclWork::synchronize() {
-  TORCH_CHECK(recorded_, "NcclCommunicator ", name_, " #", seq_,
-              ": synchronize() inside a group; call it after group_end()");
+void NcclWork::block_caller() {
   c10::cuda::CUDAGuard guard(device_);
-  while (true) {
-    check_state();  // the watchdog records an error (and aborts) on failure or timeout
-    if (end_.query()) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  end_.block(c10::cuda::getCurrentCUDAStream(device_));
 }
 
 // ---------------------------------------------------------------------------------- NcclCommunicator
 
 NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size, int device,
                                    double timeout_s, std::string key)
-    : rank_(rank),
+    : CommCore(where_of(rank, world_size, device), std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0))),
+      rank_(rank),
       world_size_(world_size),
       device_(checked_device(device)),
-      timeout_(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0))),
       // a high-priority pool stream, as torch's ProcessGroupNCCL may use: gradient buckets are not
       // starved by the backward's kernels
-      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)),
-      state_(std::make_shared<CommState>()) {
+      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
   TORCH_CHECK(store, "NcclCommunicator: store must not be None");
   TORCH_CHECK(world_size >= 1, "NcclCommunicator: world_size must be >= 1, got ", world_size);
   TORCH_CHECK(rank >= 0 && rank < world_size, "NcclCommunicator: rank must be in [0, ", world_size, "), got ", rank);
@@ -114,14 +96,15 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     TORCH_CHECK(r == ncclSuccess, "NcclCommunicator rank 0: ncclGetUniqueId failed: ", ncclGetErrorString(r));
     mine.assign(id.internal, sizeof(id.internal));
   }
-  std::string blob = exchange_through_store(*store, rank, key, mine, timeout_);
+  std::string blob = exchange_through_store(
+      *store, rank, key, mine, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
   TORCH_CHECK(blob.size() == sizeof(id.internal), "NcclCommunicator rank ", rank, ": key '", key, "' holds ",
               blob.size(), " bytes, not an ncclUniqueId (", sizeof(id.internal), " bytes)");
   std::memcpy(id.internal, blob.data(), sizeof(id.internal));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // every call returns at once; we poll with a deadline (no host hang)
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(mutex());
   ncclResult_t r = ncclCommInitRankConfig(&comm_, world_size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     std::string msg = where() + ": ncclCommInitRankConfig failed: " + ncclGetErrorString(r);
@@ -137,10 +120,10 @@ NcclCommunicator::~NcclCommunicator() {
   try {
     close();
   } catch (...) {
-    // close() aborted the communicator already; a destructor must not throw
+    // close() aborted the communicator already, or it refused (still part of an open group): a
+    // destructor must not throw
     stop_watchdog();
-    std::lock_guard<std::mutex> lock(mu_);
-    abort_locked("destroyed after a failure");
+    abort("destroyed after a failure");
   }
 }
 
@@ -151,69 +134,46 @@ int NcclCommunicator::nccl_version() {
   return v;
 }
 
-std::string NcclCommunicator::where() const {
-  std::ostringstream s;
-  s << "NcclCommunicator rank " << rank_ << "/" << world_size_ << " (cuda:" << static_cast<int>(device_) << ")";
-  return s.str();
-}
-
-void NcclCommunicator::check_healthy_locked() const {
-  std::string err = state_->get();
-  TORCH_CHECK(err.empty(), where(), ": ", err);
-  TORCH_CHECK(comm_ != nullptr, where(), ": communicator is closed");
-}
-
-void NcclCommunicator::abort_locked(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> g(state_->mu);
-    if (state_->error.empty()) state_->error = reason;
-  }
-  if (comm_ != nullptr) {
-    c10::cuda::CUDAGuard guard(device_);
-    ncclCommAbort(comm_);  // its own failure cannot be acted upon: the communicator is gone either way
-    comm_ = nullptr;
-  }
-}
-
-void NcclCommunicator::abort(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  abort_locked(reason.empty() ? std::string("aborted") : reason);
-}
-
-void NcclCommunicator::fail_locked(const std::string& what, ncclResult_t r) {
-  std::string msg = where() + ": " + what + " failed: " + ncclGetErrorString(r);
+Rc NcclCommunicator::rc_of(ncclResult_t r) const {
+  if (r == ncclSuccess) return Rc::ok();
+  if (r == ncclInProgress) return Rc::in_progress();
+  std::string msg = ncclGetErrorString(r);
   if (comm_ != nullptr) {
     const char* last = ncclGetLastError(comm_);
     if (last != nullptr && last[0] != '\0') msg += std::string(" (") + last + ")";
   }
-  abort_locked(msg);
-  TORCH_CHECK(false, msg);
+  return Rc::error(msg);
 }
 
-void NcclCommunicator::wait_ready_locked(const std::string& what) {
-  auto deadline = std::chrono::steady_clock::now() + timeout_;
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-    if (r != ncclSuccess) fail_locked("ncclCommGetAsyncError after " + what, r);
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) fail_locked(what, state);
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::string msg = where() + ": " + what + " did not complete within " + std::to_string(timeout_s()) +
-                        " s (timeout); communicator aborted";
-      abort_locked(msg);
-      TORCH_CHECK(false, msg);
-    }
-    std::this_thread::yield();
-  }
+Rc NcclCommunicator::backend_group_start() { return rc_of(ncclGroupStart()); }
+
+Rc NcclCommunicator::backend_group_end() {
+  c10::cuda::CUDAGuard guard(device_);
+  return rc_of(ncclGroupEnd());
 }
 
-void NcclCommunicator::check_locked(ncclResult_t r, const std::string& what) {
-  if (r == ncclInProgress) {
-    wait_ready_locked(what);
-  } else if (r != ncclSuccess) {
-    fail_locked(what, r);
-  }
+Rc NcclCommunicator::backend_async_error() {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+  return rc_of(r != ncclSuccess ? r : state);
+}
+
+void NcclCommunicator::backend_abort() {
+  c10::cuda::CUDAGuard guard(device_);
+  ncclCommAbort(comm_);  // its own failure cannot be acted upon: the communicator is gone either way
+  comm_ = nullptr;
+}
+
+Rc NcclCommunicator::backend_finalize() {
+  c10::cuda::CUDAGuard guard(device_);
+  return rc_of(ncclCommFinalize(comm_));
+}
+
+Rc NcclCommunicator::backend_destroy() {
+  c10::cuda::CUDAGuard guard(device_);
+  ncclResult_t r = ncclCommDestroy(comm_);
+  comm_ = nullptr;
+  return r == ncclSuccess ? Rc::ok() : Rc::error(ncclGetErrorString(r));
 }
 
 void NcclCommunicator::check_tensor(const at::Tensor& t, const char* op, const char* arg) const {
@@ -243,25 +203,19 @@ void NcclCommunicator::check_world_pair(const at::Tensor& big, const at::Tensor&
 
 template <class Call>
 std::shared_ptr<NcclWork> NcclCommunicator::enqueue(const char* name, std::vector<at::Tensor> tensors, Call&& call) {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_healthy_locked();
-  c10::cuda::CUDAGuard guard(device_);
-  // join: the communicator's stream waits for the caller's stream (the inputs are ready)
-  at::cuda::CUDAEvent ready;
-  ready.record(c10::cuda::getCurrentCUDAStream(device_));
-  ready.block(stream_);
-  // keep the memory: the caching allocator does not reuse it before the communicator's stream is done
-  for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
-  auto work = std::make_shared<NcclWork>(name, ++seq_, std::move(tensors), state_, device_);
-  check_locked(call(stream_.stream()), std::string(name) + " #" + std::to_string(work->seq()));
-  if (group_depth_ > 0) {
-    group_works_.push_back(work);  // launched at group_end, where its end event is recorded
-  } else {
-    work->end_.record(stream_);
-    work->recorded_ = true;
-    inflight_.push_back(work);
-  }
-  return work;
+  auto w = submit(
+      [&](uint64_t seq) { return std::make_shared<NcclWork>(name, seq, tensors, state(), device_, stream_); },
+      [&]() {
+        c10::cuda::CUDAGuard guard(device_);
+        // join: the communicator's stream waits for the caller's stream (the inputs are ready)
+        at::cuda::CUDAEvent ready;
+        ready.record(c10::cuda::getCurrentCUDAStream(device_));
+        ready.block(stream_);
+        // keep the memory: the caching allocator does not reuse it before the communicator's stream is done
+        for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+        return rc_of(call(stream_.stream()));
+      });
+  return std::static_pointer_cast<NcclWork>(w);
 }
 
 std::shared_ptr<NcclWork> NcclCommunicator::all_reduce(const at::Tensor& tensor, ReduceOp op) {
@@ -318,32 +272,6 @@ std::shared_ptr<NcclWork> NcclCommunicator::recv(const at::Tensor& tensor, int p
   });
 }
 
-void NcclCommunicator::group_start() {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_healthy_locked();
-  check_locked(ncclGroupStart(), "ncclGroupStart");
-  ++group_depth_;
-}
-
-void NcclCommunicator::group_end() {
-  std::lock_guard<std::mutex> lock(mu_);
-  TORCH_CHECK(group_depth_ > 0, where(), ": group_end() without group_start()");
-  check_healthy_locked();
-  --group_depth_;
-  c10::cuda::CUDAGuard guard(device_);
-  check_locked(ncclGroupEnd(), "ncclGroupEnd");
-  if (group_depth_ == 0) {
-    // the grouped kernels are on the stream now: their end events go after them
-    for (auto& w : group_works_) {
-      w->end_.record(stream_);
-      w->recorded_ = true;
-      w->start_ = std::chrono::steady_clock::now();
-      inflight_.push_back(w);
-    }
-    group_works_.clear();
-  }
-}
-
 void NcclCommunicator::watchdog_loop() {
   try {
     c10::cuda::CUDAGuard guard(device_);
@@ -352,39 +280,10 @@ void NcclCommunicator::watchdog_loop() {
         std::unique_lock<std::mutex> s(stop_mu_);
         if (stop_cv_.wait_for(s, kWatchdogPeriod, [this] { return stop_; })) return;
       }
-      std::vector<std::shared_ptr<NcclWork>> done;  // released outside the lock (tensor refs may take the GIL)
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (comm_ == nullptr) continue;
-        ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-        if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-          ncclResult_t bad = r != ncclSuccess ? r : state;
-          std::string msg = where() + ": asynchronous NCCL error: " + ncclGetErrorString(bad);
-          const char* last = ncclGetLastError(comm_);
-          if (last != nullptr && last[0] != '\0') msg += std::string(" (") + last + ")";
-          abort_locked(msg + "; communicator aborted");
-          continue;
-        }
-        // one stream: operations finish in order
-        while (!inflight_.empty() && inflight_.front()->end_.query()) {
-          done.push_back(std::move(inflight_.front()));
-          inflight_.pop_front();
-        }
-        if (!inflight_.empty()) {
-          const auto& w = inflight_.front();
-          auto age = std::chrono::steady_clock::now() - w->start_;
-          if (age > timeout_) {
-            abort_locked(where() + ": " + w->name() + " #" + std::to_string(w->seq()) + " did not finish within " +
-                         std::to_string(timeout_s()) + " s (timeout: a peer failed or is not calling it); "
-                         "communicator aborted");
-          }
-        }
-      }
+      watchdog_tick();  // the retired works are released here, outside the lock (tensor refs may take the GIL)
     }
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    abort_locked(where() + ": watchdog failed: " + e.what());
+    abort(where() + ": watchdog failed: " + e.what());
   }
 }
 
@@ -394,24 +293,7 @@ void NcclCommunicator::stop_watchdog() {
     stop_ = true;
   }
   stop_cv_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
-}
-
-void NcclCommunicator::close() {
-  stop_watchdog();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (comm_ == nullptr) return;  // closed or aborted before
-  c10::cuda::CUDAGuard guard(device_);
-  // Finalize flushes the operations in flight; polled with the timeout, then the communicator is freed.
-  check_locked(ncclCommFinalize(comm_), "ncclCommFinalize");
-  ncclResult_t r = ncclCommDestroy(comm_);
-  comm_ = nullptr;
-  inflight_.clear();
-  {
-    std::lock_guard<std::mutex> g(state_->mu);
-    if (state_->error.empty()) state_->error = "communicator is closed";
-  }
-  TORCH_CHECK(r == ncclSuccess, where(), ": ncclCommDestroy failed: ", ncclGetErrorString(r));
+  if (watchdog_.joinable() && watchdog_.get_id() != std::this_thread::get_id()) watchdog_.join();
 }
 
 }  // namespace stfast::comm

@@ -34,6 +34,7 @@ __all__ = [
     "Work",
     "assign_buckets",
     "make_communicator",
+    "native_group",
     "nccl_available",
 ]
 
@@ -283,23 +284,44 @@ class NcclCommunicator:
         _check_peer(peer, self.world_size)
         return self._c.recv(tensor, peer)
 
-    @contextlib.contextmanager
-    def group(self) -> Iterator[None]:
+    def group(self) -> contextlib.AbstractContextManager:
         """ncclGroupStart/End around the block: its operations launch together at the end (wait on their
-        Works after the block)."""
-        self._c.group_start()
-        try:
-            yield
-        finally:
-            self._c.group_end()
+        Works after the block). See :func:`native_group`."""
+        return native_group(self._c)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
-        """ncclCommAbort; later calls raise ``reason``."""
+        """ncclCommAbort; later calls raise ``reason``. Inside a group holding operations on this
+        communicator the error is recorded at once and the abort runs when the group ends."""
         self._c.abort(reason)
 
     def close(self) -> None:
-        """Finish the operations in flight and free the communicator (raises on error or timeout)."""
+        """Finish the operations in flight and free the communicator (raises on error or timeout, and
+        inside a group holding operations on it). Works that finished keep answering ``wait()`` /
+        ``is_completed()`` afterwards."""
         self._c.close()
+
+
+@contextlib.contextmanager
+def native_group(c) -> Iterator[None]:
+    """NCCL group around the block for a native communicator ``c`` (``stfast._C.NcclCommunicator``, or the
+    test hook ``stfast._C._FakeComm``): ``c.group_start()``, then ``c.group_end()`` however the block ends.
+
+    NCCL groups are per thread: every operation the thread issues in the block, on any communicator,
+    launches at the end. ``group_end`` always closes the thread's NCCL group before it raises; it raises
+    RuntimeError when the group's operations were cancelled (an NCCL error inside the group, or an abort
+    requested meanwhile: that communicator is then aborted). When the block itself raises, the group is
+    still ended (its queued operations launch) and the block's exception propagates, with a note when
+    ending the group failed too."""
+    c.group_start()
+    try:
+        yield
+    except BaseException as e:
+        try:
+            c.group_end()
+        except RuntimeError as end_error:
+            e.add_note(f"and ending the NCCL group raised: {end_error}")
+        raise
+    c.group_end()
 
 
 def make_communicator(kind: str, device: torch.device | str = "cpu", timeout_s: float = 300.0) -> Communicator:
