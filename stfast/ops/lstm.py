@@ -63,9 +63,9 @@ def offsets_to_lengths(offsets: Tensor) -> Tensor:
 
 def _host_lengths(lengths, B: int) -> Tensor:
     """Per-sequence lengths (a tensor or a sequence of ints) → ``(B,)`` int64 on the CPU; ValueError for a
-    non-integer dtype (a float length would be truncated silently) or a wrong count."""
+    non-integer dtype (a float length would be truncated silently; an empty [] is fine) or a wrong count."""
     lengths = torch.as_tensor(lengths)
-    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+    if lengths.numel() and (lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool):
         raise ValueError(f"stfast.lstm: lengths must be integers, got {lengths.dtype}")
     if lengths.dim() != 1 or lengths.shape[0] != B:
         raise ValueError(f"stfast.lstm: lengths must be ({B},) for {B} sequences, got shape {tuple(lengths.shape)}")
