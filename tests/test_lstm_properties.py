@@ -101,6 +101,25 @@ def _close(a, b):
         assert float((a - b).abs().max()) <= 1e-10 * max(1.0, float(b.abs().max()))
 
 
+def _outcome(valid: bool, call):
+    """``call()``'s result when the rules call the input valid (None when refused): a refusal must be a
+    ValueError/RuntimeError of an invalid input, and an invalid input must be refused."""
+    try:
+        result = call()
+    except REFUSED as e:
+        assert not valid, f"valid input refused: {e}"
+        event("refused")
+        return None
+    assert valid, "invalid input accepted"
+    event("result checked")
+    return result
+
+
+def _check_against_reference(got, x, lens, weights, L, h0, c0, layout):
+    for a, b in zip(got, _reference(x, lens, weights, L, h0, c0, layout)):
+        _close(a, b)
+
+
 # --- strategies: a valid case, then up to three mutations that usually break it ---
 
 @st.composite
@@ -173,18 +192,9 @@ def _forward_args(draw, mutate=True):
 @given(_forward_args())
 def test_forward_op_result_or_clean_error(args):
     x, lengths, weights, h0, c0, L, layout = args
-    valid = _forward_valid(*args)
-    try:
-        out, h_n, c_n, gates, cells, hiddens = torch.ops.stfast.lstm_forward(*args)
-    except REFUSED as e:
-        assert not valid, f"valid input refused: {e}"
-        event("refused")
-        return
-    assert valid, "invalid input accepted"
-    event("result checked")
-    e_out, e_h, e_c = _reference(x, lengths.tolist(), weights, L, h0, c0, layout)
-    for a, b in [(out, e_out), (h_n, e_h), (c_n, e_c)]:
-        _close(a, b)
+    result = _outcome(_forward_valid(*args), lambda: torch.ops.stfast.lstm_forward(*args))
+    if result is not None:
+        _check_against_reference(result[:3], x, lengths.tolist(), weights, L, h0, c0, layout)
 
 
 @st.composite
@@ -240,14 +250,10 @@ def test_backward_op_result_or_clean_error(case):
     args, touched = case
     go, gh, gc, x, lengths, weights, h0, c0, *_saved, L, layout, input_grad = args
     valid = _backward_valid(*args[:-1])
-    try:
-        grad_x, grad_w, grad_h0, grad_c0 = torch.ops.stfast.lstm_backward(*args)
-    except REFUSED as e:
-        assert not valid, f"valid input refused: {e}"
-        event("refused")
+    result = _outcome(valid, lambda: torch.ops.stfast.lstm_backward(*args))
+    if result is None:
         return
-    assert valid, "invalid input accepted"
-    event("result checked")
+    grad_x, grad_w, grad_h0, grad_c0 = result
     if touched:  # valid but other saved values or lengths: a result of the right shapes is all one can ask
         assert len(grad_w) == len(weights)
         return
@@ -305,16 +311,9 @@ def test_lstm_packed_offsets_result_or_clean_error(case):
     valid = (offsets.dtype in (torch.int64, torch.int32) and len(off) >= 1 and off[0] == 0 and off[-1] == x.shape[0]
              and all(d >= 1 for d in diffs)
              and _states_valid((h0, c0), L, len(diffs), weights[1].shape[1], x.dtype))
-    try:
-        got = lstm_packed(x, offsets, weights, L, h0, c0)
-    except REFUSED as e:
-        assert not valid, f"valid input refused: {e}"
-        event("refused")
-        return
-    assert valid, "invalid input accepted"
-    event("result checked")
-    for a, b in zip(got, _reference(x, diffs, weights, L, h0, c0, 0)):
-        _close(a, b)
+    got = _outcome(valid, lambda: lstm_packed(x, offsets, weights, L, h0, c0))
+    if got is not None:
+        _check_against_reference(got, x, diffs, weights, L, h0, c0, 0)
 
 
 @st.composite
@@ -349,16 +348,9 @@ def test_lstm_padded_lengths_result_or_clean_error(case):
         lens = t.tolist() if t.dim() == 1 else []
     valid = (ok and len(lens) == B and all(1 <= n <= T for n in lens)
              and _states_valid((h0, c0), L, B, weights[1].shape[1], x.dtype))
-    try:
-        got = lstm_padded(x, weights, L, lengths, h0, c0, batch_first)
-    except REFUSED as e:
-        assert not valid, f"valid input refused: {e}"
-        event("refused")
-        return
-    assert valid, "invalid input accepted"
-    event("result checked")
-    for a, b in zip(got, _reference(x, lens, weights, L, h0, c0, 1 if batch_first else 2)):
-        _close(a, b)
+    got = _outcome(valid, lambda: lstm_padded(x, weights, L, lengths, h0, c0, batch_first))
+    if got is not None:
+        _check_against_reference(got, x, lens, weights, L, h0, c0, 1 if batch_first else 2)
 
 
 @st.composite
@@ -384,16 +376,9 @@ def test_lstm_packed_sequence_result_or_clean_error(case):
              and all(a >= b for a, b in zip(bs, bs[1:])))
     lens = [sum(b > r for b in bs) for r in range(bs[0])] if valid and bs else []
     valid = valid and _states_valid((h0, c0), L, len(lens), weights[1].shape[1], data.dtype)
-    try:
-        got = lstm_packed_sequence(data, batch_sizes, weights, L, h0, c0)
-    except REFUSED as e:
-        assert not valid, f"valid input refused: {e}"
-        event("refused")
-        return
-    assert valid, "invalid input accepted"
-    event("result checked")
-    for a, b in zip(got, _reference(data, lens, weights, L, h0, c0, 3)):
-        _close(a, b)
+    got = _outcome(valid, lambda: lstm_packed_sequence(data, batch_sizes, weights, L, h0, c0))
+    if got is not None:
+        _check_against_reference(got, data, lens, weights, L, h0, c0, 3)
 
 
 @pytest.mark.parametrize("case", ["B0", "H0", "I0"])
