@@ -46,6 +46,10 @@ def _check_weights(weights, num_layers: int) -> bool:
                      f"num_layers={num_layers}, got {len(weights)}")
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def offsets_to_lengths(offsets: Tensor) -> Tensor:
     """CSR offsets ``(B + 1,)`` integer → lengths ``(B,)`` int64 on the CPU (a device copy when offsets live on
     a GPU). ValueError unless offsets are 1-D, integer and start at 0 (checked on the host copy, on every
@@ -53,7 +57,7 @@ def offsets_to_lengths(offsets: Tensor) -> Tensor:
     rejects."""
     if offsets.dim() != 1 or offsets.shape[0] < 1:
         raise ValueError(f"stfast.lstm: offsets must be (B + 1,), got shape {tuple(offsets.shape)}")
-    if offsets.dtype.is_floating_point or offsets.dtype.is_complex or offsets.dtype == torch.bool:
+    if not _is_integer(offsets.dtype):
         raise ValueError(f"stfast.lstm: offsets must be an integer tensor, got {offsets.dtype}")
     host = offsets.to(device="cpu", dtype=torch.int64)
     if not torch.compiler.is_compiling() and int(host[0]) != 0:
@@ -65,7 +69,7 @@ def _host_lengths(lengths, B: int) -> Tensor:
     """Per-sequence lengths (a tensor or a sequence of ints) → ``(B,)`` int64 on the CPU; ValueError for a
     non-integer dtype (a float length would be truncated silently; an empty [] is fine) or a wrong count."""
     lengths = torch.as_tensor(lengths)
-    if lengths.numel() and (lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool):
+    if lengths.numel() and not _is_integer(lengths.dtype):
         raise ValueError(f"stfast.lstm: lengths must be integers, got {lengths.dtype}")
     if lengths.dim() != 1 or lengths.shape[0] != B:
         raise ValueError(f"stfast.lstm: lengths must be ({B},) for {B} sequences, got shape {tuple(lengths.shape)}")
