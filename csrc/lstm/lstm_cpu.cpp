@@ -5,13 +5,14 @@
 // Each row's inner loop runs over the H contiguous elements of the four gate blocks; with -ffast-math
 // and -march=native (CMakeLists.txt) gcc vectorizes it, tanh through glibc's libmvec. Rows are split
 // over threads only when a step has enough of them to pay for the fork (at::parallel_for's grain).
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "../common/cpu_workspace.h"
 #include "lstm.h"
 #include "lstm_driver.h"
+
+#include <type_traits>
 
 namespace stfast {
 namespace lstm {
@@ -49,6 +50,11 @@ void add_rows_double_acc(float* __restrict__ out, int64_t out_stride, const floa
   }
 }
 
+// Rows per at::parallel_for task: at least one, ~kElementsPerTask elements (H = 0 is a valid, empty size).
+int64_t grain(int64_t H) { return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(H, 1)); }
+
+using std::integral_constant;
+
 struct CpuBackend {
   static constexpr int64_t kGemmRowBlock = 1024;
 
@@ -56,125 +62,108 @@ struct CpuBackend {
     return empty_cpu_workspace(sizes, opt.dtype().toScalarType());
   }
 
+  // out (=, or += with accumulate) a · b in out's dtype. float16/bfloat16 operands with a float out are
+  // widened first: their products are exact in float, so this is a GEMM with float accumulation (ATen's
+  // CPU mm has no out_dtype); the weight widening costs ~1/rows of the GEMM.
+  static void mm(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+    const auto st = out.scalar_type();
+    const at::Tensor a2 = a.scalar_type() == st ? a : a.to(st), b2 = b.scalar_type() == st ? b : b.to(st);
+    if (accumulate) out.addmm_(a2, b2);
+    else at::mm_out(out, a2, b2);
+  }
+
   // out (rows, H) += dG (rows, 4H) · W_hh (4H, H); out may be a row range of a larger tensor.
   static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh) {
-    if (out.scalar_type() == at::kFloat && out.size(0) < kSmallRows && dG.is_contiguous() && w_hh.is_contiguous() &&
-        out.stride(1) == 1) {
+    if (out.scalar_type() == at::kFloat && dG.scalar_type() == at::kFloat && w_hh.scalar_type() == at::kFloat &&
+        out.size(0) < kSmallRows && dG.is_contiguous() && w_hh.is_contiguous() && out.stride(1) == 1) {
       add_rows_double_acc(out.data_ptr<float>(), out.stride(0), dG.const_data_ptr<float>(), dG.size(1),
                           w_hh.const_data_ptr<float>(), w_hh.size(1), out.size(0));
     } else {
-      out.addmm_(dG, w_hh);
+      mm(out, dG, w_hh, /*accumulate=*/true);
+    }
+  }
+
+  // gates may alias pre (T == A: the activations overwrite the pre-activations in place), so neither is
+  // __restrict__; `omp simd` vectorizes the element loop regardless. The four variants (initial cell or
+  // not, recurrent product or not) are compiled separately so the inner loop has no branch.
+  template <typename T, typename A>
+  static void forward_step(T* gates, const A* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h,
+                           int64_t bs, int64_t H) {
+    auto run = [&](auto has_c_prev, auto has_rec) {
+      at::parallel_for(0, bs, grain(H), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          T* g = gates + r * 4 * H;
+          const A* pa = pre + r * 4 * H;
+          const A* __restrict__ ra = has_rec ? rec + r * 4 * H : nullptr;
+          const A* __restrict__ cp = has_c_prev ? c_prev + r * H : nullptr;
+          A* __restrict__ cr = c + r * H;
+          T* __restrict__ hr = h + r * H;
+          _Pragma("omp simd")
+          for (int64_t j = 0; j < H; ++j) {
+            A a[4];
+            for (int u = 0; u < 4; ++u) {
+              a[u] = pa[u * H + j];
+              if constexpr (decltype(has_rec)::value) a[u] += ra[u * H + j];
+              a[u] += bias[u * H + j];
+            }
+            A cc, hh;
+            cell_forward(a[0], a[1], a[2], a[3], decltype(has_c_prev)::value ? cp[j] : A(0), cc, hh);
+            for (int u = 0; u < 4; ++u) g[u * H + j] = static_cast<T>(a[u]);
+            cr[j] = cc;
+            hr[j] = static_cast<T>(hh);
+          }
+        }
+      });
+    };
+    using Yes = integral_constant<bool, true>;
+    using No = integral_constant<bool, false>;
+    if (c_prev != nullptr) {
+      if (rec != nullptr) run(Yes{}, Yes{});
+      else run(Yes{}, No{});
+    } else {
+      if (rec != nullptr) run(No{}, Yes{});
+      else run(No{}, No{});
     }
   }
 
   template <typename T, typename A>
-  static void forward_step(T* gates, const T* bias, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
-    at::parallel_for(0, bs, std::max<int64_t>(1, kElementsPerTask / H), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        T* __restrict__ gi = gates + r * 4 * H;
-        T* __restrict__ gf = gi + H;
-        T* __restrict__ gg = gi + 2 * H;
-        T* __restrict__ go = gi + 3 * H;
-        A* __restrict__ cr = c + r * H;
-        T* __restrict__ hr = h + r * H;
-        const T* __restrict__ bi = bias;
-        const T* __restrict__ bf = bias + H;
-        const T* __restrict__ bg = bias + 2 * H;
-        const T* __restrict__ bo = bias + 3 * H;
-        if (c_prev != nullptr) {
-          const A* __restrict__ cp = c_prev + r * H;
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < H; ++j) {
-            A i = gi[j] + bi[j], f = gf[j] + bf[j], g = gg[j] + bg[j], o = go[j] + bo[j], cc, hh;
-            cell_forward(i, f, g, o, cp[j], cc, hh);
-            gi[j] = i; gf[j] = f; gg[j] = g; go[j] = o; cr[j] = cc; hr[j] = hh;
-          }
-        } else {
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < H; ++j) {
-            A i = gi[j] + bi[j], f = gf[j] + bf[j], g = gg[j] + bg[j], o = go[j] + bo[j], cc, hh;
-            cell_forward(i, f, g, o, A(0), cc, hh);
-            gi[j] = i; gf[j] = f; gg[j] = g; go[j] = o; cr[j] = cc; hr[j] = hh;
-          }
-        }
-      }
-    });
-  }
-
-  template <typename T, typename A>
-  static void backward_step(const T* gates, const A* c, const A* c_prev, const T* dh, A* dc, T* dgates, int64_t bs,
+  static void backward_step(const T* gates, const A* c, const A* c_prev, const A* dh, A* dc, T* dgates, int64_t bs,
                             int64_t H) {
-    at::parallel_for(0, bs, std::max<int64_t>(1, kElementsPerTask / H), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* __restrict__ gi = gates + r * 4 * H;
-        const A* __restrict__ cr = c + r * H;
-        const T* __restrict__ dhr = dh + r * H;
-        A* __restrict__ dcr = dc + r * H;
-        T* __restrict__ di = dgates + r * 4 * H;
-        if (c_prev != nullptr) {
-          const A* __restrict__ cp = c_prev + r * H;
+    auto run = [&](auto has_c_prev) {
+      at::parallel_for(0, bs, grain(H), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* __restrict__ gi = gates + r * 4 * H;
+          const A* __restrict__ cr = c + r * H;
+          const A* __restrict__ cp = has_c_prev ? c_prev + r * H : nullptr;
+          const A* __restrict__ dhr = dh + r * H;
+          A* __restrict__ dcr = dc + r * H;
+          T* __restrict__ di = dgates + r * 4 * H;
           _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A dcc = dcr[j], a_i, a_f, a_g, a_o;
-            cell_backward<A>(gi[j], gi[H + j], gi[2 * H + j], gi[3 * H + j], cr[j], cp[j], dhr[j], dcc, a_i, a_f, a_g,
-                             a_o);
-            dcr[j] = dcc; di[j] = a_i; di[H + j] = a_f; di[2 * H + j] = a_g; di[3 * H + j] = a_o;
-          }
-        } else {
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < H; ++j) {
-            A dcc = dcr[j], a_i, a_f, a_g, a_o;
-            cell_backward<A>(gi[j], gi[H + j], gi[2 * H + j], gi[3 * H + j], cr[j], A(0), dhr[j], dcc, a_i, a_f, a_g,
-                             a_o);
-            dcr[j] = dcc; di[j] = a_i; di[H + j] = a_f; di[2 * H + j] = a_g; di[3 * H + j] = a_o;
+            cell_backward<A>(static_cast<A>(gi[j]), static_cast<A>(gi[H + j]), static_cast<A>(gi[2 * H + j]),
+                             static_cast<A>(gi[3 * H + j]), cr[j], decltype(has_c_prev)::value ? cp[j] : A(0),
+                             dhr[j], dcc, a_i, a_f, a_g, a_o);
+            dcr[j] = dcc;
+            di[j] = static_cast<T>(a_i);
+            di[H + j] = static_cast<T>(a_f);
+            di[2 * H + j] = static_cast<T>(a_g);
+            di[3 * H + j] = static_cast<T>(a_o);
           }
         }
-      }
-    });
+      });
+    };
+    if (c_prev != nullptr) run(integral_constant<bool, true>{});
+    else run(integral_constant<bool, false>{});
   }
 };
 
-void check_cpu_dtype(const at::Tensor& input) {
-  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble,
-              "stfast.lstm: the CPU kernels take float32 or float64, got ", input.scalar_type());
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> lstm_forward_cpu(
-    const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights, const std::optional<at::Tensor>& h0,
-    const std::optional<at::Tensor>& c0, int64_t num_layers, int64_t layout) {
-  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
-  check_cpu_dtype(input);
-  const Plan p = make_plan(d, lengths, input.device());
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "lstm_forward_cpu", [&] {
-    out = forward<scalar_t, scalar_t, CpuBackend>(d, p, input, weights, h0, c0);
-  });
-  return out;
-}
-
-std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> lstm_backward_cpu(
-    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_h_n,
-    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& lengths,
-    at::TensorList weights, const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
-    const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens, int64_t num_layers,
-    int64_t layout, bool input_grad) {
-  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
-  check_cpu_dtype(input);
-  check_saved(d, input, grad_output, grad_h_n, grad_c_n, gates, cells, hiddens);
-  const Plan p = make_plan(d, lengths, input.device());
-  std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "lstm_backward_cpu", [&] {
-    out = backward<scalar_t, scalar_t, CpuBackend>(d, p, grad_output, grad_h_n, grad_c_n, input, weights, h0, c0,
-                                                   gates, cells, hiddens, input_grad);
-  });
-  return out;
-}
-
 }  // namespace
 
+// Checks, plan and dtype dispatch: lstm_driver.h's run_forward / run_backward, the same code as CUDA's.
 TORCH_LIBRARY_IMPL(stfast, CPU, m) {
-  m.impl("lstm_forward", &lstm_forward_cpu);
-  m.impl("lstm_backward", &lstm_backward_cpu);
+  m.impl("lstm_forward", &run_forward<CpuBackend>);
+  m.impl("lstm_backward", &run_backward<CpuBackend>);
 }
 
 }  // namespace lstm

@@ -1,7 +1,15 @@
-// Host side of the fused LSTM, shared by the CPU and CUDA kernels: argument checks, the step plan
-// (sequences sorted by length so the alive ones are a prefix), and the layer / time loops, which issue
-// the GEMMs through ATen (MKL/OpenBLAS on the CPU, cuBLAS on the current stream on CUDA) and call the
-// backend's fused pointwise step (csrc/lstm/lstm_cpu.cpp, lstm_cuda.cu; per-element math in lstm.h).
+// Host side of the fused LSTM, shared by the CPU and CUDA kernels: the one validation path (run_forward /
+// run_backward check every argument, then dispatch on dtype; both backends register exactly these, so they
+// reject the same inputs with the same text), the step plan (sequences sorted by length so the alive ones
+// are a prefix), and the layer / time loops, which issue the GEMMs through the backend (MKL/OpenBLAS on the
+// CPU, cuBLAS on the current stream on CUDA) and call its fused pointwise step (csrc/lstm/lstm_cpu.cpp,
+// lstm_cuda.cu; per-element math in lstm.h).
+//
+// Precision: T is the storage dtype (the input's), A the accumulation dtype (float for float16/bfloat16,
+// else T). Every GEMM accumulates in A and every value is rounded to T at most once: the pre-activations
+// x·W_ihᵀ + h·W_hhᵀ + b are summed in A (never stored in T), the cell state and its gradient are A, and
+// the hidden-state gradient dH is A through the whole backward (only dG, a GEMM operand, is stored in T).
+// Lengths are host data (a CPU tensor, as PackedSequence.batch_sizes): no check ever reads the device.
 //
 // Work layout ("time-major packed", as PyTorch's PackedSequence): row step_off[t] + r holds the sequence
 // of rank r (r-th longest; ties by index) at step t, for r < batch_sizes[t]. The previous step of that
@@ -13,10 +21,15 @@
 #include <ATen/OpMathType.h>
 #include <c10/util/Exception.h>
 
+#include <ATen/Dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/safe_numerics.h>
+
 #include <algorithm>
 #include <numeric>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace stfast {
@@ -52,6 +65,9 @@ inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::T
   TORCH_CHECK_VALUE(layout >= kPackedCsr && layout <= kPackedTimeMajor, "stfast.lstm: layout must be 0..3, got ",
                     layout);
   TORCH_CHECK_VALUE(num_layers >= 1, "stfast.lstm: num_layers must be >= 1, got ", num_layers);
+  const auto st = input.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16,
+              "stfast.lstm: input must be float32, float64, float16 or bfloat16, got ", st);
   d.layout = layout;
   d.padded = layout == kPaddedBatchFirst || layout == kPaddedTimeFirst;
   TORCH_CHECK_VALUE(input.dim() == (d.padded ? 3 : 2), "stfast.lstm: input must be ",
@@ -70,10 +86,13 @@ inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::T
     d.Tp = batch_first ? input.size(1) : input.size(0);
     TORCH_CHECK_VALUE(B == d.B, "stfast.lstm: lengths has ", d.B, " entries but the padded input holds ", B,
                       " sequences");
+    // Why: with I = 0 a (B, T, 0) input holds no memory whatever B·T is; the row count must still fit.
+    TORCH_CHECK_VALUE(!c10::mul_overflows(d.B, d.Tp, &d.M), "stfast.lstm: padded input ", input.sizes(),
+                      " has too many rows");
   } else {
     d.Tp = 0;
+    d.M = input.size(0);
   }
-  d.M = d.padded ? d.B * d.Tp : input.size(0);
   const auto len_c = lengths.contiguous();
   const int64_t* len = len_c.const_data_ptr<int64_t>();
   d.N = 0;
@@ -84,6 +103,9 @@ inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::T
                       " > padded length ", d.Tp);
     TORCH_CHECK_VALUE(layout != kPackedTimeMajor || b == 0 || len[b] <= len[b - 1], "stfast.lstm: time-major packed "
                       "input needs non-increasing lengths (PackedSequence order), got ", len[b - 1], " then ", len[b]);
+    // Why checked per sequence: the sum must not wrap around int64 and come out equal to the row count.
+    TORCH_CHECK_VALUE(d.padded || len[b] <= d.M - d.N, "stfast.lstm: lengths sum to more than the ", d.M,
+                      " rows of the packed input (at sequence ", b, ")");
     d.N += len[b];
     d.T = std::max(d.T, len[b]);
   }
@@ -216,6 +238,12 @@ inline at::Tensor weight(at::TensorList w, const Dims& d, int64_t layer, int64_t
   return w[layer * d.per_layer() + j];
 }
 
+// out[i] = src[idx[i]] for the rows of a (R, C) tensor; out may have a wider dtype (A) than src (T).
+inline void gather_rows(at::Tensor out, const at::Tensor& src, const at::Tensor& idx) {
+  if (out.scalar_type() == src.scalar_type()) at::index_select_out(out, src, 0, idx);
+  else out.copy_(src.index_select(0, idx));
+}
+
 // Input rows in work order (N, I).
 template <class Backend>
 at::Tensor gather_input(const at::Tensor& input, const Dims& d, const Plan& p) {
@@ -224,7 +252,7 @@ at::Tensor gather_input(const at::Tensor& input, const Dims& d, const Plan& p) {
   return x;
 }
 
-// Work rows (N, C) back into the input's layout with C columns (zero where padded).
+// Work rows (N, C) back into the input's layout with C columns (zero where padded), in `rows`' dtype.
 template <class Backend>
 at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, const Dims& d, const Plan& p) {
   const int64_t C = rows.size(1);
@@ -236,16 +264,16 @@ at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, const D
   return out.view(sizes);
 }
 
-// out (R, C) = a (R, K) · b (K, C), in blocks of Backend::kGemmRowBlock rows.
-// Why blocks: on the CPU, MKL's single-thread path for tall, narrow products (R ~ 20,000, C 128) ran at
-// 60 % of the rate it reaches on blocks of 1,024 rows (measured: 42 vs 68 GFLOP/s).
+// out (R, C) = a (R, K) · b (K, C), in blocks of Backend::kGemmRowBlock rows (Backend::mm: out may be the
+// accumulation dtype A while a and b are T). Why blocks: on the CPU, MKL's single-thread path for tall,
+// narrow products (R ~ 20,000, C 128) ran at 60 % of the rate it reaches on blocks of 1,024 rows
+// (measured: 42 vs 68 GFLOP/s).
 template <class Backend>
 void mm_rows(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   const int64_t R = a.size(0);
   for (int64_t r0 = 0, n = 0; r0 < R; r0 += n) {
     n = std::min(Backend::kGemmRowBlock, R - r0);
-    at::Tensor o = out.narrow(0, r0, n);
-    at::mm_out(o, a.narrow(0, r0, n), b);
+    Backend::mm(out.narrow(0, r0, n), a.narrow(0, r0, n), b, /*accumulate=*/false);
   }
 }
 
@@ -257,17 +285,19 @@ void mm_tn(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   if (R == 0) out.zero_();
   for (int64_t r0 = 0, n = 0; r0 < R; r0 += n) {
     n = std::min(Backend::kGemmRowBlock, R - r0);
-    if (r0 == 0) at::mm_out(out, a.narrow(0, 0, n).t(), b.narrow(0, 0, n));
-    else out.addmm_(a.narrow(0, r0, n).t(), b.narrow(0, r0, n));
+    Backend::mm(out, a.narrow(0, r0, n).t(), b.narrow(0, r0, n), /*accumulate=*/r0 > 0);
   }
 }
 
-// Backend: static forward_step<T, A>(T* gates, const T* bias, const A* c_prev, A* c, T* h, bs, H) (bias: 4H,
-// added to the pre-activations) and
-// backward_step<T, A>(const T* gates, const A* c, const A* c_prev, const T* dh, A* dc, T* dgates, bs, H)
-// over bs consecutive work rows (c_prev == nullptr: zero initial cell);
-// add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh): out += dG · W_hh;
-// empty(sizes, options): an uninitialized contiguous workspace; kGemmRowBlock: see mm_rows.
+// Backend (csrc/lstm/lstm_cpu.cpp, lstm_cuda.cu):
+//   forward_step<T, A>(T* gates, const A* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h, bs, H):
+//     over bs consecutive work rows, pre-activation = pre + rec + bias (rec == nullptr: none; bias 4H), the
+//     activations written to gates (which may alias pre when T == A), c and h;
+//   backward_step<T, A>(const T* gates, const A* c, const A* c_prev, const A* dh, A* dc, T* dgates, bs, H);
+//   (c_prev == nullptr: zero initial cell);
+//   mm(out, a, b, accumulate): out (= or +=) a · b with accumulation in out's dtype (A, or T == A);
+//   add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh): out (A) += dG · W_hh;
+//   empty(sizes, options): an uninitialized contiguous workspace; kGemmRowBlock: see mm_rows.
 template <typename T, typename A, class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const Dims& d, const Plan& p, const at::Tensor& input, at::TensorList weights, const std::optional<at::Tensor>& h0,
@@ -275,6 +305,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // Why: a direct call of the op with grad mode on (or a double backward) must not record the inner ATen
   // calls; the out= variants used here refuse inputs that require grad.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  constexpr bool kMixed = !std::is_same_v<T, A>;
   const auto opt = input.options();
   const at::TensorOptions acc_opt = opt.dtype(c10::CppTypeToScalarType<A>::value);
   const int64_t H = d.H, G4 = 4 * d.H;
@@ -288,35 +319,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     cells.narrow(1, d.N, d.M - d.N).zero_();
     hiddens.narrow(1, d.N, d.M - d.N).zero_();
   }
+  // Pre-activations in A. T == A: the gates buffer itself, overwritten in place by the activations.
+  // float16/bfloat16: one (N, 4H) float buffer for x·W_ihᵀ (shared by the layers) and one (B, 4H) for a
+  // step's h·W_hhᵀ, summed with the bias in the pointwise step: one rounding, to the stored activation.
+  const at::Tensor pre_mixed = kMixed ? Backend::empty({d.N, G4}, acc_opt) : at::Tensor();
+  const at::Tensor rec = kMixed ? Backend::empty({d.B, G4}, acc_opt) : at::Tensor();
   at::Tensor x = gather_input<Backend>(input, d, p);
   for (int64_t k = 0; k < d.L; ++k) {
     at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
     at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
     at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
+    const at::Tensor P = kMixed ? pre_mixed : G;
     const auto w_ih = weight(weights, d, k, 0), w_hh_t = weight(weights, d, k, 1).t();
-    mm_rows<Backend>(G, x, w_ih.t());
-    // b_ih + b_hh, added in the pointwise step (not by the GEMM: that would copy it into all N rows first).
-    const at::Tensor bias = d.has_bias ? (weight(weights, d, k, 2) + weight(weights, d, k, 3)).contiguous()
-                                       : at::zeros({G4}, opt);
+    mm_rows<Backend>(P, x, w_ih.t());
+    // b_ih + b_hh in A, added in the pointwise step (not by the GEMM: that would copy it into all N rows first).
+    const at::Tensor bias = d.has_bias ? (weight(weights, d, k, 2).to(acc_opt.dtype()) +
+                                          weight(weights, d, k, 3).to(acc_opt.dtype())).contiguous()
+                                       : at::zeros({G4}, acc_opt);
     at::Tensor h0s, c0s;
     if (h0.has_value()) h0s = h0->select(0, k).index_select(0, p.sorted);
     if (c0.has_value()) c0s = c0->select(0, k).index_select(0, p.sorted).to(acc_opt.dtype()).contiguous();
     T* g = G.data_ptr<T>();
+    A* pre = P.data_ptr<A>();
     A* c = C.data_ptr<A>();
     T* h = Hs.data_ptr<T>();
     for (int64_t t = 0; t < d.T; ++t) {
       const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
-      auto G_t = G.narrow(0, so, bs);
-      const A* c_prev = nullptr;
-      if (t > 0) {
-        G_t.addmm_(Hs.narrow(0, p.step_off[t - 1], bs), w_hh_t);
-        c_prev = c + p.step_off[t - 1] * H;
-      } else {
-        if (h0s.defined()) G_t.addmm_(h0s, w_hh_t);
-        if (c0s.defined()) c_prev = c0s.const_data_ptr<A>();
+      const at::Tensor h_prev = t > 0 ? Hs.narrow(0, p.step_off[t - 1], bs) : h0s;  // undefined: zero h0
+      const A* c_prev = t > 0 ? c + p.step_off[t - 1] * H : (c0s.defined() ? c0s.const_data_ptr<A>() : nullptr);
+      const A* r = nullptr;
+      if (h_prev.defined()) {
+        if constexpr (kMixed) {
+          Backend::mm(rec.narrow(0, 0, bs), h_prev, w_hh_t, /*accumulate=*/false);
+          r = rec.const_data_ptr<A>();
+        } else {
+          P.narrow(0, so, bs).addmm_(h_prev, w_hh_t);
+        }
       }
-      Backend::template forward_step<T, A>(g + so * G4, bias.const_data_ptr<T>(), c_prev, c + so * H, h + so * H, bs,
-                                           H);
+      Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
+                                           c + so * H, h + so * H, bs, H);
     }
     h_n.select(0, k).copy_(Hs.index_select(0, p.end_rows));
     c_n.select(0, k).copy_(C.index_select(0, p.end_rows));
@@ -335,17 +376,19 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0, const at::Tensor& gates,
     const at::Tensor& cells, const at::Tensor& hiddens, bool input_grad) {
   const at::AutoDispatchBelowADInplaceOrView below_autograd;  // as in forward
+  constexpr bool kMixed = !std::is_same_v<T, A>;
   const auto opt = input.options();
   const auto acc_dtype = c10::CppTypeToScalarType<A>::value;
+  const auto acc_opt = opt.dtype(acc_dtype);
   const int64_t H = d.H, G4 = 4 * d.H;
   std::vector<at::Tensor> grad_w(weights.size());
   at::Tensor grad_h0 = at::empty({d.L, d.B, H}, opt);
   at::Tensor grad_c0 = at::empty({d.L, d.B, H}, opt);
-  // dh of the top layer's outputs in work order; for lower layers, the input gradient of the layer above
-  // (two buffers, swapped per layer). One pre-activation gradient buffer serves every layer.
-  at::Tensor dH = Backend::empty({d.N, H}, opt);
-  at::index_select_out(dH, grad_output.reshape({d.M, H}), 0, p.perm);
-  at::Tensor dH_below = d.L > 1 ? Backend::empty({d.N, H}, opt) : at::Tensor();
+  // dh (A) of the top layer's outputs in work order; for lower layers, the input gradient of the layer above
+  // (two buffers, swapped per layer). One pre-activation gradient buffer (T: a GEMM operand) serves every layer.
+  at::Tensor dH = Backend::empty({d.N, H}, acc_opt);
+  gather_rows(dH, grad_output.reshape({d.M, H}), p.perm);
+  at::Tensor dH_below = d.L > 1 ? Backend::empty({d.N, H}, acc_opt) : at::Tensor();
   at::Tensor dG = Backend::empty({d.N, G4}, opt);
   at::Tensor grad_x;
   for (int64_t k = d.L - 1; k >= 0; --k) {
@@ -353,15 +396,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     const at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
     const at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
     const auto w_ih = weight(weights, d, k, 0), w_hh = weight(weights, d, k, 1);
-    if (grad_h_n.has_value()) dH.index_add_(0, p.end_rows, grad_h_n->select(0, k));  // distinct rows
+    if (grad_h_n.has_value()) dH.index_add_(0, p.end_rows, grad_h_n->select(0, k).to(acc_dtype));  // distinct rows
     at::Tensor dc = grad_c_n.has_value() ? grad_c_n->select(0, k).index_select(0, p.sorted).to(acc_dtype).contiguous()
-                                         : at::zeros({d.B, H}, opt.dtype(acc_dtype));
+                                         : at::zeros({d.B, H}, acc_opt);
     at::Tensor c0s, h0s;
     if (c0.has_value()) c0s = c0->select(0, k).index_select(0, p.sorted).to(acc_dtype).contiguous();
     if (h0.has_value()) h0s = h0->select(0, k).index_select(0, p.sorted);
     const T* g = G.const_data_ptr<T>();
     const A* c = C.const_data_ptr<A>();
-    T* dh = dH.data_ptr<T>();
+    const A* dh = dH.const_data_ptr<A>();
     T* dg = dG.data_ptr<T>();
     A* dcp = dc.data_ptr<A>();
     for (int64_t t = d.T - 1; t >= 0; --t) {
@@ -371,24 +414,26 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
       if (t > 0) Backend::add_recurrent_grad(dH.narrow(0, p.step_off[t - 1], bs), dG.narrow(0, so, bs), w_hh);
     }
     if (d.B > 0) {
-      at::Tensor gh0 = at::zeros({d.B, H}, opt);
+      at::Tensor gh0 = at::zeros({d.B, H}, acc_opt);
       Backend::add_recurrent_grad(gh0, dG.narrow(0, 0, d.B), w_hh);
-      grad_h0.select(0, k).index_copy_(0, p.sorted, gh0);
+      grad_h0.select(0, k).index_copy_(0, p.sorted, gh0.to(opt.dtype()));
       grad_c0.select(0, k).index_copy_(0, p.sorted, dc.to(opt.dtype()));
     } else {
       grad_h0.select(0, k).zero_();
       grad_c0.select(0, k).zero_();
     }
+    // Weight gradients: accumulated in A over all rows, rounded to T once (.to is a no-op when T == A).
     const at::Tensor x = k == 0 ? gather_input<Backend>(input, d, p) : hiddens.select(0, k - 1).narrow(0, 0, d.N);
-    grad_w[k * d.per_layer()] = at::empty({G4, x.size(1)}, opt);
-    mm_tn<Backend>(grad_w[k * d.per_layer()], dG, x);
-    // h_{t−1} of every row past step 0, gathered into dH's buffer (this layer's dh is spent).
-    at::Tensor h_prev = dH.narrow(0, 0, d.N - d.B);
+    at::Tensor gw_ih = at::empty({G4, x.size(1)}, acc_opt);
+    mm_tn<Backend>(gw_ih, dG, x);
+    grad_w[k * d.per_layer()] = gw_ih.to(opt.dtype());
+    // h_{t−1} of every row past step 0; T == A: gathered into dH's buffer (this layer's dh is spent).
+    at::Tensor h_prev = kMixed ? Backend::empty({d.N - d.B, H}, opt) : dH.narrow(0, 0, d.N - d.B);
     at::index_select_out(h_prev, Hs, 0, p.prev_rows);
-    at::Tensor gw_hh = at::empty({G4, H}, opt);
+    at::Tensor gw_hh = at::empty({G4, H}, acc_opt);
     mm_tn<Backend>(gw_hh, dG.narrow(0, d.B, d.N - d.B), h_prev);
-    if (h0s.defined()) gw_hh.addmm_(dG.narrow(0, 0, d.B).t(), h0s);
-    grad_w[k * d.per_layer() + 1] = gw_hh;
+    if (h0s.defined()) Backend::mm(gw_hh, dG.narrow(0, 0, d.B).t(), h0s, /*accumulate=*/true);
+    grad_w[k * d.per_layer() + 1] = gw_hh.to(opt.dtype());
     if (d.has_bias) {
       auto gb = at::sum(dG, {0}, false, acc_dtype).to(opt.dtype());
       grad_w[k * 4 + 2] = gb;
@@ -398,12 +443,48 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
       mm_rows<Backend>(dH_below, dG, w_ih);
       std::swap(dH, dH_below);
     } else if (input_grad) {
-      grad_x = Backend::empty({d.N, d.I}, opt);
+      grad_x = Backend::empty({d.N, d.I}, acc_opt);
       mm_rows<Backend>(grad_x, dG, w_ih);
     }
   }
-  at::Tensor grad_input = input_grad ? scatter_rows<Backend>(grad_x, input, d, p) : at::empty({0}, opt);
+  at::Tensor grad_input =
+      input_grad ? scatter_rows<Backend>(grad_x.to(opt.dtype()), input, d, p) : at::empty({0}, opt);
   return {grad_input, grad_w, grad_h0, grad_c0};
+}
+
+// The op entry points both backends register (TORCH_LIBRARY_IMPL in lstm_cpu.cpp, lstm_cuda.cu): every check
+// first (host data only), then the device guard, the plan and the dtype dispatch.
+template <class Backend>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_forward(
+    const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights, const std::optional<at::Tensor>& h0,
+    const std::optional<at::Tensor>& c0, int64_t num_layers, int64_t layout) {
+  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
+  const c10::OptionalDeviceGuard guard(input.device());
+  const Plan p = make_plan(d, lengths, input.device());
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "stfast.lstm_forward", [&] {
+    out = forward<scalar_t, at::opmath_type<scalar_t>, Backend>(d, p, input, weights, h0, c0);
+  });
+  return out;
+}
+
+template <class Backend>
+std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> run_backward(
+    const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_h_n,
+    const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input, const at::Tensor& lengths,
+    at::TensorList weights, const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
+    const at::Tensor& gates, const at::Tensor& cells, const at::Tensor& hiddens, int64_t num_layers,
+    int64_t layout, bool input_grad) {
+  const Dims d = check_args(input, lengths, weights, h0, c0, num_layers, layout);
+  check_saved(d, input, grad_output, grad_h_n, grad_c_n, gates, cells, hiddens);
+  const c10::OptionalDeviceGuard guard(input.device());
+  const Plan p = make_plan(d, lengths, input.device());
+  std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "stfast.lstm_backward", [&] {
+    out = backward<scalar_t, at::opmath_type<scalar_t>, Backend>(d, p, grad_output, grad_h_n, grad_c_n, input,
+                                                                 weights, h0, c0, gates, cells, hiddens, input_grad);
+  });
+  return out;
 }
 
 }  // namespace lstm

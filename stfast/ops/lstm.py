@@ -46,11 +46,34 @@ def _check_weights(weights, num_layers: int) -> bool:
                      f"num_layers={num_layers}, got {len(weights)}")
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def offsets_to_lengths(offsets: Tensor) -> Tensor:
-    """CSR offsets ``(B + 1,)`` → lengths ``(B,)`` int64 on the CPU (a device copy when offsets live on a GPU)."""
+    """CSR offsets ``(B + 1,)`` integer → lengths ``(B,)`` int64 on the CPU (a device copy when offsets live on
+    a GPU). ValueError unless offsets are 1-D, integer and start at 0 (checked on the host copy, on every
+    device; under torch.compile the start is not read). Decreasing offsets give a length < 1, which the op
+    rejects."""
     if offsets.dim() != 1 or offsets.shape[0] < 1:
         raise ValueError(f"stfast.lstm: offsets must be (B + 1,), got shape {tuple(offsets.shape)}")
-    return offsets.diff().to(device="cpu", dtype=torch.int64)
+    if not _is_integer(offsets.dtype):
+        raise ValueError(f"stfast.lstm: offsets must be an integer tensor, got {offsets.dtype}")
+    host = offsets.to(device="cpu", dtype=torch.int64)
+    if not torch.compiler.is_compiling() and int(host[0]) != 0:
+        raise ValueError(f"stfast.lstm: offsets must start at 0, got {int(host[0])}")
+    return host.diff()
+
+
+def _host_lengths(lengths, B: int) -> Tensor:
+    """Per-sequence lengths (a tensor or a sequence of ints) → ``(B,)`` int64 on the CPU; ValueError for a
+    non-integer dtype (a float length would be truncated silently; an empty [] is fine) or a wrong count."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.numel() and not _is_integer(lengths.dtype):
+        raise ValueError(f"stfast.lstm: lengths must be integers, got {lengths.dtype}")
+    if lengths.dim() != 1 or lengths.shape[0] != B:
+        raise ValueError(f"stfast.lstm: lengths must be ({B},) for {B} sequences, got shape {tuple(lengths.shape)}")
+    return lengths.to(device="cpu", dtype=torch.int64)
 
 
 def lstm_reference(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layers: int,
@@ -95,7 +118,7 @@ def lstm_packed(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layer
 
     Args:
         input: ``(N, I)`` float, all B sequences back to back (sequence-major).
-        offsets: ``(B + 1,)`` int64 CSR offsets of the sequences in ``input`` (``offsets[0] = 0``); any device
+        offsets: ``(B + 1,)`` integer CSR offsets of the sequences in ``input`` (``offsets[0] = 0``); any device
             (read on the host: a copy, hence a sync, when they live on a GPU — pass CPU offsets to avoid it).
         weights: torch.nn.LSTM's parameters in its order: per layer ``weight_ih`` ``(4H, I_k)``, ``weight_hh``
             ``(4H, H)``, then (optional, all layers alike) ``bias_ih``, ``bias_hh`` ``(4H,)``.
@@ -105,13 +128,14 @@ def lstm_packed(input: Tensor, offsets: Tensor, weights: list[Tensor], num_layer
         output ``(N, H)`` (the last layer's hidden state at every position, same rows as ``input``),
         h_n and c_n ``(L, B, H)``: every layer's state at each sequence's own last step.
     Raises:
-        ValueError: a length < 1, offsets not summing to N, weights/states of the wrong count or shape.
-        RuntimeError: mixed dtypes/devices; float16/bfloat16 on the CPU; a CUDA tensor in a CPU-only build.
-    dtypes: float32/float64 (CPU and CUDA); float16/bfloat16 on CUDA (float32 accumulation and cell state).
+        ValueError: offsets not starting at 0 or not integer, a length < 1, lengths not summing to N,
+            weights/states of the wrong count or shape (the op's checks, the same on every device).
+        RuntimeError: mixed dtypes/devices; an unsupported dtype; a CUDA tensor in a CPU-only build.
+    dtypes: float32/float64/float16/bfloat16 on the CPU and CUDA; float16/bfloat16 accumulate in float32
+    (pre-activations, cell state, hidden-state gradient), each stored value rounded once.
+    Degenerate sizes are valid: B = 0 (offsets ``[0]``, N = 0), H = 0 and I = 0 give empty or zero results.
     """
     _check_weights(weights, num_layers)
-    if not torch.compiler.is_compiling() and offsets.device.type == "cpu" and offsets.numel() and int(offsets[0]):
-        raise ValueError(f"stfast.lstm: offsets must start at 0, got {int(offsets[0])}")
     out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, offsets_to_lengths(offsets), list(weights), h0, c0,
                                                       num_layers, LAYOUT_PACKED_CSR)
     return out, h_n, c_n
@@ -124,23 +148,20 @@ def lstm_padded(input: Tensor, weights: list[Tensor], num_layers: int, lengths: 
 
     Args:
         input: ``(T, B, I)``, or ``(B, T, I)`` with ``batch_first``.
-        lengths: ``(B,)`` integer lengths in 1..T (any device; read on the host), or None: every sequence
-            runs all T steps (torch.nn.LSTM on a padded tensor).
+        lengths: ``(B,)`` integer lengths in 1..T (a tensor on any device, read on the host, or a sequence of
+            ints), or None: every sequence runs all T steps (torch.nn.LSTM on a padded tensor).
         weights, num_layers, h0, c0: as :func:`lstm_packed`.
     Returns:
         output in ``input``'s layout with H columns, zero past each sequence's length (as
         ``pad_packed_sequence``); h_n, c_n ``(L, B, H)`` at each sequence's own last step.
     Raises:
-        ValueError: a length outside 1..T, or as :func:`lstm_packed`.
+        ValueError: a length outside 1..T, non-integer lengths or not B of them, or as :func:`lstm_packed`.
     """
     _check_weights(weights, num_layers)
     if input.dim() != 3:
         raise ValueError(f"stfast.lstm: padded input must be 3-D, got shape {tuple(input.shape)}")
     B, T = (input.shape[0], input.shape[1]) if batch_first else (input.shape[1], input.shape[0])
-    if lengths is None:
-        lengths = torch.full((B,), T, dtype=torch.int64)
-    else:
-        lengths = lengths.to(device="cpu", dtype=torch.int64)
+    lengths = torch.full((B,), T, dtype=torch.int64) if lengths is None else _host_lengths(lengths, B)
     layout = LAYOUT_PADDED_BATCH_FIRST if batch_first else LAYOUT_PADDED_TIME_FIRST
     out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(input, lengths, list(weights), h0, c0, num_layers, layout)
     return out, h_n, c_n
@@ -151,8 +172,21 @@ def lstm_packed_sequence(data: Tensor, batch_sizes: Tensor, weights: list[Tensor
     """Fused multi-layer LSTM over PyTorch's packed layout (``PackedSequence.data`` ``(N, I)`` and
     ``batch_sizes`` ``(T,)`` int64 on the CPU), in its sorted order: h0/c0 and the returned h_n/c_n
     ``(L, B, H)`` index sequences by rank (``sorted_indices`` maps them back). Output ``(N, H)`` in the
-    same rows as ``data``; no reordering copies beyond the op's own."""
+    same rows as ``data``; no reordering copies beyond the op's own.
+
+    Raises:
+        ValueError: batch_sizes not a 1-D int64 CPU tensor of positive, non-increasing counts (what
+            pack_padded_sequence makes), or as :func:`lstm_packed`.
+    """
     _check_weights(weights, num_layers)
+    if batch_sizes.dim() != 1 or batch_sizes.dtype != torch.int64 or batch_sizes.device.type != "cpu":
+        raise ValueError(f"stfast.lstm: batch_sizes must be a 1-D int64 CPU tensor (PackedSequence.batch_sizes), "
+                         f"got {batch_sizes.dtype} {tuple(batch_sizes.shape)} on {batch_sizes.device}")
+    if batch_sizes.numel() and not torch.compiler.is_compiling() and (
+            int(batch_sizes[-1]) < 1 or bool((batch_sizes[1:] > batch_sizes[:-1]).any())):
+        raise ValueError(f"stfast.lstm: batch_sizes must be positive and non-increasing, got {batch_sizes.tolist()}")
+    if not torch.compiler.is_compiling() and int(batch_sizes.sum()) != data.shape[0]:
+        raise ValueError(f"stfast.lstm: batch_sizes sum to {int(batch_sizes.sum())} but data has {data.shape[0]} rows")
     B = int(batch_sizes[0]) if batch_sizes.numel() else 0
     lengths = (batch_sizes[None, :] > torch.arange(B)[:, None]).sum(1)
     out, h_n, c_n, *_ = torch.ops.stfast.lstm_forward(data, lengths, list(weights), h0, c0, num_layers,
