@@ -112,7 +112,7 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
     if lengths is None:
         out = geo_conv_packed(points.reshape(B * L, Fin), padded_offsets(B, L), local_dist.reshape(B * Lo),
                               proj_weight, proj_bias, conv_weight, conv_bias)
-        return out.view(B, Lo, -1)
+        return out.view(B, Lo, out.shape[1])  # not -1: B = 0 leaves it undetermined
     if lengths.shape != (B,) or lengths.is_floating_point() or lengths.is_complex():
         raise ValueError(f"stfast.geo_conv: lengths must be (B={B},) integers, got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
@@ -129,7 +129,7 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
     out = geo_conv_packed(points.reshape(B * L, Fin).index_select(0, point_rows), offsets,
                           local_dist.reshape(B * Lo).index_select(0, out_rows), proj_weight, proj_bias, conv_weight,
                           conv_bias)
-    return out.new_zeros(B * Lo, out.shape[1]).index_copy(0, out_rows, out).view(B, Lo, -1)
+    return out.new_zeros(B * Lo, out.shape[1]).index_copy(0, out_rows, out).view(B, Lo, out.shape[1])
 
 
 def geo_conv_reference(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
