@@ -433,6 +433,18 @@ def test_padded_lengths_match_reference(lengths_on, device):
         assert rel_err(a, b) < 1e-10
 
 
+def test_padded_lengths_path_has_no_data_dependent_device_op():
+    """Row 12 on the CPU: with host lengths, geo_conv_padded runs on meta points (shapes only; any boolean-mask
+    indexing or nonzero on the points' device would need their values and fail there), so on a GPU nothing
+    in it waits for the stream."""
+    ref, fused = _modules()
+    lng, lat, state, ld = (t.detach().to("meta") for t in _padded_inputs(3, 9))
+    fused = fused.to("meta")
+    lengths = torch.tensor([9, 4, 3])
+    out = geo_conv_padded(fused._features(lng, lat, state), ld, *fused._weights(), lengths=lengths)
+    assert out.device.type == "meta" and out.shape == (3, 9 - K + 1, CFG.conv_channels + 1)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_level_reduction_many_tiles(device):
     """Row 5: a batch with hundreds of partial-sum tiles (N ~ 12,000 rows: the two-level reduction on CUDA)

@@ -49,10 +49,10 @@ def _host(t: Tensor) -> Tensor:
 
 
 def _upload(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on ``device`` without a sync: a non-blocking copy staged through pinned memory."""
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    """A host tensor on ``device`` without a sync: on CUDA a non-blocking copy staged through pinned memory."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
