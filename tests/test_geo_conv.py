@@ -413,6 +413,18 @@ def test_padded_lengths_checked_on_host(lengths_on, device):
             fused(lng, lat, state, ld, lengths=torch.tensor(bad, device=ldev))
 
 
+def test_padded_bad_lengths_rejected_by_the_op_when_traced(monkeypatch):
+    """Under torch.compile the wrapper's own length check is skipped (it would need the data at trace time);
+    the op's check of the offsets built from the lengths still rejects every bad length at run time."""
+    _ref, fused = _modules()
+    lng, lat, state, ld = _padded_inputs(3, 10)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for bad, pattern in [([10, 11, 4], r"offsets\[3\] = 25 exceeds N = 24"),
+                         ([10, 2, 4], "trip 1 has 2 points"), ([10, -1, 4], "non-decreasing")]:
+        with pytest.raises(ValueError, match=pattern):
+            fused(lng, lat, state, ld, lengths=torch.tensor(bad))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("lengths_on", ["cpu", "points"])
 def test_padded_lengths_match_reference(lengths_on, device):

@@ -50,9 +50,9 @@ def _host(t: Tensor) -> Tensor:
 
 def _upload(t: Tensor, device: torch.device) -> Tensor:
     """A host tensor on ``device`` without a sync: on CUDA a non-blocking copy staged through pinned memory."""
-    if device.type == "cuda":
+    if device.type == "cuda" and not torch.compiler.is_compiling():
         return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    return t.to(device, non_blocking=True)
 
 
 def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
@@ -117,7 +117,9 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
         raise ValueError(f"stfast.geo_conv: lengths must be (B={B},) integers, got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
     lengths = _host(lengths).long()
-    if B and (int(lengths.min()) < k or int(lengths.max()) > L):
+    # Eagerly a specific message here; traced (torch.compile), the op's own check of the offsets built below
+    # still rejects every bad length at run time (a trip < k, or offsets[B] != N when a length exceeds L).
+    if B and not torch.compiler.is_compiling() and (int(lengths.min()) < k or int(lengths.max()) > L):
         raise ValueError(f"stfast.geo_conv: every length must lie in [kernel_size={k}, L={L}], got "
                          f"min {int(lengths.min())}, max {int(lengths.max())}")
     # Row indices of the real points and windows in the flattened padded layout, computed on the host
