@@ -83,7 +83,8 @@ class Case:
         omask = (torch.arange(L - K + 1)[None, :] < (lens - K + 1)[:, None]).to(device)
         self.p_lng, self.p_lat, self.p_state = self.lng[pmask], self.lat[pmask], self.state[pmask]
         self.p_ld = self.ld[omask]
-        self.offsets = torch.tensor([0, *np.cumsum(self.lengths).tolist()], dtype=torch.int64, device=device)
+        # host offsets, as the op reads them (a GPU copy would cost a sync per call)
+        self.offsets = torch.tensor([0, *np.cumsum(self.lengths).tolist()], dtype=torch.int64)
         torch.manual_seed(0)
         self.ref = ReferenceGeoConv(CFG).to(device, dtype)
         self.fused = GeoConv(CFG).to(device, dtype)

@@ -11,7 +11,8 @@ namespace stfast {
 
 TORCH_LIBRARY(stfast, m) {
   // Fused geo-convolution over packed trips (see csrc/geo_conv/geo_conv.h for the math).
-  //   points (N, F_in), offsets (B + 1,) int64, local_dist (N - B (k - 1),)
+  //   points (N, F_in), offsets (B + 1,) int64 on the CPU (host data: checked in full before any launch,
+  //   csrc/geo_conv/geo_conv_checks.h), local_dist (N - B (k - 1),)
   //   -> out (N - B (k - 1), C + 1), hidden (N, H) = tanh(projection), saved for the backward.
   m.def(
       "geo_conv_forward(Tensor points, Tensor offsets, Tensor local_dist, Tensor proj_weight, "

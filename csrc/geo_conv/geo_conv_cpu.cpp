@@ -23,16 +23,6 @@ namespace {
 
 constexpr int64_t kTripsPerChunk = 4;
 
-// Rejects trips shorter than k points (the op's only data-dependent check; free on the host).
-void check_trip_lengths(const int64_t* off, int64_t B, int64_t k) {
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t len = off[b + 1] - off[b];
-    TORCH_CHECK_VALUE(len >= k, "stfast.geo_conv: trip ", b, " has ", len,
-                      " points; the geo-convolution needs at least kernel_size=", k,
-                      " points per trip (drop shorter trips in preprocessing)");
-  }
-}
-
 // One output row: y[c] = ELU(b2[c] + Σ_r hw[r] · wt[r][c]) over the window's k·H hidden values (wt is
 // the conv weight as [k·H][C]), then the local-distance column. `a` is C accumulators of scratch.
 template <typename T, typename A>
@@ -396,12 +386,10 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points
                                                          const at::Tensor& local_dist, const at::Tensor& proj_weight,
                                                          const at::Tensor& proj_bias, const at::Tensor& conv_weight,
                                                          const at::Tensor& conv_bias) {
+  // Every argument, offsets' values included, is checked here (geo_conv_checks.h, shared with CUDA).
   const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
-  TORCH_CHECK(points.scalar_type() == at::kFloat || points.scalar_type() == at::kDouble,
-              "stfast.geo_conv: the CPU kernel supports float32 and float64, got ", points.scalar_type());
   auto x = points.contiguous();
   auto off = offsets.contiguous();
-  check_trip_lengths(off.data_ptr<int64_t>(), d.B, d.k);
   auto ld = local_dist.contiguous(), w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous();
   auto w2 = conv_weight.contiguous(), b2 = conv_bias.contiguous();
   auto out = at::empty({d.N_out, d.C + 1}, x.options());
@@ -421,7 +409,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_
   const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
   auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
   auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
-  check_trip_lengths(off.data_ptr<int64_t>(), d.B, d.k);
   auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());
   auto gw2 = at::empty_like(w2), gb2 = at::empty({d.C}, w2.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "geo_conv_backward_cpu", [&] {

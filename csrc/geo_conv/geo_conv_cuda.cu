@@ -2,20 +2,25 @@
 // The per-element math is geo_conv.h, shared with the CPU kernel (same operations, same order);
 // this file adds only indexing and launches. All launches go to the current stream, buffers come
 // from the caching allocator, and nothing synchronizes the host. Weight gradients: per-tile
-// partial sums, then a second kernel reduces the tiles in order (deterministic, no atomics).
+// partial sums, then a two-level reduction over the tiles in a fixed order (deterministic, no atomics).
 //
-// The host does not read offsets (that would sync): trips shorter than k are rejected by the CPU
-// kernel and by the Python wrappers when the lengths are on the host; here a malformed window is
-// written as NaN instead of reading out of bounds.
+// Arguments are checked by geo_conv_checks.h before anything is launched, the same checks as the CPU
+// kernel's: offsets arrive on the host, are validated there in full and then uploaded through pinned
+// memory (an asynchronous copy on the current stream; no sync). No launch has an empty grid: every
+// size may be 0 (B, N, C, H, F), and a kernel whose grid would be empty is skipped.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "geo_conv.h"
@@ -54,7 +59,7 @@ __global__ void conv_forward_kernel(const T* __restrict__ h, const int64_t* __re
     return;
   }
   const int64_t p = j + trip_of_output(off, B, km1, j) * km1;
-  if (p < 0 || p + k > N) {
+  if (p < 0 || p + k > N) {  // a guard only: validated offsets never get here
     out[idx] = static_cast<T>(std::numeric_limits<A>::quiet_NaN());
     return;
   }
@@ -106,6 +111,65 @@ __global__ void points_backward_kernel(const A* __restrict__ gu, const T* __rest
   gx[idx] = static_cast<T>(s);
 }
 
+// Column sums of one tile with every thread busy: out[q] = sum over rows r < nrows (in row order
+// within a slice) of term(q, r), for q < P. When P < blockDim, the block's threads form S = blockDim / P
+// row slices per column (slice s sums rows s, s + S, ...), combined in slice order through shared memory
+// (DeepTTE's projection has P = 80: one slice would idle 176 of 256 threads); otherwise each thread walks
+// whole columns. The summation order depends only on P and nrows: deterministic.
+template <typename A, typename Term>
+__device__ void tile_column_sums(const Term& term, int64_t P, int64_t nrows, A* __restrict__ out) {
+  __shared__ A slice_sums[kThreads];
+  const int64_t S = P < kThreads ? kThreads / P : 1;
+  if (S == 1) {
+    for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
+      A s = A(0);
+      for (int64_t r = 0; r < nrows; ++r) s += term(q, r);
+      out[q] = s;
+    }
+    return;
+  }
+  const int64_t t = threadIdx.x, slice = t / P, q = t % P;
+  A s = A(0);
+  if (slice < S)
+    for (int64_t r = slice; r < nrows; r += S) s += term(q, r);
+  slice_sums[t] = s;
+  __syncthreads();
+  if (t < P) {
+    A total = A(0);
+    for (int64_t k = 0; k < S; ++k) total += slice_sums[k * P + t];
+    out[t] = total;
+  }
+}
+
+// Term (q, r) of the conv partials: q < C·H·k -> dW2[c, i, t] += gz[j, c] h[p(j) + t, i]; else db2[c] += gz[j, c].
+template <typename T, typename A>
+struct ConvTerm {
+  const A* __restrict__ gz;
+  const T* __restrict__ h;
+  const int64_t* first_point;  // shared memory: first point of each window of the tile
+  int64_t j0, N, H, C, k;
+  __device__ A operator()(int64_t q, int64_t r) const {
+    const int64_t CHk = C * H * k;
+    if (q >= CHk) return gz[(j0 + r) * C + (q - CHk)];
+    const int64_t c = q / (H * k), i = (q / k) % H, t = q % k;
+    const int64_t pt = first_point[r] + t;
+    return pt >= 0 && pt < N ? gz[(j0 + r) * C + c] * static_cast<A>(h[pt * H + i]) : A(0);
+  }
+};
+
+// Term (q, r) of the projection partials: q < H·F -> dW1[i, f] += gu[p, i] x[p, f]; else db1[i] += gu[p, i].
+template <typename T, typename A>
+struct ProjTerm {
+  const A* __restrict__ gu;
+  const T* __restrict__ x;
+  int64_t p0, F, H;
+  __device__ A operator()(int64_t q, int64_t r) const {
+    const int64_t p = p0 + r;
+    if (q >= H * F) return gu[p * H + (q - H * F)];
+    return gu[p * H + q / F] * static_cast<A>(x[p * F + q % F]);
+  }
+};
+
 // Per tile of kTile output rows: partial dW2 [C, H, k] and db2 [C] -> partials[tile, :].
 template <typename T, typename A>
 __global__ void conv_partials_kernel(const A* __restrict__ gz, const T* __restrict__ h,
@@ -118,20 +182,8 @@ __global__ void conv_partials_kernel(const A* __restrict__ gz, const T* __restri
     first_point[r] = j0 + r + trip_of_output(off, B, km1, j0 + r) * km1;
   __syncthreads();
   const int64_t P = C * H * k + C;
-  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
-    A s = A(0);
-    if (q < C * H * k) {
-      const int64_t c = q / (H * k), i = (q / k) % H, t = q % k;
-      for (int64_t r = 0; r < nj; ++r) {
-        const int64_t pt = first_point[r] + t;
-        if (pt >= 0 && pt < N) s += gz[(j0 + r) * C + c] * static_cast<A>(h[pt * H + i]);
-      }
-    } else {
-      const int64_t c = q - C * H * k;
-      for (int64_t r = 0; r < nj; ++r) s += gz[(j0 + r) * C + c];
-    }
-    partials[static_cast<int64_t>(blockIdx.x) * P + q] = s;
-  }
+  tile_column_sums<A>(ConvTerm<T, A>{gz, h, first_point, j0, N, H, C, k}, P, nj,
+                      partials + static_cast<int64_t>(blockIdx.x) * P);
 }
 
 // Per tile of kTile points: partial dW1 [H, F] and db1 [H] -> partials[tile, :].
@@ -141,28 +193,75 @@ __global__ void proj_partials_kernel(const A* __restrict__ gu, const T* __restri
   const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int64_t np = N - p0 < kTile ? N - p0 : static_cast<int64_t>(kTile);
   const int64_t P = H * F + H;
-  for (int64_t q = threadIdx.x; q < P; q += blockDim.x) {
-    A s = A(0);
-    if (q < H * F) {
-      const int64_t i = q / F, f = q % F;
-      for (int64_t r = 0; r < np; ++r) s += gu[(p0 + r) * H + i] * static_cast<A>(x[(p0 + r) * F + f]);
-    } else {
-      const int64_t i = q - H * F;
-      for (int64_t r = 0; r < np; ++r) s += gu[(p0 + r) * H + i];
-    }
-    partials[static_cast<int64_t>(blockIdx.x) * P + q] = s;
-  }
+  tile_column_sums<A>(ProjTerm<T, A>{gu, x, p0, F, H}, P, np, partials + static_cast<int64_t>(blockIdx.x) * P);
 }
 
-// Second pass: out[q] = sum over tiles (in tile order) of partials[tile, q]; q < n_w -> weight, else bias.
+// Reduction, level 1: block (x, g) sums, for its kThreads columns, the tiles [g·T/G, (g+1)·T/G) in order
+// -> mid[g, q].
+template <typename A>
+__global__ void reduce_groups_kernel(const A* __restrict__ partials, int64_t n_tiles, int64_t P, int64_t groups,
+                                     A* __restrict__ mid) {
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= P) return;
+  const int64_t g = blockIdx.y, t0 = g * n_tiles / groups, t1 = (g + 1) * n_tiles / groups;
+  A s = A(0);
+  for (int64_t tile = t0; tile < t1; ++tile) s += partials[tile * P + q];
+  mid[g * P + q] = s;
+}
+
+// Reduction, last level: out[q] = sum over rows (in row order) of partials[row, q]; q < n_w -> weight, else bias.
 template <typename T, typename A>
-__global__ void reduce_partials_kernel(const A* __restrict__ partials, int64_t n_tiles, int64_t n_w, int64_t P,
+__global__ void reduce_partials_kernel(const A* __restrict__ partials, int64_t n_rows, int64_t n_w, int64_t P,
                                        T* __restrict__ gw, T* __restrict__ gb) {
   const int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= P) return;
   A s = A(0);
-  for (int64_t tile = 0; tile < n_tiles; ++tile) s += partials[tile * P + q];
+  for (int64_t row = 0; row < n_rows; ++row) s += partials[row * P + q];
   if (q < n_w) gw[q] = static_cast<T>(s); else gb[q - n_w] = static_cast<T>(s);
+}
+
+// Number of level-1 groups for T tiles of P columns: enough blocks to give every SM about four
+// (kBlocksPerSm), but at most ceil(sqrt(T)) groups, so that neither level walks more than ~sqrt(T) rows
+// serially (one block walking all T tiles was latency-bound: ~1,500 dependent loads per thread at
+// N ~ 1e5 rows). 1 = a single level. A function of T, P and the device's SM count only: the same
+// summation order on every run on one GPU model.
+constexpr int64_t kBlocksPerSm = 4;
+inline int64_t reduction_groups(int64_t n_tiles, int64_t P) {
+  if (n_tiles <= 2 || P == 0) return 1;
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t col_blocks = blocks_for(P);
+  const int64_t fill = (kBlocksPerSm * sms + col_blocks - 1) / col_blocks;
+  const auto root = static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(n_tiles))));
+  return std::max<int64_t>(1, std::min<int64_t>({fill, root, 65535}));  // 65535: gridDim.y's limit
+}
+
+// gw [n_w], gb [P - n_w] = column sums of partials [n_tiles, P] (two levels when that pays).
+template <typename T, typename A>
+void reduce_partials(const at::Tensor& partials, int64_t n_tiles, int64_t n_w, int64_t P, T* gw, T* gb,
+                     cudaStream_t stream) {
+  if (P == 0) return;
+  const int64_t groups = reduction_groups(n_tiles, P);
+  at::Tensor rows = partials;
+  int64_t n_rows = n_tiles;
+  if (groups > 1) {
+    rows = at::empty({groups, P}, partials.options());
+    const dim3 grid(blocks_for(P), static_cast<unsigned int>(groups));
+    reduce_groups_kernel<A><<<grid, kThreads, 0, stream>>>(partials.const_data_ptr<A>(), n_tiles, P, groups,
+                                                            rows.data_ptr<A>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    n_rows = groups;
+  }
+  reduce_partials_kernel<T, A><<<blocks_for(P), kThreads, 0, stream>>>(rows.const_data_ptr<A>(), n_rows, n_w, P, gw,
+                                                                        gb);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// offsets (validated, on the host) -> the points' device without a sync: staged through pinned memory
+// from torch's caching host allocator, which keeps the block until the copy on the current stream is done.
+at::Tensor upload_offsets(const at::Tensor& offsets, const at::Device& device) {
+  at::Tensor host = offsets.contiguous();
+  if (!host.is_pinned()) host = host.pin_memory();
+  return host.to(host.options().device(device), /*non_blocking=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cuda(const at::Tensor& points, const at::Tensor& offsets,
@@ -171,11 +270,13 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cuda(const at::Tensor& point
                                                           const at::Tensor& conv_bias) {
   const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
   const c10::cuda::CUDAGuard guard(points.device());
-  auto x = points.contiguous(), off = offsets.contiguous(), ld = local_dist.contiguous();
+  auto x = points.contiguous(), ld = local_dist.contiguous();
   auto w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous(), w2 = conv_weight.contiguous(),
        b2 = conv_bias.contiguous();
   auto out = at::empty({d.N_out, d.C + 1}, x.options());
   auto h = at::empty({d.N, d.H}, x.options());
+  if (d.N == 0) return {out, h};
+  const at::Tensor off = upload_offsets(offsets, points.device());
   auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "geo_conv_forward_cuda", [&] {
     using A = at::opmath_type<scalar_t>;
@@ -185,13 +286,11 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cuda(const at::Tensor& point
           h.data_ptr<scalar_t>(), d.N, d.F, d.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    if (d.N_out > 0) {
-      conv_forward_kernel<scalar_t, A><<<blocks_for(d.N_out * (d.C + 1)), kThreads, 0, stream>>>(
-          h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(), ld.const_data_ptr<scalar_t>(),
-          w2.const_data_ptr<scalar_t>(), b2.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), d.B, d.N,
-          d.N_out, d.H, d.C, d.k);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    conv_forward_kernel<scalar_t, A><<<blocks_for(d.N_out * (d.C + 1)), kThreads, 0, stream>>>(
+        h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(), ld.const_data_ptr<scalar_t>(),
+        w2.const_data_ptr<scalar_t>(), b2.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), d.B, d.N, d.N_out,
+        d.H, d.C, d.k);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {out, h};
 }
@@ -201,8 +300,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_
     const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
   const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
   const c10::cuda::CUDAGuard guard(points.device());
-  auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
+  auto x = points.contiguous(), h = hidden.contiguous(), y = out.contiguous();
   auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
+  if (d.N == 0) {  // no trips: every gradient is empty or zero
+    return {at::empty_like(x), at::zeros_like(w1), at::zeros({d.H}, w1.options()), at::zeros_like(w2),
+            at::zeros({d.C}, w2.options())};
+  }
+  const at::Tensor off = upload_offsets(offsets, points.device());
   auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());
   auto gw2 = at::empty_like(w2), gb2 = at::empty({d.C}, w2.options());
   auto stream = at::cuda::getCurrentCUDAStream();
@@ -211,10 +315,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_
     const auto acc_opts = x.options().dtype(c10::CppTypeToScalarType<A>::value);
     auto gz = at::empty({d.N_out, d.C}, acc_opts);
     auto gu = at::empty({d.N, d.H}, acc_opts);
+    // N > 0, so N_out >= B >= 1 and both tile counts are >= 1
     const int64_t tiles_j = (d.N_out + kTile - 1) / kTile, tiles_p = (d.N + kTile - 1) / kTile;
     const int64_t P2 = d.C * d.H * d.k + d.C, P1 = d.H * d.F + d.H;
     auto part2 = at::empty({tiles_j, P2}, acc_opts), part1 = at::empty({tiles_p, P1}, acc_opts);
-    if (d.N_out > 0) {
+    if (d.C > 0) {
       elu_backward_kernel<scalar_t, A><<<blocks_for(d.N_out * d.C), kThreads, 0, stream>>>(
           go.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), gz.data_ptr<A>(), d.N_out, d.C);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -223,24 +328,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_
           d.B, d.N, d.N_out, d.H, d.C, d.k);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    if (d.N > 0) {
+    if (d.H > 0) {
       hidden_backward_kernel<scalar_t, A><<<blocks_for(d.N * d.H), kThreads, 0, stream>>>(
           gz.const_data_ptr<A>(), h.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(),
           w2.const_data_ptr<scalar_t>(), gu.data_ptr<A>(), d.B, d.N, d.H, d.C, d.k);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      points_backward_kernel<scalar_t, A><<<blocks_for(d.N * d.F), kThreads, 0, stream>>>(
-          gu.const_data_ptr<A>(), w1.const_data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), d.N, d.F, d.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       proj_partials_kernel<scalar_t, A><<<static_cast<unsigned int>(tiles_p), kThreads, 0, stream>>>(
           gu.const_data_ptr<A>(), x.const_data_ptr<scalar_t>(), part1.data_ptr<A>(), d.N, d.F, d.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    reduce_partials_kernel<scalar_t, A><<<blocks_for(P2), kThreads, 0, stream>>>(
-        part2.const_data_ptr<A>(), tiles_j, d.C * d.H * d.k, P2, gw2.data_ptr<scalar_t>(), gb2.data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    reduce_partials_kernel<scalar_t, A><<<blocks_for(P1), kThreads, 0, stream>>>(
-        part1.const_data_ptr<A>(), tiles_p, d.H * d.F, P1, gw1.data_ptr<scalar_t>(), gb1.data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (d.F > 0) {  // with H = 0 every term is empty: grad_points = 0
+      points_backward_kernel<scalar_t, A><<<blocks_for(d.N * d.F), kThreads, 0, stream>>>(
+          gu.const_data_ptr<A>(), w1.const_data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), d.N, d.F, d.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    reduce_partials<scalar_t, A>(part2, tiles_j, d.C * d.H * d.k, P2, gw2.data_ptr<scalar_t>(),
+                                 gb2.data_ptr<scalar_t>(), stream);
+    reduce_partials<scalar_t, A>(part1, tiles_p, d.H * d.F, P1, gw1.data_ptr<scalar_t>(), gb1.data_ptr<scalar_t>(),
+                                 stream);
   });
   return {gx, gw1, gb1, gw2, gb2};
 }

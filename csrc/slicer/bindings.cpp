@@ -61,6 +61,8 @@ Assignment assignment_of(const I32& a, size_t n) {
 
 PYBIND11_MODULE(_slicer, mod) {
   mod.doc() = "stfast slicer partitioners (see csrc/slicer/partition.h)";
+  mod.attr("MAX_WORLD_SIZE") = stfast::slicer::kMaxWorldSize;
+  mod.attr("MAX_KARMARKAR_KARP_CELLS") = stfast::slicer::kMaxKarmarkarKarpCells;
   mod.def("lpt", [](const F64& l, int64_t w, const py::tuple& m) {
     return run(l, w, m, [](auto& l, int64_t w, auto& m) { return stfast::slicer::lpt(l, w, m); });
   }, py::arg("lengths"), py::arg("world_size"), py::arg("model"));

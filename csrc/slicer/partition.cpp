@@ -78,7 +78,10 @@ void fill_empty(const std::vector<double>& lengths, Assignment& asg, int64_t W) 
 }  // namespace
 
 void check_inputs(const std::vector<double>& lengths, int64_t world_size, const CostModel& m) {
-  if (world_size < 1) throw std::invalid_argument("world_size must be >= 1, got " + std::to_string(world_size));
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    throw std::invalid_argument("world_size must be in [1, " + std::to_string(kMaxWorldSize) + "], got " +
+                                std::to_string(world_size));
+  }
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (!std::isfinite(lengths[i]) || lengths[i] < 0.0) {
       throw std::invalid_argument("lengths must be finite and >= 0; lengths[" + std::to_string(i) +
@@ -92,6 +95,14 @@ void check_inputs(const std::vector<double>& lengths, int64_t world_size, const 
       throw std::invalid_argument(std::string("cost model coefficient ") + names[k] + " must be finite and >= 0, got " +
                                   std::to_string(coef[k]));
     }
+  }
+  // Every shard's time is at most that of one shard holding every trip (all terms grow with n, Σlen, L_max).
+  double sum = 0.0, lmax = 0.0;
+  for (double l : lengths) sum += l, lmax = std::max(lmax, l);
+  const double all = m(int64_t(lengths.size()), sum, lmax);
+  if (!(all <= kMaxShardCost)) {  // also false for inf and NaN (0·inf)
+    throw std::invalid_argument("lengths and cost model predict " + std::to_string(all) +
+                                " for the whole batch in one shard; at most 1e300 (finite) is supported");
   }
 }
 
@@ -152,6 +163,11 @@ Assignment lpt(const std::vector<double>& lengths, int64_t W, const CostModel& m
 
 Assignment karmarkar_karp(const std::vector<double>& weights, int64_t W) {
   const int64_t B = int64_t(weights.size());
+  if (B * W > kMaxKarmarkarKarpCells) {
+    throw std::invalid_argument("karmarkar_karp needs O(B·W) memory: B·W = " + std::to_string(B) + "·" +
+                                std::to_string(W) + " exceeds " + std::to_string(kMaxKarmarkarKarpCells) +
+                                "; use lpt or balanced");
+  }
   Assignment asg(B, 0);
   if (B == 0) return asg;
   // Subsets are singly linked lists of trips (next[]), so merging two subsets is O(1). A tuple keeps
@@ -517,7 +533,8 @@ Assignment balanced(const std::vector<double>& lengths, int64_t W, const CostMod
   // refined LPT / contiguous starts matched it from 8 trips per shard on under every model tried (it
   // won, by ≤ 1.4 %, only at 4 per shard under Σlen alone), and its O(B·W·log W) merges were most of
   // the run time at 32,768 trips into 1,024 shards.
-  const bool use_kk = int64_t(lengths.size()) <= KK_MAX_TRIPS_PER_SHARD * W;
+  const int64_t B = int64_t(lengths.size());
+  const bool use_kk = B <= KK_MAX_TRIPS_PER_SHARD * W && B * W <= kMaxKarmarkarKarpCells;
   Assignment cands[4] = {lpt(lengths, W, m), use_kk ? karmarkar_karp(weights, W) : Assignment{},
                          contiguous(lengths, W, m), sorted_strided(lengths, W)};
   auto worst = [&](const Assignment& a) {

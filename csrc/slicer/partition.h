@@ -30,8 +30,19 @@ struct CostModel {
 
 using Assignment = std::vector<int32_t>;
 
-// Throws std::invalid_argument unless W >= 1, every length is finite and >= 0, and every
-// coefficient is finite and >= 0.
+// Largest world size: shard ids are int32 and every partitioner keeps O(W) state per call, so a W
+// beyond any cluster (2^20 ranks) is an error rather than gigabytes of allocation.
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+// Largest predicted time of a shard: with every shard's time <= this (all of it finite, far from
+// overflow), sums and differences of times never become inf or NaN inside the partitioners.
+constexpr double kMaxShardCost = 1e300;
+// Karmarkar–Karp keeps up to B/2 tuples of W subset sums (24·W bytes each): B·W is capped at 2^24
+// (<= 200 MB); balanced() skips it above the cap.
+constexpr int64_t kMaxKarmarkarKarpCells = int64_t{1} << 24;
+
+// Throws std::invalid_argument unless 1 <= W <= kMaxWorldSize, every length is finite and >= 0, every
+// coefficient is finite and >= 0, and all trips in one shard would be predicted to take at most
+// kMaxShardCost (so every shard's time is finite).
 void check_inputs(const std::vector<double>& lengths, int64_t world_size, const CostModel& model);
 
 // Predicted time of each of the W shards of `assignment` under `model`.
@@ -47,7 +58,8 @@ Assignment lpt(const std::vector<double>& lengths, int64_t world_size, const Cos
 // partitioning"): every trip starts as a W-tuple of subset sums; the two tuples with the largest
 // spread (max − min) are merged, largest subset of one with smallest of the other, until one tuple
 // remains. Additive: `weights` are per-trip costs. O(B·W) for merges with a single trip (the trip
-// joins the smallest subset), O(W log W) for the others.
+// joins the smallest subset), O(W log W) for the others. Throws std::invalid_argument when
+// B·W > kMaxKarmarkarKarpCells (its memory is O(B·W)).
 Assignment karmarkar_karp(const std::vector<double>& weights, int64_t world_size);
 
 // Sorted-strided: trips sorted by length (ties: index) and dealt round-robin, trip k to shard k mod W.
@@ -70,7 +82,7 @@ Assignment refine(const std::vector<double>& lengths, Assignment assignment, int
                   const CostModel& model, int64_t max_iters);
 
 // The balanced slicer: LPT under the full model, Karmarkar–Karp on the per-trip weights
-// b + c·l + d·l (when B <= 8·W), the contiguous split and sorted-strided; each whose predicted maximum is within 5 % of the best of
+// b + c·l + d·l (when B <= 8·W and B·W <= kMaxKarmarkarKarpCells), the contiguous split and sorted-strided; each whose predicted maximum is within 5 % of the best of
 // them is refined by local search, and the refined one with the smallest maximum wins (ties: that
 // order).
 Assignment balanced(const std::vector<double>& lengths, int64_t world_size, const CostModel& model,

@@ -36,15 +36,16 @@ class GeoConv(nn.Module):
         """lng_n, lat_n: [B, L] normalized coordinates; state: [B, L] 0/1; local_dist_n: [B, L'].
         Returns [B, L', C + 1]. Without ``lengths``: identical to the reference (rows past a trip's own
         L_i − k + 1 are computed from padding and must be masked by the caller). With ``lengths`` [B]
-        (points per trip): only real rows are computed, the others are zero.
-        Raises ValueError when L < k or a length is < k."""
+        (points per trip; read on the host: pass the CPU copy, a GPU tensor costs a sync): only real
+        rows are computed, the others are zero. Raises ValueError when L < k or a length is < k or > L."""
         x = self._features(lng_n, lat_n, state)
         return geo_conv_padded(x, local_dist_n.to(x.dtype), *self._weights(), lengths=lengths)
 
     def forward_packed(self, lng_n: Tensor, lat_n: Tensor, state: Tensor, local_dist_n: Tensor,
                        offsets: Tensor) -> Tensor:
-        """Packed trips: lng_n, lat_n, state: [N]; offsets: [B + 1] int64 (same device); local_dist_n:
-        [N − B (k − 1)]. Returns [N − B (k − 1), C + 1]; trip b's rows start at
-        ``stfast.ops.output_offsets(offsets, k)[b]``. Raises ValueError for a trip shorter than k."""
+        """Packed trips: lng_n, lat_n, state: [N]; offsets: [B + 1] int64, read on the host (pass the CPU
+        copy; a GPU tensor costs a sync); local_dist_n: [N − B (k − 1)]. Returns [N − B (k − 1), C + 1];
+        trip b's rows start at ``stfast.ops.output_offsets(offsets, k)[b]``. Raises ValueError for
+        offsets that do not cut the N points into trips of ≥ k points."""
         x = self._features(lng_n, lat_n, state)
         return geo_conv_packed(x, offsets, local_dist_n.to(x.dtype), *self._weights())

@@ -38,8 +38,21 @@ def output_offsets(offsets: Tensor, kernel_size: int) -> Tensor:
 
 
 def padded_offsets(batch: int, length: int, device=None) -> Tensor:
-    """Offsets ``(B + 1,)`` int64 of B trips of ``length`` points each (the padded layout, flattened)."""
+    """Offsets ``(B + 1,)`` int64 of B trips of ``length`` points each (the padded layout, flattened);
+    on the CPU unless ``device`` is given (the ops read offsets on the host)."""
     return torch.arange(batch + 1, device=device, dtype=torch.int64) * length
+
+
+def _host(t: Tensor) -> Tensor:
+    """``t`` on the CPU (one device-to-host copy, a stream sync, when it lives on a GPU)."""
+    return t.to(device="cpu")
+
+
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device`` without a sync: on CUDA a non-blocking copy staged through pinned memory."""
+    if device.type == "cuda" and not torch.compiler.is_compiling():
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device, non_blocking=True)
 
 
 def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
@@ -48,20 +61,25 @@ def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_we
 
     Args:
         points: ``(N, F_in)`` float point features (all B trips back to back).
-        offsets: ``(B + 1,)`` int64 CSR offsets of the trips in ``points`` (same device).
+        offsets: ``(B + 1,)`` int64 CSR offsets of the trips in ``points``: ``offsets[0] = 0``,
+            ``offsets[B] = N``, every trip ≥ k points. Host data: pass the CPU copy (the op checks it
+            there before launching anything, for every device); a GPU tensor is copied to the host
+            first, which syncs its stream.
         local_dist: ``(N − B·(k − 1),)`` normalized distance of each output window.
         proj_weight ``(H, F_in)``, proj_bias ``(H,)``, conv_weight ``(C, H, k)``, conv_bias ``(C,)``:
-            same dtype and device as ``points``.
+            same dtype and device as ``points``. Any size may be 0 (B = N = 0, C, H or F_in = 0).
     Returns:
         ``(N − B·(k − 1), C + 1)``: ELU(conv) channels, then ``local_dist``; trip b's rows start at
         ``output_offsets(offsets, k)[b]``.
     Raises:
-        ValueError: a trip has fewer than k points (checked on the host; a CUDA op does not sync to check,
-            so validate offsets before moving them to the GPU).
+        ValueError: offsets that do not cut ``points`` into trips of ≥ k points (offsets[0] ≠ 0, a
+            decreasing entry, a trip shorter than k, offsets[B] ≠ N). The same check and message on
+            every device (csrc/geo_conv/geo_conv_checks.h).
         RuntimeError: bad shapes / dtypes / devices; a CUDA tensor with a CPU-only build
             ("stfast was built without CUDA support").
     dtypes: float32/float64 (CPU and CUDA); float16/bfloat16 on CUDA (float32 accumulation).
     """
+    offsets = _host(offsets)
     out, _ = torch.ops.stfast.geo_conv_forward(points, offsets, local_dist, proj_weight, proj_bias, conv_weight,
                                                conv_bias)
     return out
@@ -73,47 +91,69 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
 
     Args:
         points: ``(B, L, F_in)``; local_dist: ``(B, L − k + 1)``; weights as :func:`geo_conv_packed`.
-        lengths: ``(B,)`` int trip lengths (points), or None: every trip uses all L points, which
-            reproduces the reference module exactly, padding included.
+        lengths: ``(B,)`` integer trip lengths (points) in [k, L], or None: every trip uses all L
+            points, which reproduces the reference module exactly, padding included. Host data: pass
+            the CPU copy (checked there; no sync at all); a GPU tensor is copied to the host once,
+            which syncs its stream.
     Returns:
         ``(B, L − k + 1, C + 1)``. With ``lengths``, only each trip's ``lengths[b] − k + 1`` rows are
         computed (work scales with real points) and the rows past them are zero.
     Raises:
-        ValueError: L < k, or a length < k or > L.
+        ValueError: L < k, lengths not (B,) integers, or a length < k or > L (checked on the host copy,
+            whatever device ``lengths`` is on).
     """
+    if points.dim() != 3:
+        raise ValueError(f"stfast.geo_conv: padded points must be (B, L, F_in), got {tuple(points.shape)}")
     B, L, Fin = points.shape
-    k = conv_weight.shape[2]
+    k = conv_weight.shape[2] if conv_weight.dim() == 3 else 1
     if L < k:
         raise ValueError(f"stfast.geo_conv: padded length {L} < kernel_size={k}")
     Lo = L - k + 1
     if lengths is None:
-        out = geo_conv_packed(points.reshape(B * L, Fin), padded_offsets(B, L, points.device),
-                              local_dist.reshape(B * Lo), proj_weight, proj_bias, conv_weight, conv_bias)
-        return out.view(B, Lo, -1)
-    lengths = lengths.to(device=points.device, dtype=torch.int64)
-    host_check = lengths.device.type == "cpu" and not torch.compiler.is_compiling()
-    if host_check and (bool((lengths < k).any()) or bool((lengths > L).any())):
+        out = geo_conv_packed(points.reshape(B * L, Fin), padded_offsets(B, L), local_dist.reshape(B * Lo),
+                              proj_weight, proj_bias, conv_weight, conv_bias)
+        return out.view(B, Lo, out.shape[1])  # not -1: B = 0 leaves it undetermined
+    if lengths.shape != (B,) or lengths.is_floating_point() or lengths.is_complex():
+        raise ValueError(f"stfast.geo_conv: lengths must be (B={B},) integers, got {lengths.dtype} "
+                         f"{tuple(lengths.shape)}")
+    lengths = _host(lengths).long()
+    # Eagerly a specific message here; traced (torch.compile), the op's own check of the offsets built below
+    # still rejects every bad length at run time (a trip < k, or offsets[B] != N when a length exceeds L).
+    if B and not torch.compiler.is_compiling() and (int(lengths.min()) < k or int(lengths.max()) > L):
         raise ValueError(f"stfast.geo_conv: every length must lie in [kernel_size={k}, L={L}], got "
                          f"min {int(lengths.min())}, max {int(lengths.max())}")
-    pmask = torch.arange(L, device=points.device)[None, :] < lengths[:, None]
-    omask = torch.arange(Lo, device=points.device)[None, :] < (lengths - (k - 1))[:, None]
+    # Row indices of the real points and windows in the flattened padded layout, computed on the host
+    # and uploaded without a sync (boolean-mask indexing on the GPU would sync twice to size its output).
+    point_rows = (torch.arange(L)[None, :] < lengths[:, None]).flatten().nonzero().squeeze(1)
+    out_rows = (torch.arange(Lo)[None, :] < (lengths - (k - 1))[:, None]).flatten().nonzero().squeeze(1)
     offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-    out = geo_conv_packed(points[pmask], offsets, local_dist[omask], proj_weight, proj_bias, conv_weight, conv_bias)
-    return out.new_zeros(B, Lo, out.shape[1]).masked_scatter(omask[..., None], out)
+    point_rows, out_rows = _upload(point_rows, points.device), _upload(out_rows, points.device)
+    out = geo_conv_packed(points.reshape(B * L, Fin).index_select(0, point_rows), offsets,
+                          local_dist.reshape(B * Lo).index_select(0, out_rows), proj_weight, proj_bias, conv_weight,
+                          conv_bias)
+    return out.new_zeros(B * Lo, out.shape[1]).index_copy(0, out_rows, out).view(B, Lo, out.shape[1])
 
 
 def geo_conv_reference(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_weight: Tensor, proj_bias: Tensor,
                        conv_weight: Tensor, conv_bias: Tensor) -> Tensor:
     """Plain-PyTorch reference of :func:`geo_conv_packed` (same arguments and result): pads the trips and
-    applies the math of :class:`stfast.models.deeptte.GeoConv` (Linear → tanh → Conv1d → ELU)."""
+    applies the math of :class:`stfast.models.deeptte.GeoConv` (Linear → tanh → Conv1d → ELU). Degenerate
+    sizes that Conv1d rejects or mis-shapes follow the same math: no trips → no rows; C = 0 or H = 0 → the
+    convolution is its bias (a sum over no channels). Checks only what it needs (a trip shorter than k:
+    ValueError); validation proper is the op's."""
     lengths = offsets.diff().tolist()
     k = conv_weight.shape[2]
     if min(lengths, default=k) < k:
         raise ValueError(f"stfast.geo_conv: a trip has {min(lengths)} points, fewer than kernel_size={k}")
-    x = torch.nn.utils.rnn.pad_sequence(list(torch.split(points, lengths)), batch_first=True)
-    h = torch.tanh(F.linear(x, proj_weight, proj_bias))
-    z = F.elu(F.conv1d(h.transpose(1, 2), conv_weight, conv_bias)).transpose(1, 2)
-    rows = torch.cat([z[b, : n - k + 1] for b, n in enumerate(lengths)]) if lengths else z.new_zeros(0, z.shape[-1])
+    C, H = conv_weight.shape[:2]
+    n_out = sum(n - k + 1 for n in lengths)
+    if not lengths or C == 0 or H == 0:
+        rows = F.elu(conv_bias.expand(n_out, C))
+    else:
+        x = torch.nn.utils.rnn.pad_sequence(list(torch.split(points, lengths)), batch_first=True)
+        h = torch.tanh(F.linear(x, proj_weight, proj_bias))
+        z = F.elu(F.conv1d(h.transpose(1, 2), conv_weight, conv_bias)).transpose(1, 2)
+        rows = torch.cat([z[b, : n - k + 1] for b, n in enumerate(lengths)])
     return torch.cat([rows, local_dist.unsqueeze(-1)], dim=-1)
 
 

@@ -276,7 +276,8 @@ def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
     lengths [n] to seconds; with a callable, ``balanced`` runs LPT and Karmarkar–Karp on the per-trip
     costs cost([l]) and keeps whichever (or sorted-strided) has the smallest max cost(shard).
     Every shard is non-empty when B ≥ world_size. Deterministic.
-    Raises ValueError for an unknown method, world_size < 1, or negative / non-finite lengths.
+    Raises ValueError for an unknown method, world_size < 1 (or > 2^20 for the native methods), negative /
+    non-finite lengths, or a batch whose predicted time in one shard exceeds 1e300.
     """
     lengths = np.ascontiguousarray(lengths, dtype=np.float64)
     if lengths.ndim != 1:
@@ -309,8 +310,8 @@ def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
     weights = np.array([float(model(lengths[i:i + 1])) for i in range(B)], dtype=np.float64)
     if method == "contiguous":
         raise ValueError("method 'contiguous' needs a LinearCostModel (its split uses the model's structure)")
-    cands = [_slicer.lpt(weights, W, (0.0, 0.0, 1.0, 0.0, 0.0)), _slicer.karmarkar_karp(weights, W),
-             partition(lengths, W, "sorted")]
+    kk = [_slicer.karmarkar_karp(weights, W)] if B * W <= _slicer.MAX_KARMARKAR_KARP_CELLS else []  # O(B·W) memory
+    cands = [_slicer.lpt(weights, W, (0.0, 0.0, 1.0, 0.0, 0.0)), *kk, partition(lengths, W, "sorted")]
     worst = [max(float(model(lengths[c == s])) for s in range(W)) for c in cands]
     return cands[int(np.argmin(worst))]
 
