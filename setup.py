@@ -92,6 +92,8 @@ class CMakeBuild(build_ext):
             f"-DSTFAST_TORCH_VERSION={torch.__version__}",
             f"-DSTFAST_CUDA={'ON' if cuda else 'OFF'}",
             "-DCMAKE_BUILD_TYPE=Release",
+            f"-DSTFAST_TORCH_DIR={torch_dir}",
+            f"-DSTFAST_TORCH_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
             f"-DSTFAST_CPU_NATIVE={'OFF' if os.environ.get('STFAST_CPU_NATIVE') == '0' else 'ON'}",
         ]
         env = dict(os.environ)
