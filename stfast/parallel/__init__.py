@@ -11,7 +11,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                "predicted_times", "profile_shards", "random_global_batches", "shard_features",
                "step_time_lower_bound"),
     "comm": ("REDUCE_OPS", "Bucket", "Communicator", "GradientSync", "NcclCommunicator", "TorchCommunicator", "Work",
-             "assign_buckets", "make_communicator", "nccl_available"),
+             "assign_buckets", "make_communicator", "native_group", "nccl_available"),
     "data_parallel": ("DistInfo", "all_gather_floats", "all_reduce_gradients", "all_reduce_sum", "broadcast_floats",
                       "equal_shard", "init_from_env", "launched_by_torchrun", "shutdown"),
     "components": ("Component", "ComponentExecutor", "ComponentGraph", "ComponentPlan", "ParallelLayout",
