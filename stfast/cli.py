@@ -16,9 +16,10 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_chec
     """The data flags. ``from_checkpoint`` (evaluate, predict): the preprocessing flags default to the
     checkpoint's settings, and an explicit value that differs from them is refused."""
     ck = " (default: the checkpoint's; a different value is refused)" if from_checkpoint else ""
+    default = ("the data the checkpoint was trained on" if from_checkpoint else
+               None if required else "the synthetic city")
     p.add_argument("--data", required=required,
-                   help="file or folder of trajectories (default: " + ("the data the checkpoint was trained on)"
-                                                                        if from_checkpoint else "the synthetic city)"))
+                   help="file or folder of trajectories" + (f" (default: {default})" if default else ""))
     p.add_argument("--format", default=None if from_checkpoint else "auto", choices=FORMATS,
                    help="input format (auto: recognized by content)" + (
                        "; default: auto with --data, else the checkpoint's" if from_checkpoint else ""))
@@ -36,8 +37,19 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_chec
                         "UTC offset its timestamps carry, else UTC" + ck)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, except where there is none to show (None, a switch) or its
+    help text already says what the default is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, "", argparse.SUPPRESS) or "default" in text or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
     ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
                                  formatter_class=fmt)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -45,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)", formatter_class=fmt)
     _add_data_args(t)
     t.add_argument("--n-synthetic", type=int, default=20000, help="trips of the synthetic city")
-    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--epochs", type=int, default=10, help="passes over the training split")
     t.add_argument("--batch-size", type=int, default=64, help="global batch: trips per optimizer step")
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate per optimizer step")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="Adam weight decay (L2)")
     t.add_argument("--lr-schedule", default="constant", choices=("constant", "cosine"),
                    help="cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch (Loshchilov & Hutter 2017)")
     t.add_argument("--ema-decay", type=float, default=None,
@@ -61,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--head", default="paper", choices=("paper", "prior"),
                    help="paper: DeepTTE's normalized-time head; prior: correction to distance / mean speed")
     t.add_argument("--loss", default="mape", choices=("mape", "log", "mae"), help="loss of the entire estimate")
-    t.add_argument("--dropout", type=float, default=0.0)
+    t.add_argument("--dropout", type=float, default=0.0, help="dropout probability in the estimators")
     t.add_argument("--driver-dim", type=int, default=16, help="driver embedding size (0: no driver id)")
     t.add_argument("--time-bin-min", type=int, default=1, help="departure-time embedding bin in minutes")
     t.add_argument("--kernels", default="fused", choices=("fused", "reference"),
@@ -74,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how a global batch is cut into per-rank shards: balanced (cost model; default with "
                         "--nproc > 1), equal (equal counts, random), sorted (sorted by length, dealt round-robin)")
     t.add_argument("--threads", type=int, default=None, help="torch threads per process")
-    t.add_argument("--device", default="cpu", help="cpu or cuda")
-    t.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    t.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="parameter and batch dtype")
     t.add_argument("--seed", type=int, default=0, help="seed of the model's initialisation and batch order")
     t.add_argument("--data-seed", type=int, default=None,
                    help="seed of the synthetic city and of the random split (default: --seed)")
@@ -156,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="data_command", required=True)
     c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines", formatter_class=fmt)
     _add_data_args(c, required=True)
-    c.add_argument("--out", required=True)
+    c.add_argument("--out", required=True, help="DeepTTE JSON-lines file to write")
     return ap
 
 
@@ -258,8 +270,8 @@ def cmd_predict(a) -> int:
                  f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"] for i in range(len(tr))))
     dropped = dropped_path(out)
     _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
-    print(f"wrote {len(tr)} predictions to {out}; {len(tr.dropped_trips)} input trips dropped in preprocessing, "
-          f"with their reason, to {dropped}")
+    print(f"wrote {len(tr)} predictions to {out}; {len(tr.dropped_trips)} trips (input trajectories or segments "
+          f"of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
 
 

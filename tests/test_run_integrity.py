@@ -172,6 +172,7 @@ def test_ctrl_c_under_nproc_2_stops_cleanly_and_exits_0(jsonl, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # one Ctrl-C delivered twice (as `timeout` does): still one clean stop
     stdout, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, stdout[-3000:]
     assert "continue with --resume" in stdout and "distributed run failed" not in stdout, stdout[-3000:]
@@ -185,6 +186,8 @@ def test_ctrl_c_under_nproc_2_stops_cleanly_and_exits_0(jsonl, tmp_path):
     (["--gap-min", "-1"], "--gap-min must be > 0 minutes, got -1"),
     (["--min-spacing-km", "-0.5"], "--min-spacing-km must be ≥ 0"),
     (["--tz", "Mars/Olympus"], "--tz: unknown time zone 'Mars/Olympus'"),
+    (["--time-bin-min", "0"], "--time-bin-min must be in 1..1440 minutes, got 0"),
+    (["--weight-decay", "-1"], "--weight-decay must be ≥ 0, got -1"),
 ])
 def test_bad_flags_give_one_line_naming_the_flag(jsonl, tmp_path, capsys, flags, words):
     err = _one_line_error(capsys, main(["train", "--data", jsonl, *flags, "--out", str(tmp_path / "r")]))
@@ -211,6 +214,22 @@ def test_evaluate_and_predict_errors(jsonl, tmp_path, capsys):
     err = _one_line_error(capsys, main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data", jsonl,
                                         "--device", "tpu"]))
     assert "--device must be" in err
+    err = _one_line_error(capsys, main(["evaluate", "--checkpoint", str(out)]))
+    assert f"{out} is a folder: give the checkpoint file, e.g. {out / 'checkpoint.pt'}" in err
+
+
+def test_the_runs_data_is_found_from_any_folder(jsonl, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    local = tmp_path / "trips.jsonl"
+    shutil.copy(jsonl, local)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "trips.jsonl", *FAST, "--out", "run"]) == 0  # a relative --data
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    monkeypatch.chdir("/")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "run" / "checkpoint.pt"), "--split", "test"]) == 0
+    assert f"MAPE {100 * summary['test_mape']:.2f} %" in capsys.readouterr().out
 
 
 def test_preprocessing_that_drops_every_trip_is_an_error(city, tmp_path, capsys):

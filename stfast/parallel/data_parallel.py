@@ -8,8 +8,10 @@ batch's mean loss, whatever the shard sizes (an empty shard contributes zeros).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -161,8 +163,8 @@ def launch(nproc: int, argv: list[str]) -> int:
     SIGINT (Ctrl-C): torchrun's agent starts each rank in a session of its own, so the signal reaches
     this launcher only. It is passed on to the ranks once, and each stops cleanly after its current
     step (writing last.pt); the launcher waits for them and reports their exit status (torchrun's agent
-    would report the signal as a failure, exit 1). A second SIGINT is passed on too: the ranks then stop
-    at once."""
+    would report the signal as a failure, exit 1). A second SIGINT, a second or more later, is passed on
+    too: the ranks then stop at once (one arriving within 1 s is taken for the same Ctrl-C delivered twice)."""
     import signal
 
     from torch.distributed.run import get_args_parser, run
@@ -179,7 +181,15 @@ def launch(nproc: int, argv: list[str]) -> int:
     # workers would import its uncompiled stfast/ instead of the installed package (Python ≥ 3.11)
     os.environ.setdefault("PYTHONSAFEPATH", "1")
 
+    last = [-math.inf]
+
     def forward(signum, frame):
+        # one Ctrl-C can arrive twice within microseconds (e.g. `timeout` signals its child and then its
+        # process group): passed on twice it would stop the ranks at once, so a repeat within 1 s is dropped
+        now = time.monotonic()
+        if now - last[0] < 1.0:
+            return
+        last[0] = now
         for pid in _child_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)

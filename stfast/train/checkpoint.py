@@ -71,6 +71,8 @@ def load(path: str | os.PathLike, map_location="cpu") -> dict:
     load unchecked). Raises FileNotFoundError naming the path, or ValueError if the file is truncated,
     corrupt (hash mismatch) or not a checkpoint."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder: give the checkpoint file, e.g. {path / 'checkpoint.pt'}")
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:

@@ -140,6 +140,10 @@ class TrainConfig:
             raise ValueError(f"--loss must be mape, log or mae, got {self.loss}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"--weight-decay must be ≥ 0, got {self.weight_decay}")
+        if not 1 <= self.time_bin_min <= 1440:
+            raise ValueError(f"--time-bin-min must be in 1..1440 minutes, got {self.time_bin_min}")
         if self.driver_dim < 0:
             raise ValueError(f"--driver-dim must be ≥ 0, got {self.driver_dim}")
         if self.ensemble < 1:

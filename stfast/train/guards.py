@@ -81,10 +81,10 @@ def check_resume_data(state: dict, fingerprint: str, n_trips: int, cfg, path) ->
     saved = state.get("data_fingerprint")
     if saved is not None and saved != fingerprint:
         was = state.get("train_config", {}).get("data") or "the synthetic city"
-        now = cfg.data or "the synthetic city"
+        now = f"--data {cfg.data}" if cfg.data else "without --data, the synthetic city"
         raise ValueError(f"--resume: {path} was trained on other data ({was}, {state.get('n_trips', '?')} trips, "
-                         f"fingerprint {saved[:12]}); --data {now} gives {n_trips} trips, fingerprint "
-                         f"{fingerprint[:12]}: train into a new --out")
+                         f"fingerprint {saved[:12]}); {now} gives {n_trips} trips, fingerprint "
+                         f"{fingerprint[:12]}: give the run's --data, or train into a new --out")
 
 
 #: what a training run writes into its folder (``check_out_dir`` clears these with ``--overwrite``)
@@ -146,8 +146,9 @@ class StopSignals:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self):
+    def __init__(self, announce: bool = True):
         self.received: str | None = None
+        self.announce = announce  # False: record the signal silently (a run that has already finished)
         self._old: dict = {}
 
     def _handle(self, signum, frame):
@@ -157,8 +158,9 @@ class StopSignals:
             signal.raise_signal(signum)
             return
         self.received = name
-        print(f"stfast: {name} received: finishing the current step, then writing last.pt "
-              f"(send it again to stop at once)", flush=True)
+        if self.announce:
+            print(f"stfast: {name} received: finishing the current step, then writing last.pt "
+                  f"(send it again to stop at once)", flush=True)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -450,7 +450,8 @@ class Trainer:
             "epoch_batch": self.epoch_batch,
             "step": self.step,
             "best_val_mape": self.best,
-            "train_config": self.cfg.to_dict(),
+            # --data absolute, so that `evaluate --split test` finds the run's data from any folder
+            "train_config": dict(self.cfg.to_dict(), data=self.cfg.data and os.path.abspath(self.cfg.data)),
             # the data: a --resume or `evaluate --split` on other trips is refused (guards.check_resume_data)
             "data_fingerprint": self.data_fingerprint,
             "n_trips": self.n_trips,
@@ -786,4 +787,5 @@ def train(cfg: TrainConfig) -> dict:
         finished = True
         return result
     finally:
-        dp.shutdown(wait_for_peers=finished)
+        with guards.StopSignals(announce=False):  # the run is over: a late Ctrl-C does not fail it
+            dp.shutdown(wait_for_peers=finished)
