@@ -42,12 +42,14 @@ def test_bench_modes_runs_and_writes_json_md_png(tmp_path, capsys):
     assert rc == 0
     res = json.loads((out / "modes.json").read_text())
     runs = {n: m["runs"] for n, m in res["modes"].items()}
-    assert set(runs) == {"single process, fused kernels", "data parallel + accumulation k=2"}
+    assert set(runs) == {"single process, fused kernels", "single process, fused kernels, one thread (unequal hardware)",
+                         "data parallel + accumulation k=2"}
     for r in runs.values():
         assert r[0]["samples_per_s"] > 0 and 0 < r[0]["test_mape"] < 5 and r[0]["steps"] > 0
     assert runs["data parallel + accumulation k=2"][0]["comm_share"] is not None
     md = (out / "modes.md").read_text()
     assert "| single process, fused kernels | 1 × 2 |" in md  # equal hardware: 2 ranks × 1 thread
+    assert "| single process, fused kernels, one thread (unequal hardware) | 1 × 1 (unequal: 1 of 2 cores) |" in md
     assert md == table(res["modes"], res["target_mape"], res["cores"]) + "\n"
     assert (out / "modes.png").read_bytes()[:4] == b"\x89PNG"
 
