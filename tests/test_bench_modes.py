@@ -1,9 +1,10 @@
 """`stfast bench modes` on a tiny synthetic city: runs the chosen modes, writes the three files."""
 import json
+from pathlib import Path
 
 import pytest
 
-from stfast.bench.modes import default_modes, default_target, table, time_to_target
+from stfast.bench.modes import DEFAULT_MODE, default_modes, default_target, table, time_to_target
 from stfast.cli import main
 
 
@@ -29,7 +30,7 @@ def test_default_target_falls_back_when_the_baseline_finished_no_epoch(capsys):
 def test_every_default_mode_has_distinct_name_and_flags():
     modes = default_modes()
     assert len({m.name for m in modes}) == len(modes)
-    assert len({tuple(m.flags) for m in modes}) == len(modes)
+    assert len({(tuple(m.flags), m.nproc, m.threads) for m in modes}) == len(modes)
     assert len({m.slug for m in modes}) == len(modes)  # one run folder each
 
 
@@ -41,12 +42,15 @@ def test_bench_modes_runs_and_writes_json_md_png(tmp_path, capsys):
     assert rc == 0
     res = json.loads((out / "modes.json").read_text())
     runs = {n: m["runs"] for n, m in res["modes"].items()}
-    assert set(runs) == {"single process, fused kernels", "data parallel + accumulation k=2"}
+    assert set(runs) == {"single process, fused kernels", "single process, fused kernels, one thread (unequal hardware)",
+                         "data parallel + accumulation k=2"}
     for r in runs.values():
         assert r[0]["samples_per_s"] > 0 and 0 < r[0]["test_mape"] < 5 and r[0]["steps"] > 0
     assert runs["data parallel + accumulation k=2"][0]["comm_share"] is not None
     md = (out / "modes.md").read_text()
-    assert "| single process, fused kernels |" in md and md == table(res["modes"], res["target_mape"]) + "\n"
+    assert "| single process, fused kernels | 1 × 2 |" in md  # equal hardware: 2 ranks × 1 thread
+    assert "| single process, fused kernels, one thread (unequal hardware) | 1 × 1 (unequal: 1 of 2 cores) |" in md
+    assert md == table(res["modes"], res["target_mape"], res["cores"]) + "\n"
     assert (out / "modes.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -98,3 +102,69 @@ def test_reuse_measures_a_finished_run_without_running_it(tmp_path, monkeypatch)
         modes._run(modes.default_modes()[0], 0, SimpleNamespace(**{**vars(a), "reuse": False, "data": None,
                                                                     "n_synthetic": 10, "threads": None,
                                                                     "batch_size": 8}), run)
+
+
+def _fake_bench(tmp_path, monkeypatch, args, ttt=lambda slug: 5.0):
+    """Run `stfast bench modes ARGS` with every `stfast train` replaced: returns ({mode slug: the train
+    command's (--nproc, --threads)}, modes.json, modes.md). ttt: a mode's time to target (s) by its slug."""
+    from types import SimpleNamespace
+
+    from stfast.bench import modes
+
+    cmds = {}
+
+    def fake_run(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--out") + 1])
+        cmds[out.parent.name] = (int(cmd[cmd.index("--nproc") + 1]), int(cmd[cmd.index("--threads") + 1]))
+        return SimpleNamespace(returncode=0)
+
+    def fake_measure(out):
+        t = ttt(out.parent.name)
+        return {"curve": [(t, 0.2)], "samples_per_s": 100.0, "test_mape": 0.2, "test_mae": 50.0, "test_rmse": 70.0,
+                "best_val_mape": 0.2, "steps": 5, "imbalance": None, "comm_share": None}
+
+    monkeypatch.setattr(modes.subprocess, "run", fake_run)
+    monkeypatch.setattr(modes, "_measure", fake_measure)
+    assert main(["bench", "modes", *args, "--target-mape", "30", "--out", str(tmp_path)]) == 0
+    return cmds, json.loads((tmp_path / "modes.json").read_text()), (tmp_path / "modes.md").read_text()
+
+
+@pytest.mark.parametrize("args, cpus, cores", [(["--nproc", "2", "--threads", "1"], 2, 2),
+                                               (["--nproc", "2"], 4, 4),  # default: the machine's cores / nproc
+                                               (["--nproc", "4", "--threads", "2"], 2, 8)])
+def test_every_mode_gets_the_same_cores_but_the_labelled_one(tmp_path, monkeypatch, args, cpus, cores):
+    """Equal hardware: a single-process mode gets as many threads as the multi-process modes use cores in
+    all (--nproc × --threads); the one row that does not is labelled so in its name and its cell."""
+    from stfast.bench import modes
+
+    monkeypatch.setattr(modes.os, "cpu_count", lambda: cpus)
+    cmds, res, md = _fake_bench(tmp_path, monkeypatch, args)
+    by_slug = {m.slug: m for m in default_modes()}
+    assert set(cmds) == set(by_slug) and res["cores"] == cores
+    for slug, (procs, threads) in cmds.items():
+        mode = by_slug[slug]
+        assert res["modes"][mode.name]["nproc"] == procs and res["modes"][mode.name]["threads"] == threads
+        if "unequal" in mode.name:
+            assert (procs, threads) == (1, 1)
+            assert f"| {mode.name} | 1 × 1 (unequal: 1 of {cores} cores) |" in md
+        else:
+            assert procs * threads == cores and procs == (mode.nproc or int(args[1])), mode.name
+            assert f"| {mode.name} | {procs} × {threads} |" in md
+    assert sum("unequal" in m.name for m in default_modes()) == 1
+
+
+def test_the_table_names_the_fastest_mode_on_equal_hardware_and_the_defaults_ratio(tmp_path, monkeypatch):
+    times = {"single-process-fused-kernels-one-thread-unequal-hardware": 1.0,  # fastest, but on fewer cores
+             "data-parallel-accumulation-k-2": 2.0, default_modes()[-1].slug: 3.0}
+    _, res, md = _fake_bench(tmp_path, monkeypatch, ["--nproc", "2", "--threads", "1", "--seeds", "3"],
+                             lambda slug: times.get(slug, 5.0))
+    assert ("Fastest to target on equal hardware (median over seeds, a seed not reaching it counted as never): "
+            f"data parallel + accumulation k=2, 2.0 s. {DEFAULT_MODE}: 3.0 s, 1.50× the fastest.") in md
+    runs = res["modes"][DEFAULT_MODE]["runs"]
+    runs[0]["curve"] = runs[1]["curve"] = [(1.0, 0.5)]  # two seeds of three never reach 30 %
+    assert f"{DEFAULT_MODE}: not reached in half or more of the seeds." in table(res["modes"], 0.3, res["cores"])
+
+
+def test_bench_modes_rejects_zero_threads(tmp_path, capsys):
+    assert main(["bench", "modes", "--threads", "0", "--out", str(tmp_path)]) == 2
+    assert "--threads" in capsys.readouterr().err

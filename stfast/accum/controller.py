@@ -138,9 +138,16 @@ class AccumulationController:
                            imbalance=imbalance)
 
     # ------------------------------------------------------------ state
+    WINDOW_FIELDS = ("w_steps", "w_trips", "w_wall", "w_comm", "w_compute", "w_loss_start")
+
     def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue the same decisions: k, the scheduler's state, the
+        noise statistics, and the open window's counters (a checkpoint is usually written mid-window:
+        --checkpoint-every, an epoch end), so the window the run was killed in closes after the same
+        number of steps, with its steps before the kill counted."""
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
+                "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed(),
+                "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
@@ -149,3 +156,5 @@ class AccumulationController:
             self.scheduler.load_state_dict(s["scheduler"])
         self.noise.load_state_dict(s["noise"])
         self.reset_window()
+        for f, v in s.get("window", {}).items():  # absent in checkpoints before issue 22: a fresh window
+            setattr(self, f, v)

@@ -2,7 +2,11 @@
 
 The experiment of Lv et al. (WASA 2021) on the user's data and hardware: every mode is one
 `stfast train` run per seed (a subprocess, so each gets a clean process group), stopped by
-``--time-budget``. Per mode the table gives the median (min–max over seeds) of: training throughput
+``--time-budget``. Every mode gets the same hardware: the bench's cores are --nproc × --threads (threads
+per process of the multi-process modes; default: the machine's cores over --nproc), and a single-process
+mode runs with all of them as torch threads (see :func:`hardware`). The one row that does not — the fused
+kernels on one thread — says so in its name and in the table's "processes × threads" column, which every
+row has. Per mode the table gives the median (min–max over seeds) of: training throughput
 (trips/s), time to the target validation MAPE (s; validation runs at epoch ends), test MAPE / MAE / RMSE
 of the best checkpoint, the measured imbalance across ranks (max/mean compute time, slicer rows) and the
 communication share of a step (accumulation window rows). The target MAPE, unless given, is the median
@@ -16,6 +20,7 @@ mode; validation MAPE against wall time).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -34,6 +39,7 @@ class Mode:
     nproc: int = 0
     group: str = ""  # rows of one group (fixed k) are also summarised by the best in hindsight
     requires: list[str] = field(default_factory=list)  # train options the mode needs
+    threads: int = 0  # torch threads per process; 0: equal hardware (the bench's cores over the processes)
 
     @property
     def slug(self) -> str:
@@ -41,11 +47,18 @@ class Mode:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
 
+DEFAULT_MODE = "stfast default (fused + balanced slicer + RL)"
+
+
 def default_modes(fixed_k=(2, 4)) -> list[Mode]:
     acc1 = ["--accumulation", "1"]
     modes = [
         Mode("single process, reference kernels", ["--kernels", "reference", *acc1], nproc=1),
         Mode("single process, fused kernels", ["--kernels", "fused", *acc1], nproc=1),
+        # what this table compared before issue 22 (one thread against --nproc ranks × 1 thread): kept to show
+        # what the extra threads give one process, and labelled, since it has fewer cores than every other row
+        Mode("single process, fused kernels, one thread (unequal hardware)", ["--kernels", "fused", *acc1],
+             nproc=1, threads=1),
         Mode("data parallel, equal shards", ["--slicer", "equal", *acc1], requires=["--slicer"]),
         Mode("data parallel, balanced slicer", ["--slicer", "balanced", *acc1], requires=["--slicer"]),
         Mode("component parallel", ["--parallel", "cp", *acc1], requires=["--parallel"]),
@@ -58,8 +71,8 @@ def default_modes(fixed_k=(2, 4)) -> list[Mode]:
     modes += [
         Mode("data parallel + goodput accumulation", ["--accumulation", "goodput"]),
         Mode("data parallel + RL accumulation", ["--accumulation", "rl"]),
-        Mode("stfast default (fused + balanced slicer + RL)", ["--kernels", "fused", "--slicer", "balanced",
-                                                               "--accumulation", "rl"], requires=["--slicer"]),
+        Mode(DEFAULT_MODE, ["--kernels", "fused", "--slicer", "balanced", "--accumulation", "rl"],
+             requires=["--slicer"]),
     ]
     return modes
 
@@ -71,16 +84,28 @@ def _train_options() -> set[str]:
     return set(sub.choices["train"]._option_string_actions)
 
 
+def bench_cores(a) -> int:
+    """The cores every mode gets: --nproc × --threads (threads per process of the multi-process modes;
+    default: the machine's cores over --nproc, as `stfast train` gives each rank, at least 1)."""
+    return a.nproc * (a.threads or max(1, (os.cpu_count() or 1) // a.nproc))
+
+
+def hardware(mode: Mode, a) -> tuple[int, int]:
+    """(processes, torch threads per process) of ``mode`` under the bench's options ``a``: equal hardware,
+    processes × threads = bench_cores(a) (a single process gets every core as a thread), unless the mode
+    fixes its threads (then its row is labelled unequal)."""
+    procs = mode.nproc or a.nproc
+    return procs, mode.threads or max(1, bench_cores(a) // procs)
+
+
 def _run(mode: Mode, seed: int, a, out: Path) -> dict:
     if getattr(a, "reuse", False) and (out / "summary.json").is_file():
         return _measure(out)  # finished before (same folder): measured again, not rerun
-    nproc = mode.nproc or a.nproc
+    nproc, threads = hardware(mode, a)
     cmd = [sys.executable, "-m", "stfast.cli", "train", "--seed", str(seed), "--data-seed", "0", "--epochs", "100000",
-           "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--out", str(out), "--no-progress",
-           "--batch-size", str(a.batch_size), *mode.flags]
+           "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--threads", str(threads), "--out", str(out),
+           "--no-progress", "--batch-size", str(a.batch_size), *mode.flags]
     cmd += ["--data", a.data, "--format", a.format] if a.data else ["--n-synthetic", str(a.n_synthetic)]
-    if a.threads:
-        cmd += ["--threads", str(a.threads)]
     log = out.parent / f"{out.name}.log"
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the installed stfast, not a source tree in the cwd
@@ -132,21 +157,46 @@ def time_to_target(curve, target: float | None) -> float | None:
     return next((t for t, m in curve if m <= target), None)
 
 
-def table(results: dict, target: float) -> str:
+def median_time_to_target(runs: list[dict], target: float | None) -> float:
+    """Median over seeds of the time to target (s), a seed that never reached it counting as infinite (so
+    the median is inf when half or more did not)."""
+    return statistics.median(math.inf if (t := time_to_target(r["curve"], target)) is None else t for r in runs)
+
+
+def _equal_hardware(res: dict, cores: int | None) -> bool:
+    """Whether a mode's processes × threads are the bench's cores (True when either is not recorded)."""
+    procs, threads = res.get("nproc"), res.get("threads")
+    return cores is None or procs is None or threads is None or procs * threads == cores
+
+
+def _hardware_cell(res: dict, cores: int | None) -> str:
+    procs, threads = res.get("nproc"), res.get("threads")
+    if procs is None or threads is None:
+        return "–"
+    cell = f"{procs} × {threads}"
+    return cell if _equal_hardware(res, cores) else f"{cell} (unequal: {procs * threads} of {cores} cores)"
+
+
+def table(results: dict, target: float, cores: int | None = None) -> str:
+    """The markdown table of ``results`` (run_modes' per-mode dicts) against ``target`` (fraction). cores:
+    the bench's cores (bench_cores); a row with another processes × threads is labelled unequal and left out
+    of the closing comparison of the fastest mode to target with the stfast default."""
     head = "No target validation MAPE (no mode finished an epoch)." if target is None else \
         f"Target validation MAPE: {100 * target:.2f} %."
-    lines = [f"{head} Medians over seeds (min–max).", "",
-             "| mode | trips/s | time to target (s) | test MAPE | test MAE (s) | test RMSE (s) | imbalance | comm. share |",
-             "|---|---|---|---|---|---|---|---|"]
+    hw = "" if cores is None else f" Equal hardware: {cores} cores per mode (processes × torch threads)."
+    lines = [f"{head} Medians over seeds (min–max).{hw}", "",
+             "| mode | processes × threads | trips/s | time to target (s) | test MAPE | test MAE (s) | test RMSE (s) "
+             "| imbalance | comm. share |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, res in results.items():
         if "skipped" in res:
-            lines.append(f"| {name} | {res['skipped']} | | | | | | |")
+            lines.append(f"| {name} | {res['skipped']} | | | | | | | |")
             continue
         runs = res["runs"]
         ttt = [time_to_target(r["curve"], target) for r in runs]
         reached = [t for t in ttt if t is not None]
         tt = _med(reached) + ("" if len(reached) == len(runs) else f" [{len(runs) - len(reached)} not reached]")
-        lines.append(f"| {name} | {_med([r['samples_per_s'] for r in runs])} | {tt} | "
+        lines.append(f"| {name} | {_hardware_cell(res, cores)} | {_med([r['samples_per_s'] for r in runs])} | {tt} | "
                      f"{_med([r['test_mape'] for r in runs], 100, '{:.2f}')} % | {_med([r['test_mae'] for r in runs])} | "
                      f"{_med([r['test_rmse'] for r in runs])} | {_med([r['imbalance'] for r in runs], fmt='{:.3f}')} | "
                      f"{_med([r['comm_share'] for r in runs], 100)} % |")
@@ -154,6 +204,17 @@ def table(results: dict, target: float) -> str:
     if fixed:
         best = min(fixed, key=lambda n: statistics.median(r["test_mape"] for r in fixed[n]["runs"]))
         lines += ["", f"Best fixed k in hindsight (lowest median test MAPE): {best}."]
+    equal = {n: median_time_to_target(r["runs"], target) for n, r in results.items()
+             if "runs" in r and _equal_hardware(r, cores)}
+    if target is not None and equal and min(equal.values()) < math.inf:
+        fastest = min(equal, key=equal.get)
+        line = (f"Fastest to target on equal hardware (median over seeds, a seed not reaching it counted as never): "
+                f"{fastest}, {equal[fastest]:.1f} s.")
+        if DEFAULT_MODE in equal:
+            d = equal[DEFAULT_MODE]
+            line += (f" {DEFAULT_MODE}: {d:.1f} s, {d / equal[fastest]:.2f}× the fastest." if d < math.inf
+                     else f" {DEFAULT_MODE}: not reached in half or more of the seeds.")
+        lines += ["", line]
     return "\n".join(lines)
 
 
@@ -206,6 +267,8 @@ def default_target(results: dict, baseline: str) -> float | None:
 
 def run_modes(a) -> dict:
     """Run every available mode for every seed; write modes.json/.md/.png into ``a.out``."""
+    if a.threads is not None and a.threads < 1:
+        raise ValueError(f"--threads must be ≥ 1, got {a.threads}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     options = _train_options()
@@ -228,11 +291,14 @@ def run_modes(a) -> dict:
             print(f"stfast bench: {e}", file=sys.stderr, flush=True)
             results[mode.name] = {"skipped": f"FAILED (see {out / mode.slug})"}
             continue
-        results[mode.name] = {"flags": mode.flags, "nproc": mode.nproc or a.nproc, "group": mode.group, "runs": runs}
+        procs, threads = hardware(mode, a)
+        results[mode.name] = {"flags": mode.flags, "nproc": procs, "threads": threads, "group": mode.group,
+                              "runs": runs}
     target = a.target_mape / 100 if a.target_mape else default_target(results, baseline)
-    md = table(results, target)
+    cores = bench_cores(a)
+    md = table(results, target, cores)
     (out / "modes.json").write_text(json.dumps({"target_mape": target, "budget_s": a.budget_s, "nproc": a.nproc,
-                                                "seeds": a.seeds_list, "modes": results}, indent=1))
+                                                "cores": cores, "seeds": a.seeds_list, "modes": results}, indent=1))
     (out / "modes.md").write_text(md + "\n")
     plot(results, target, out / "modes.png")
     print(md)
