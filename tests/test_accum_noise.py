@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from stfast.accum.noise import (
+    ADAM_WARMUP_STEPS,
     GradientNoiseScale,
     UnitGradients,
     UnitNorms,
+    adam_preconditioner,
     noise_estimates,
+    noise_kind,
     squared_norm,
 )
 from stfast.train.guards import BadStepGuard
@@ -187,6 +190,125 @@ def test_unit_norms_are_the_changes_of_the_accumulating_gradient():
             for inc, n in zip(steps, sizes)]
     ref = UnitNorms()
     for w, n in zip(want, sizes):
-        ref.add(w, n)
+        ref.add(w, n)  # no preconditioner: Σ|P g_u|² stays 0
     np.testing.assert_allclose(ug.units.as_array(), ref.as_array(), rtol=1e-6)
     assert ug.units.as_array()[0] > 0
+
+
+def _adam_after(steps: int, amsgrad: bool = False, cls=torch.optim.Adam, seed: int = 4):
+    """An embedding of 6 rows (rows 4, 5 never looked up: v = 0 there), a linear layer and a parameter
+    outside the loss (no gradient, no Adam state), after ``steps`` Adam steps on random inputs."""
+    torch.manual_seed(seed)
+    emb, lin, unused = torch.nn.Embedding(6, 3), torch.nn.Linear(3, 2), torch.nn.Parameter(torch.randn(4))
+    params = [emb.weight, lin.weight, lin.bias, unused]
+    opt = cls(params, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, amsgrad=amsgrad)
+    for _ in range(steps):
+        opt.zero_grad()
+        lin(emb(torch.randint(0, 4, (9,)))).square().sum().backward()
+        opt.step()
+    return opt, params
+
+
+@pytest.mark.parametrize("cls,amsgrad", [(torch.optim.Adam, False), (torch.optim.Adam, True), (torch.optim.AdamW, False)])
+def test_adam_preconditioner_is_one_over_sqrt_vhat_plus_eps_masked_where_v_is_zero(cls, amsgrad):
+    steps = ADAM_WARMUP_STEPS + 2
+    opt, params = _adam_after(steps, amsgrad, cls)
+    assert adam_preconditioner(_adam_after(ADAM_WARMUP_STEPS - 1, amsgrad, cls)[0], params) is None  # warming up
+    pre = adam_preconditioner(opt, params)
+    assert pre[3] is None  # never had a gradient: left out
+    for p, w in zip(params[:3], pre[:3]):
+        st = opt.state[p]
+        v = (st["max_exp_avg_sq"] if amsgrad else st["exp_avg_sq"]).double() / (1 - 0.95 ** steps)
+        want = torch.where(v > 0, 1 / (v.sqrt() + 1e-6), 0.0)
+        torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=0)
+    assert (pre[0][4:] == 0).all() and (pre[0][:4] > 0).all()  # unseen embedding rows masked, seen ones not
+    # the optimizer state is read, not changed
+    before = {id(p): opt.state[p]["exp_avg_sq"].clone() for p in params[:3]}
+    adam_preconditioner(opt, params)
+    assert all(torch.equal(before[id(p)], opt.state[p]["exp_avg_sq"]) for p in params[:3])
+
+
+def test_weighted_squared_norm_leaves_out_unweighted_tensors():
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g), None, torch.randn(2, generator=g)]
+    ws = [torch.rand(3, 4, generator=g), None, torch.rand(7, generator=g), torch.rand(2, generator=g)]
+    want = float((ts[0].double() * ws[0]).square().sum() + (ts[3].double() * ws[3]).square().sum())
+    assert squared_norm(ts, ws) == pytest.approx(want, rel=1e-6)
+    assert squared_norm(ts, [None] * 4) == 0.0
+    with pytest.raises(ValueError):
+        squared_norm(ts, ws[:2])  # one weight per tensor
+
+
+def _gaussian_step(rng, G, s, n):
+    """Mean of n per-trip gradients G + ε, ε ~ N(0, diag(s²)) [d]."""
+    return torch.as_tensor((G + rng.normal(size=(n, len(G))) * s).mean(0))
+
+
+def test_preconditioned_units_give_tr_p_sigma_p_over_p_g_squared():
+    """Per-trip gradients G + ε (Σ = diag(s²)) accumulated over k micro-steps and a fixed P: B_adam →
+    Σ p²s² / Σ p²G², which differs from B_simple = Σ s² / Σ G² by a factor > 3 here."""
+    rng = np.random.default_rng(2)
+    d, k, b = 12, 4, 6
+    G = rng.normal(size=d)
+    s = np.where(np.arange(d) < 6, 0.3, 3.0)
+    pw = np.where(np.arange(d) < 6, 2.0, 0.2)  # Adam damps the noisy elements
+    truth = float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())
+    plain = float((s ** 2).sum() / (G ** 2).sum())
+    assert plain > 3 * truth
+    w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+    P = [torch.as_tensor(pw)]
+    ug, gns, gns_plain = UnitGradients([w]), GradientNoiseScale(decay=0.998), GradientNoiseScale(decay=0.998)
+    for _ in range(3000):
+        w.grad = None
+        ug.begin(P)
+        for j in range(k):
+            g = _gaussian_step(rng, G, s, b) * (b / (k * b))  # this unit's share of the step's mean gradient
+            w.grad = g.clone() if w.grad is None else w.grad + g
+            ug.after_micro_step(b, k * b, last=j == k - 1)
+        u = ug.units.as_array()
+        gns.update(u[[3, 1, 2]], squared_norm([w.grad], P), k * b)
+        gns_plain.update(u[:3], squared_norm([w.grad]), k * b)
+    assert gns.value == pytest.approx(truth, rel=0.1)
+    assert gns_plain.value == pytest.approx(plain, rel=0.1)
+
+
+def test_one_process_pairs_consecutive_steps_with_unequal_sizes():
+    """The differenced estimator: each step's gradient with the previous step's (sizes 8 and 3 alternate, as
+    an epoch's short last batch would) converges to the truth, plain and preconditioned; a forgotten
+    previous step starts a new pair."""
+    rng = np.random.default_rng(3)
+    d = 10
+    G, s = rng.normal(size=d), rng.uniform(0.5, 2.0, size=d)
+    pw = rng.uniform(0.2, 2.0, size=d)
+    truth = float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())
+    w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+    P = [torch.as_tensor(pw)]
+    ug, gns, gns_plain = UnitGradients([w]), GradientNoiseScale(decay=0.998), GradientNoiseScale(decay=0.998)
+    assert ug.pair_with_previous(8) is None  # no gradient yet: nothing to pair, and nothing kept
+    for i in range(4000):
+        n = 8 if i % 2 else 3
+        ug.begin(P)
+        w.grad = _gaussian_step(rng, G, s, n)
+        out = ug.pair_with_previous(n)
+        if i == 0:
+            assert out is None  # the first of a pair
+            continue
+        units, big, big_pre, total = out
+        assert total == 11 and units[2] == 2 and units[1] == pytest.approx(1 / 8 + 1 / 3)
+        gns.update(units[[3, 1, 2]], big_pre, total)
+        gns_plain.update(units[:3], big, total)
+    assert gns.value == pytest.approx(truth, rel=0.1)
+    assert gns_plain.value == pytest.approx(float((s ** 2).sum() / (G ** 2).sum()), rel=0.1)
+    ug.forget_previous()
+    assert ug.pair_with_previous(8) is None
+
+
+def test_noise_kind_defaults_to_adam_under_adam_and_refuses_adam_without_it():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert noise_kind(None, torch.optim.Adam(p)) == "adam" == noise_kind(None, torch.optim.AdamW(p))
+    assert noise_kind(None, torch.optim.SGD(p, lr=0.1)) == "plain" == noise_kind(None, None)
+    assert noise_kind("plain", torch.optim.Adam(p)) == "plain"
+    with pytest.raises(ValueError, match="--noise-scale adam needs an Adam"):
+        noise_kind("adam", torch.optim.SGD(p, lr=0.1))
+    with pytest.raises(ValueError, match="--noise-scale must be adam or plain"):
+        noise_kind("fisher", torch.optim.Adam(p))

@@ -182,7 +182,7 @@ def test_time_budget_stops_within_a_window(trips_file, tmp_path):
 def test_bad_accumulation_arguments(trips_file, tmp_path):
     for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
                     ({"lr_scaling": "cubic"}, "lr rule"), ({"accum_window": 0}, "--accum-window"),
-                    ({"time_budget_s": 0.0}, "--time-budget")):
+                    ({"time_budget_s": 0.0}, "--time-budget"), ({"noise_scale": "fisher"}, "--noise-scale")):
         with pytest.raises(ValueError, match=msg):
             cfg(trips_file, tmp_path, **kw).validate()
 
@@ -193,7 +193,7 @@ def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end(
     the forward + backward compute. restart_step_clock() leaves out an epoch's validation."""
     w = torch.nn.Parameter(torch.ones(3))
     ctl = AccumulationController(FixedScheduler(1), [w], DistInfo(), micro_batch=4, window=3)
-    reduced = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    reduced = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     w.grad = torch.ones(3)
     ctl.begin_step()
     ctl.end_step(reduced, 4, step_s=0.01, sync_s=0.002, compute_s=0.006)  # first step: its own time
@@ -207,3 +207,47 @@ def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end(
     assert 0.01 + 0.05 <= st.wall_s < 0.01 + 0.05 + 0.01 + 0.1
     assert st.overhead_s == pytest.approx(st.wall_s - 0.018)
     assert st.fixed_s == st.overhead_s > st.comm_s
+
+
+@pytest.mark.parametrize("noise", [None, "plain"])
+def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, tmp_path, noise):
+    """One process at k = 1 has one unit per step: the differenced estimator over consecutive steps gives
+    both noise scales once Adam has warmed up; the windows' noise_scale is B_adam by default (Adam), the
+    plain B_simple under --noise-scale plain; the two differ; both travel in the checkpoint."""
+    kw = {"epochs": 3, "batch_size": 8, "accumulation": "1", "accum_window": 3, "noise_scale": noise}
+    Trainer(cfg(trips_file, tmp_path, **kw)).fit()
+    windows = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "window" in r]
+    kind = noise or "adam"
+    assert {r["noise_kind"] for r in windows} == {kind}
+    last = windows[-1]
+    assert last["noise_scale_plain"] is not None and last["noise_scale"] == last[f"noise_scale_{kind}"]
+    if kind == "adam":
+        assert last["noise_scale_adam"] is not None and last["noise_scale_adam"] != last["noise_scale_plain"]
+    else:
+        assert all(r["noise_scale_adam"] is None for r in windows)  # not computed: no cost for it
+    st = ckpt.load(tmp_path / "last.pt")["accumulation"]
+    assert st["noise"]["n"] > 0 and (st["noise_adam"]["n"] > 0) == (kind == "adam")
+
+
+@pytest.mark.slow
+def test_two_ranks_estimate_b_adam_from_their_shards(trips_file, tmp_path):
+    """Two Gloo ranks at k = 1: the units are the ranks' shards (the preconditioned norms summed in the
+    all-reduce with the rest); B_adam is estimated and differs from B_simple."""
+    out = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import test_accum_trainer as t
+        from stfast.train.trainer import Trainer
+        Trainer(t.cfg({str(trips_file)!r}, {str(out)!r}, epochs=2, batch_size=8, accum_window=3)).fit()
+    """)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    windows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "window" in r]
+    last = windows[-1]
+    assert last["noise_kind"] == "adam" and last["noise_scale"] == last["noise_scale_adam"] is not None
+    assert last["noise_scale_plain"] is not None and last["noise_scale_adam"] != last["noise_scale_plain"]

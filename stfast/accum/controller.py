@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..parallel import data_parallel as dp
-from .noise import GradientNoiseScale, UnitGradients, squared_norm
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind, squared_norm
 from .schedulers import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
@@ -25,18 +25,26 @@ class AccumulationController:
     """Holds the scheduler (rank 0 decides), the gradient noise scale and the current window.
 
     params: the model's parameters (for the micro-step gradient norms); micro_batch: global trips
-    per micro-step (B); window: optimizer steps per decision (W)."""
+    per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
+    (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
+    scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise) or "plain" (B_simple),
+    None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
+    The plain one is always estimated too (one norm per micro-step) and logged beside it."""
 
     def __init__(self, scheduler: AccumulationScheduler, params, info: dp.DistInfo, micro_batch: int,
-                 window: int):
+                 window: int, optimizer=None, noise_scale: str | None = None):
         self.scheduler = scheduler
         self.params = list(params)
         self.info = info
         self.micro_batch = micro_batch
         self.window = window
         self.k = scheduler.k
-        self.noise = GradientNoiseScale()
+        self.optimizer = optimizer
+        self.noise_kind = noise_kind(noise_scale, optimizer)
+        self.noise = GradientNoiseScale()  # B_simple
+        self.noise_adam = GradientNoiseScale()  # B_adam (updated only when noise_kind is "adam")
         self.units = UnitGradients(self.params)
+        self._precond = None  # this step's Adam preconditioner (None: plain only, or Adam still warming up)
         self.loss_ema = math.nan
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
@@ -62,7 +70,8 @@ class AccumulationController:
 
     # ------------------------------------------------------------ per step
     def begin_step(self) -> None:
-        self.units.begin()
+        self._precond = (adam_preconditioner(self.optimizer, self.params) if self.noise_kind == "adam" else None)
+        self.units.begin(self._precond)
 
     def after_micro_step(self, n_shard: int, n_total: int, last: bool = False) -> None:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
@@ -72,7 +81,8 @@ class AccumulationController:
             self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
-        """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, loss]."""
+        """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, Σ|P g_u|², loss]
+        (float64 [5]; the loss last)."""
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
     def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
@@ -89,9 +99,8 @@ class AccumulationController:
         wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
         self._last_end = now
         red = reduced.double().numpy()
-        big_sq = squared_norm(p.grad for p in self.params) if grad_sq is None else grad_sq
-        self.noise.update(red[:3], big_sq, n_trips)
-        loss = float(red[3])
+        self._update_noise(red[:4], n_trips, grad_sq)
+        loss = float(red[-1])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
         if math.isnan(self.w_loss_start):
             self.w_loss_start = loss
@@ -100,6 +109,28 @@ class AccumulationController:
         self.w_wall += wall
         self.w_comm += sync_s
         self.w_compute += compute_s
+
+    def _update_noise(self, units: np.ndarray, n_trips: int, grad_sq: float | None) -> None:
+        """Both noise scales from one step's reduced unit statistics [4] (UnitNorms.as_array) and the step's
+        mean gradient in .grad; one process at k = 1 pairs the step with the previous one instead."""
+        grads = [p.grad for p in self.params]
+        if not self.info.distributed and self.k == 1:
+            paired = self.units.pair_with_previous(n_trips)
+            if paired is None:
+                return
+            units, big_sq, big_pre, n_trips = paired
+        else:
+            self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
+            big_sq = squared_norm(grads) if grad_sq is None else grad_sq
+            big_pre = None if self._precond is None else squared_norm(grads, self._precond)
+        self.noise.update(units[:3], big_sq, n_trips)
+        if self._precond is not None:
+            self.noise_adam.update(np.array([units[3], units[1], units[2]]), big_pre, n_trips)
+
+    @property
+    def noise_scale(self) -> GradientNoiseScale:
+        """The estimator the scheduler reads (noise_kind)."""
+        return self.noise_adam if self.noise_kind == "adam" else self.noise
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -113,9 +144,12 @@ class AccumulationController:
         if self.info.is_main:
             stats = self.window_stats(budget_used, imbalance)
             k_next = self.scheduler.observe(stats)
-            point = self.noise.value
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
-                   "noise_scale_point": point if math.isfinite(point) else None}
+                   "noise_kind": self.noise_kind}
+            for name, value in (("noise_scale_point", self.noise_scale.value),
+                                ("noise_scale_plain", self.noise.lower_confidence()),
+                                ("noise_scale_adam", self.noise_adam.lower_confidence())):
+                row[name] = value if math.isfinite(value) else None
             r = getattr(self.scheduler, "last_reward", None)
             if r is not None and math.isfinite(r):
                 row["reward"] = r
@@ -128,19 +162,20 @@ class AccumulationController:
 
     def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
         """This rank's measurements of the current window (its times; the loss and noise scale are global).
-        Its noise scale is the estimator's lower confidence bound (GradientNoiseScale.lower_confidence): the
-        point estimate jumps when the |G|² average passes near zero, and the schedulers would chase it."""
+        Its noise scale is the lower confidence bound (GradientNoiseScale.lower_confidence) of the estimator
+        of noise_kind: the point estimate jumps when the |G|² average passes near zero, and the schedulers
+        would chase it."""
         slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
                            overhead_s=max(self.w_wall - self.w_compute, 0.0),
-                           noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
+                           noise_scale=self.noise_scale.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
                            imbalance=imbalance)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
+                "noise_adam": self.noise_adam.state_dict(), "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
@@ -148,4 +183,6 @@ class AccumulationController:
         if self.info.is_main:
             self.scheduler.load_state_dict(s["scheduler"])
         self.noise.load_state_dict(s["noise"])
+        if "noise_adam" in s:  # absent in checkpoints before 2026-12-01: B_adam then starts afresh
+            self.noise_adam.load_state_dict(s["noise_adam"])
         self.reset_window()
