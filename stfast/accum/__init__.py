@@ -14,5 +14,5 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "agent": ("Agent", "goodput_model_q", "pretrained_agent", "train_offline"),
     "controller": ("AccumulationController",),
     "env": ("AccumulationEnv", "SimConfig", "SimulatedTrainingEnv", "randomized_config", "ring_allreduce_s", "rollout"),
-    "profile": ("ComputeProfile",),
+    "profile": ("ComputeProfile", "NoiseCalibration"),
 })

@@ -264,10 +264,11 @@ def _residual_agent(choices: tuple, seed: int) -> Agent:
 @functools.lru_cache(maxsize=4)
 def _pretrained_state(choices: tuple, seed: int, steps: int) -> dict:
     from .env import SimConfig, SimulatedTrainingEnv
-    from .profile import ComputeProfile
+    from .profile import ComputeProfile, NoiseCalibration
 
     base = SimConfig.from_profile(ComputeProfile.load(), ranks=2, micro_batch=64)
-    envs = [SimulatedTrainingEnv(base, choices, randomize=True) for _ in range(PARALLEL_ENVS)]
+    calibration = NoiseCalibration.load()  # the live estimate's measured bias (None: unbiased)
+    envs = [SimulatedTrainingEnv(base, choices, randomize=True, calibration=calibration) for _ in range(PARALLEL_ENVS)]
     agent = _residual_agent(choices, seed)
     train_offline(agent, envs, steps, seed=seed)
     # the pre-training transitions become the anchor of online updates; the replay holds only live ones
