@@ -160,8 +160,8 @@ def read_run(out: Path) -> dict:
     return {"curve": [(r["wall_s"], r["val_mape"]) for r in epochs],
             "epoch_curve": [(r["epoch"], r["val_mape"]) for r in epochs],
             "k": [(r["wall_s"], r["k"]) for r in windows],
-            # (time, k, B_adam, B_simple) per window, both lower bounds in trips: what calibrates the simulator
-            "noise": [(r["wall_s"], r["k"], r.get("noise_scale_adam"), r.get("noise_scale_plain")) for r in windows],
+            # (time, k, the noise scale's lower bound in trips, its kind) per window: what calibrates the simulator
+            "noise": [(r["wall_s"], r["k"], r.get("noise_scale"), r.get("noise_kind")) for r in windows],
             "micro_batch": windows[0]["micro_batch"] if windows else None,
             "comm_s": sum(r["comm_s"] for r in windows), "window_s": sum(r["window_s"] for r in windows),
             "comm_s_k1": sum(r["comm_s"] for r in windows if r["k"] == 1),
@@ -277,9 +277,14 @@ def pollux_efficiency(phi_over_b: float, k: float) -> float:
 
 def fit_noise_scale(eff: dict) -> float:
     """φ_eff/B (micro-batches) whose Pollux efficiency fits the measured {k: E(kB)} best in log space (grid
-    2⁻⁸…2¹²; the upper end when every E ≥ 1: no measurable loss at any k)."""
+    2⁻⁸…2¹²; the upper end when every E ≥ 1: no measurable loss at any k). An E of 0 (the arm never reached
+    the target within the budget: censored, its E is only bounded) is left out. Raises ValueError when
+    nothing is left."""
     grid = np.exp2(np.linspace(-8, 12, 401))
-    err = [sum((math.log(pollux_efficiency(x, k)) - math.log(min(max(e, 1e-3), 1.0))) ** 2 for k, e in eff.items())
+    eff = {k: e for k, e in eff.items() if e > 0}
+    if not eff:
+        raise ValueError("no arm at k > 1 reached a target: E(kB) is not measurable")
+    err = [sum((math.log(pollux_efficiency(x, k)) - math.log(min(e, 1.0))) ** 2 for k, e in eff.items())
            for x in grid]
     return float(grid[int(np.argmin(err))])
 
@@ -373,7 +378,7 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
                 times["on" if on else "off"].append(dt)
                 if on:
                     hooks_s.append(spent[0])
-        assert ctl.noise_scale.n > 0, "the statistics never updated"
+        assert ctl.noise.n > 0, "the statistics never updated"
     off, on, hooks = statistics.median(times["off"]), statistics.median(times["on"]), statistics.median(hooks_s)
     return {"k": k, "noise_scale": noise_scale, "steps": steps, "step_s_off": off, "step_s_on": on,
             "hooks_s": hooks, "hooks_over_step": hooks / off, "step_on_over_off": on / off}

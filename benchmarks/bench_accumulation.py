@@ -72,6 +72,8 @@ def test_calibration_recovers_the_noise_scale_and_the_estimate_bias():
 
     assert fit_noise_scale({2: pollux_efficiency(2.0, 2), 4: pollux_efficiency(2.0, 4)}) == pytest.approx(2.0, rel=0.05)
     assert fit_noise_scale({2: 1.0, 4: 1.02}) == 2.0 ** 12  # no measurable loss at any k: the grid's end
+    # an arm that never reached the target (E recorded as 0) bounds E, it does not measure it: left out
+    assert fit_noise_scale({2: pollux_efficiency(2.0, 2), 8: 0.0}) == pytest.approx(2.0, rel=0.05)
 
     def arm(k):
         stretch = 1 / pollux_efficiency(2.0, k)

@@ -190,7 +190,7 @@ def test_unit_norms_are_the_changes_of_the_accumulating_gradient():
             for inc, n in zip(steps, sizes)]
     ref = UnitNorms()
     for w, n in zip(want, sizes):
-        ref.add(w, n)  # no preconditioner: Σ|P g_u|² stays 0
+        ref.add(w, n)
     np.testing.assert_allclose(ug.units.as_array(), ref.as_array(), rtol=1e-6)
     assert ug.units.as_array()[0] > 0
 
@@ -246,59 +246,65 @@ def _gaussian_step(rng, G, s, n):
 
 def test_preconditioned_units_give_tr_p_sigma_p_over_p_g_squared():
     """Per-trip gradients G + ε (Σ = diag(s²)) accumulated over k micro-steps and a fixed P: B_adam →
-    Σ p²s² / Σ p²G², which differs from B_simple = Σ s² / Σ G² by a factor > 3 here."""
-    rng = np.random.default_rng(2)
+    Σ p²s² / Σ p²G², which differs from B_simple = Σ s² / Σ G² by a factor > 3 here (the same draws without
+    a preconditioner)."""
     d, k, b = 12, 4, 6
-    G = rng.normal(size=d)
+    G = np.random.default_rng(2).normal(size=d)
     s = np.where(np.arange(d) < 6, 0.3, 3.0)
     pw = np.where(np.arange(d) < 6, 2.0, 0.2)  # Adam damps the noisy elements
     truth = float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())
     plain = float((s ** 2).sum() / (G ** 2).sum())
     assert plain > 3 * truth
-    w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
-    P = [torch.as_tensor(pw)]
-    ug, gns, gns_plain = UnitGradients([w]), GradientNoiseScale(decay=0.998), GradientNoiseScale(decay=0.998)
-    for _ in range(3000):
-        w.grad = None
-        ug.begin(P)
-        for j in range(k):
-            g = _gaussian_step(rng, G, s, b) * (b / (k * b))  # this unit's share of the step's mean gradient
-            w.grad = g.clone() if w.grad is None else w.grad + g
-            ug.after_micro_step(b, k * b, last=j == k - 1)
-        u = ug.units.as_array()
-        gns.update(u[[3, 1, 2]], squared_norm([w.grad], P), k * b)
-        gns_plain.update(u[:3], squared_norm([w.grad]), k * b)
-    assert gns.value == pytest.approx(truth, rel=0.1)
-    assert gns_plain.value == pytest.approx(plain, rel=0.1)
+    for P, want in (([torch.as_tensor(pw)], truth), (None, plain)):
+        rng = np.random.default_rng(2)
+        w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        ug, gns = UnitGradients([w]), GradientNoiseScale(decay=0.998)
+        for _ in range(3000):
+            w.grad = None
+            ug.begin(P)
+            for j in range(k):
+                g = _gaussian_step(rng, G, s, b) / k  # this unit's share of the step's mean gradient
+                w.grad = g.clone() if w.grad is None else w.grad + g
+                ug.after_micro_step(b, k * b, last=j == k - 1)
+            gns.update(ug.units.as_array(), ug.norm([w.grad]), k * b)
+        assert gns.value == pytest.approx(want, rel=0.1)
 
 
-def test_one_process_pairs_consecutive_steps_with_unequal_sizes():
+@pytest.mark.parametrize("refresh", [False, True])
+def test_one_process_pairs_consecutive_steps_with_unequal_sizes(refresh):
     """The differenced estimator: each step's gradient with the previous step's (sizes 8 and 3 alternate, as
-    an epoch's short last batch would) converges to the truth, plain and preconditioned; a forgotten
-    previous step starts a new pair."""
-    rng = np.random.default_rng(3)
+    an epoch's short last batch would) converges to the truth, plain and preconditioned, whether the
+    preconditioner stays or is a new (equal) list every step; its big-batch
+    norm is that of the trip-weighted mean exactly; a forgotten previous step starts a new pair."""
     d = 10
-    G, s = rng.normal(size=d), rng.uniform(0.5, 2.0, size=d)
-    pw = rng.uniform(0.2, 2.0, size=d)
-    truth = float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())
-    w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
-    P = [torch.as_tensor(pw)]
-    ug, gns, gns_plain = UnitGradients([w]), GradientNoiseScale(decay=0.998), GradientNoiseScale(decay=0.998)
-    assert ug.pair_with_previous(8) is None  # no gradient yet: nothing to pair, and nothing kept
-    for i in range(4000):
-        n = 8 if i % 2 else 3
-        ug.begin(P)
-        w.grad = _gaussian_step(rng, G, s, n)
-        out = ug.pair_with_previous(n)
-        if i == 0:
-            assert out is None  # the first of a pair
-            continue
-        units, big, big_pre, total = out
-        assert total == 11 and units[2] == 2 and units[1] == pytest.approx(1 / 8 + 1 / 3)
-        gns.update(units[[3, 1, 2]], big_pre, total)
-        gns_plain.update(units[:3], big, total)
-    assert gns.value == pytest.approx(truth, rel=0.1)
-    assert gns_plain.value == pytest.approx(float((s ** 2).sum() / (G ** 2).sum()), rel=0.1)
+    rng0 = np.random.default_rng(3)
+    G, s = rng0.normal(size=d), rng0.uniform(0.5, 2.0, size=d)
+    pw = rng0.uniform(0.2, 2.0, size=d)
+    for P, want in ((pw, float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())),
+                    (None, float((s ** 2).sum() / (G ** 2).sum()))):
+        rng = np.random.default_rng(4)
+        w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        ug, gns = UnitGradients([w]), GradientNoiseScale(decay=0.998)
+        fixed = None if P is None else [torch.as_tensor(P)]
+        ug.begin(fixed)
+        assert ug.pair_with_previous(8) is None  # no gradient yet: nothing to pair, and nothing kept
+        prev = None
+        for i in range(4000):
+            n = 8 if i % 2 else 3
+            ug.begin([torch.as_tensor(P)] if refresh and P is not None else fixed)
+            w.grad = _gaussian_step(rng, G, s, n)
+            out = ug.pair_with_previous(n)
+            if i == 0:
+                assert out is None  # the first of a pair
+            else:
+                units, big, total = out
+                assert total == 11 and units[2] == 2 and units[1] == pytest.approx(1 / 8 + 1 / 3)
+                if i < 3:
+                    mean = (w.grad * n + prev[0] * prev[1]) / total
+                    assert big == pytest.approx(ug.norm([mean]), rel=1e-9)
+                gns.update(units, big, total)
+            prev = (w.grad.clone(), n)
+        assert gns.value == pytest.approx(want, rel=0.1)
     ug.forget_previous()
     assert ug.pair_with_previous(8) is None
 

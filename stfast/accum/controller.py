@@ -15,10 +15,13 @@ import numpy as np
 import torch
 
 from ..parallel import data_parallel as dp
-from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind, squared_norm
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind
 from .schedulers import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
+# optimizer steps between reads of Adam's preconditioner: v̂ (β₂ = 0.999) moves by well under 1 % in ten
+# steps, and reading it is ~5 passes over the parameters (3 ms a read for DeepTTE on this CPU, 4 % of a step)
+PRECOND_REFRESH_STEPS = 10
 
 
 class AccumulationController:
@@ -29,7 +32,7 @@ class AccumulationController:
     (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
     scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise) or "plain" (B_simple),
     None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
-    The plain one is always estimated too (one norm per micro-step) and logged beside it."""
+    Only that one is estimated (its cost: benchmarks/accumulation.py --overhead)."""
 
     def __init__(self, scheduler: AccumulationScheduler, params, info: dp.DistInfo, micro_batch: int,
                  window: int, optimizer=None, noise_scale: str | None = None):
@@ -41,10 +44,10 @@ class AccumulationController:
         self.k = scheduler.k
         self.optimizer = optimizer
         self.noise_kind = noise_kind(noise_scale, optimizer)
-        self.noise = GradientNoiseScale()  # B_simple
-        self.noise_adam = GradientNoiseScale()  # B_adam (updated only when noise_kind is "adam")
+        self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind)
         self.units = UnitGradients(self.params)
-        self._precond = None  # this step's Adam preconditioner (None: plain only, or Adam still warming up)
+        self._precond = None  # Adam's preconditioner (None: plain, or Adam still warming up)
+        self._precond_age = 0  # optimizer steps since it was read
         self.loss_ema = math.nan
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
@@ -69,20 +72,26 @@ class AccumulationController:
         self._last_end = None
 
     # ------------------------------------------------------------ per step
+    @property
+    def measuring(self) -> bool:
+        """Whether this step's statistics count: always for plain, once Adam has warmed up for adam."""
+        return self.noise_kind == "plain" or self._precond is not None
+
     def begin_step(self) -> None:
-        self._precond = (adam_preconditioner(self.optimizer, self.params) if self.noise_kind == "adam" else None)
+        if self.noise_kind == "adam" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
+            self._precond, self._precond_age = adam_preconditioner(self.optimizer, self.params), 0
+        self._precond_age += 1
         self.units.begin(self._precond)
 
     def after_micro_step(self, n_shard: int, n_total: int, last: bool = False) -> None:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
         step's ``n_total``; ``last``: the step's last micro-step). Skipped for one micro-step on one rank,
         where no second batch size exists."""
-        if self.k > 1 or self.info.distributed:
+        if (self.k > 1 or self.info.distributed) and self.measuring:
             self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
-        """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, Σ|P g_u|², loss]
-        (float64 [5]; the loss last)."""
+        """The small vector summed inside the gradient all-reduce: [Σ|g_u|² (or Σ|P g_u|²), Σ1/b_u, U, loss]."""
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
     def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
@@ -99,7 +108,8 @@ class AccumulationController:
         wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
         self._last_end = now
         red = reduced.double().numpy()
-        self._update_noise(red[:4], n_trips, grad_sq)
+        if self.measuring:
+            self._update_noise(red[:3], n_trips, grad_sq)
         loss = float(red[-1])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
         if math.isnan(self.w_loss_start):
@@ -111,26 +121,21 @@ class AccumulationController:
         self.w_compute += compute_s
 
     def _update_noise(self, units: np.ndarray, n_trips: int, grad_sq: float | None) -> None:
-        """Both noise scales from one step's reduced unit statistics [4] (UnitNorms.as_array) and the step's
-        mean gradient in .grad; one process at k = 1 pairs the step with the previous one instead."""
-        grads = [p.grad for p in self.params]
+        """The noise scale from one step's reduced unit statistics [3] and the step's mean gradient in .grad
+        (``grad_sq``: its plain |g|² when the caller has it); one process at k = 1 pairs the step with the
+        previous one instead."""
         if not self.info.distributed and self.k == 1:
             paired = self.units.pair_with_previous(n_trips)
             if paired is None:
                 return
-            units, big_sq, big_pre, n_trips = paired
+            units, big_sq, n_trips = paired
         else:
             self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
-            big_sq = squared_norm(grads) if grad_sq is None else grad_sq
-            big_pre = None if self._precond is None else squared_norm(grads, self._precond)
-        self.noise.update(units[:3], big_sq, n_trips)
-        if self._precond is not None:
-            self.noise_adam.update(np.array([units[3], units[1], units[2]]), big_pre, n_trips)
-
-    @property
-    def noise_scale(self) -> GradientNoiseScale:
-        """The estimator the scheduler reads (noise_kind)."""
-        return self.noise_adam if self.noise_kind == "adam" else self.noise
+            if self._precond is not None or grad_sq is None:
+                big_sq = self.units.norm([p.grad for p in self.params])
+            else:
+                big_sq = grad_sq
+        self.noise.update(units, big_sq, n_trips)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -146,10 +151,8 @@ class AccumulationController:
             k_next = self.scheduler.observe(stats)
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
                    "noise_kind": self.noise_kind}
-            for name, value in (("noise_scale_point", self.noise_scale.value),
-                                ("noise_scale_plain", self.noise.lower_confidence()),
-                                ("noise_scale_adam", self.noise_adam.lower_confidence())):
-                row[name] = value if math.isfinite(value) else None
+            point = self.noise.value
+            row["noise_scale_point"] = point if math.isfinite(point) else None
             r = getattr(self.scheduler, "last_reward", None)
             if r is not None and math.isfinite(r):
                 row["reward"] = r
@@ -169,20 +172,21 @@ class AccumulationController:
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
                            overhead_s=max(self.w_wall - self.w_compute, 0.0),
-                           noise_scale=self.noise_scale.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
+                           noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
                            imbalance=imbalance)
 
     # ------------------------------------------------------------ state
     def state_dict(self) -> dict:
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "noise_adam": self.noise_adam.state_dict(), "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
+                "noise_kind": self.noise_kind, "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed()}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
         self.wall_before = s["wall_before"]
         if self.info.is_main:
             self.scheduler.load_state_dict(s["scheduler"])
-        self.noise.load_state_dict(s["noise"])
-        if "noise_adam" in s:  # absent in checkpoints before 2026-12-01: B_adam then starts afresh
-            self.noise_adam.load_state_dict(s["noise_adam"])
+        # a checkpoint's estimate of the other kind (plain before 2026-12-01, or another --noise-scale) is not
+        # this run's: then the estimate starts afresh
+        if s.get("noise_kind", "plain") == self.noise_kind:
+            self.noise.load_state_dict(s["noise"])
         self.reset_window()
