@@ -6,20 +6,30 @@
     --bandwidth Gbit/s links. Per held-out seed: the shaped return (progress beyond the k = 1 pace),
     the progress within the budget and the time to the target loss of each policy, and the
     oracle (the k of the largest true goodput each window). The RL agent acts deterministically and
-    does not learn online here (pre-trained offline on other seeds and randomized calibrations).
+    does not learn online here (pre-trained offline on other seeds and randomized calibrations). Three
+    tables: this cluster (an unbiased noise-scale estimate), randomized around it, and randomized with the
+    live estimate's measured bias (the noise calibration in the profile JSON, what the agent trains on).
 (a) live (minutes): `stfast train --nproc 2 --threads 1` with --accumulation k ∈ {1, 2, 4, 8},
     goodput and rl under a wall-clock budget on the synthetic city and on the Chengdu sample,
     validating the weights' moving average (--ema-decay); the time (interpolated between epochs) and
     the epochs (the same trips at every k, so free of timing noise) to a target validation MAPE
-    (TARGET_FACTOR × the best validation MAPE of the reference run, k = 1 with the first seed; a
-    second table: LOOSE_TARGET_FACTOR ×), the per-seed ratios of the adaptive schedulers' times to
+    (TIGHT_TARGET_FACTOR, TARGET_FACTOR and LOOSE_TARGET_FACTOR × the best validation MAPE of the
+    reference run, k = 1 with the first seed; one table each), the per-seed ratios of the adaptive schedulers' times to
     the best fixed k's, the best validation and the test MAPE within the budget, and the measured
     communication share of a step (time in the gradient sync, including waiting for the other rank,
     over the step time; from the windows in metrics.jsonl).
-(c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs).
+(c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs with
+    the best fixed k at the tight target).
+(d) --overhead N: the noise statistics' cost per optimizer step in one process at k = 1 and 2, with and
+    without them on alternate steps (stats_overhead).
+(e) --calibrate (with --live, on the fixed-k arms): the statistical efficiency E(kB) from the epochs to
+    target, the noise scale φ_eff it implies, and the bias of the live B_adam bound against it (calibrate);
+    --write-calibration stores it in the profile JSON, where the simulator and the agent's pre-training read it.
 
     python benchmarks/accumulation.py --out runs/bench_accum                  # (b) and (c): simulated
     python benchmarks/accumulation.py --out runs/bench_accum --live           # plus (a), ~80 s a run
+    python benchmarks/accumulation.py --out runs/calib --live --modes 1,2,4,8 --live-seeds 1 --calibrate \
+        --write-calibration                                                   # (e), what the profile holds
     pytest benchmarks/bench_accumulation.py --benchmark-disable               # smoke run
 
 Prints markdown tables; writes results.json and k_over_time.png into --out.
@@ -41,7 +51,7 @@ import numpy as np
 
 from stfast.accum.env import SimConfig, SimulatedTrainingEnv, rollout
 from stfast.accum.noise import ADAM_WARMUP_STEPS as ADAM_WARMUP
-from stfast.accum.profile import ComputeProfile
+from stfast.accum.profile import ComputeProfile, NoiseCalibration
 from stfast.accum.schedulers import DEFAULT_CHOICES, GoodputScheduler
 
 FIXED = (1, 2, 4, 8, 16)
@@ -99,10 +109,11 @@ def sim_policies(agent) -> dict:
     return pols
 
 
-def run_sim(cfg: SimConfig, seeds, agent, randomize: bool = False) -> dict:
+def run_sim(cfg: SimConfig, seeds, agent, randomize: bool = False, calibration=None) -> dict:
     """{policy: [per-seed rollout dicts]}; each rollout is run past the budget until the target (for
-    time-to-target), the return and progress count the budget only."""
-    env = SimulatedTrainingEnv(cfg, randomize=randomize)
+    time-to-target), the return and progress count the budget only. calibration: the live estimate's
+    bias ranges for the randomization (stfast.accum.profile.NoiseCalibration; None: unbiased)."""
+    env = SimulatedTrainingEnv(cfg, randomize=randomize, calibration=calibration)
     out = {}
     for name, make in sim_policies(agent).items():
         out[name] = [rollout(env, make(), seed=s, until_target=True) for s in seeds]
@@ -162,7 +173,7 @@ def read_run(out: Path) -> dict:
             "k": [(r["wall_s"], r["k"]) for r in windows],
             # (time, k, the noise scale's lower bound in trips, its kind) per window: what calibrates the simulator
             "noise": [(r["wall_s"], r["k"], r.get("noise_scale"), r.get("noise_kind")) for r in windows],
-            "micro_batch": windows[0]["micro_batch"] if windows else None,
+            "micro_batch": windows[0].get("micro_batch") if windows else None,
             "comm_s": sum(r["comm_s"] for r in windows), "window_s": sum(r["window_s"] for r in windows),
             "comm_s_k1": sum(r["comm_s"] for r in windows if r["k"] == 1),
             "window_s_k1": sum(r["window_s"] for r in windows if r["k"] == 1),
@@ -477,7 +488,15 @@ def main(argv=None) -> int:
     rand = run_sim(cfg, range(5000, 5000 + 2 * a.sim_seeds), agent, randomize=True)
     rtable, rand_summ = sim_table(rand, with_return=False)
     print(rtable)
+    cal = NoiseCalibration.load()
+    if cal is not None:
+        print("\nrandomized calibrations with the live estimate's bias (the stored noise calibration: what the "
+              "agent is pre-trained on; held-out seeds):\n")
+        rand_b = run_sim(cfg, range(7000, 7000 + 2 * a.sim_seeds), agent, randomize=True, calibration=cal)
+        btable, rand_b_summ = sim_table(rand_b, with_return=False)
+        print(btable)
     results = {"sim": sim_summ, "sim_randomized": rand_summ, "pretrain_s": t_pre,
+               "sim_randomized_biased": rand_b_summ if cal is not None else None,
                "cluster": {"gpu_factor": a.gpu_factor, "ranks": a.ranks, "bandwidth_gbps": a.bandwidth,
                            "comm_share_k1": cfg.comm_share(1)}}
     live = None

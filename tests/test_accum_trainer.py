@@ -79,7 +79,7 @@ WORKER = textwrap.dedent("""
         events.append("all_reduce")
         return real(tensor, *a, **kw)
     dist.all_reduce = counting
-    tr = Trainer(t.cfg({data!r}, {out!r}))
+    tr = Trainer(t.cfg({data!r}, {out!r}, noise_scale="plain"))  # B_adam would wait for Adam's warm-up
     tr.setup()
     tr.model.entire.out.weight.register_hook(lambda g: events.append("backward"))
     per_step = []
