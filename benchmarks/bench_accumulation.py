@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
+
 from accumulation import cluster_config, plot_k, run_sim, sim_table
 
 from stfast.accum.agent import Agent
@@ -60,3 +63,29 @@ def test_live_table_reads_a_run_folder(tmp_path):
     assert summ["rl"]["trips_per_s"] == 384 / 4.0 and summ["rl"]["overhead_ms_per_step"] == 1e3 * 0.4 / 8
     assert summ["rl"]["comm_share"] == 0.2 / 4.0 and summ["rl"]["comm_share_k1"] == 0.1
     assert "| rl | 3 | 3.0 | 2 |" in table and "| 96 | 50 |" in table
+
+
+def test_calibration_recovers_the_noise_scale_and_the_estimate_bias():
+    """Fixed-k arms whose epochs to any target stretch by 1/E(kB) for φ = 2 micro-batches, and whose B_adam
+    estimates grow as k^0.5 from 0.2 B at k = 1: calibrate() finds φ_eff = 2 B, bias 0.1, α = 0.5."""
+    from accumulation import calibrate, fit_noise_scale, pollux_efficiency
+
+    assert fit_noise_scale({2: pollux_efficiency(2.0, 2), 4: pollux_efficiency(2.0, 4)}) == pytest.approx(2.0, rel=0.05)
+    assert fit_noise_scale({2: 1.0, 4: 1.02}) == 2.0 ** 12  # no measurable loss at any k: the grid's end
+    # an arm that never reached the target (E recorded as 0) bounds E, it does not measure it: left out
+    assert fit_noise_scale({2: pollux_efficiency(2.0, 2), 8: 0.0}) == pytest.approx(2.0, rel=0.05)
+
+    def arm(k):
+        stretch = 1 / pollux_efficiency(2.0, k)
+        epochs = np.arange(1, int(12 * stretch) + 1)
+        est = 0.2 * 32 * k ** 0.5
+        return [{"epoch_curve": [(e, 0.5 - 0.04 * e / stretch) for e in epochs],
+                 "curve": [(float(e), 0.5 - 0.04 * e / stretch) for e in epochs],
+                 "noise": [(float(i), k, est, est / 10) for i in range(10)], "micro_batch": 32}]
+
+    cal = calibrate({"city": {str(k): arm(k) for k in (1, 2, 4, 8)}})
+    c = cal["city"]
+    assert c["phi_eff_over_b"] == pytest.approx(2.0, rel=0.05)
+    assert c["bias_k1"] == pytest.approx(0.1, rel=0.05) and c["k_exponent"] == pytest.approx(0.5, abs=1e-6)
+    lo, hi = cal["noise_calibration"]["bias_range"]
+    assert lo < 0.1 < hi

@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--accum-window", type=int, default=10, help="optimizer steps between decisions on k")
     t.add_argument("--lr-scaling", default="sqrt", choices=("sqrt", "linear", "none"),
                    help="learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows")
+    t.add_argument("--noise-scale", default=None, choices=("adam", "plain"),
+                   help="gradient noise scale the accumulation schedulers read: adam (preconditioned by Adam's v̂, "
+                        "Pollux; the default under Adam) or plain (B_simple)")
     t.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
     # ---- reliability (stfast.train.guards)
     t.add_argument("--checkpoint-every", type=int, default=None,
@@ -200,7 +203,7 @@ def cmd_train(a) -> int:
                       nproc=a.nproc, comm=a.comm, slicer=a.slicer, threads=a.threads, max_steps=a.max_steps, out=a.out,
                       resume=a.resume, overwrite=a.overwrite,
                       progress=False if a.no_progress else None, accumulation=a.accumulation,
-                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, time_budget_s=a.time_budget,
+                      accum_window=a.accum_window, lr_scaling=a.lr_scaling, noise_scale=a.noise_scale, time_budget_s=a.time_budget,
                       checkpoint_every=a.checkpoint_every, max_bad_steps=a.max_bad_steps, timeout_s=a.timeout_s,
                       parallel=a.parallel, micro_batches=a.micro_batches, cp_plan=a.cp_plan)
     cfg.validate()

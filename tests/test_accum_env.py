@@ -296,3 +296,31 @@ def test_residual_agent_starts_as_the_goodput_model_of_its_observation(k, noise,
     agent = Agent(len(DEFAULT_CHOICES), seed=7, base_q=functools.partial(goodput_model_q, choices=DEFAULT_CHOICES))
     np.testing.assert_allclose(agent.values(torch.as_tensor(obs)[None])[0].detach().numpy(), want, atol=1e-5)
     assert agent.act(obs, deterministic=True)[0] == int(np.argmax(want))
+
+
+def test_simulated_estimate_is_biased_as_calibrated_and_randomized_within_the_measured_ranges(tmp_path):
+    """The observed noise scale is φ · obs_bias · k^α · lognormal: its log-mean at k over the truth is
+    ln(bias) + α ln k; randomized_config draws bias and α within the stored calibration's ranges."""
+    from stfast.accum.env import randomized_config
+    from stfast.accum.profile import NoiseCalibration
+
+    cfg = replace(CHANGING, obs_bias=0.1, obs_bias_k_exponent=0.8, obs_noise=0.3)
+    z = np.random.default_rng(0).standard_normal(4000)
+    for k in (1, 4, 16):
+        logs = np.log([cfg.observed_noise_scale(0.0, k, zi) / cfg.noise_scale(0.0) for zi in z])
+        assert logs.mean() == pytest.approx(math.log(0.1) + 0.8 * math.log(k), abs=0.02)
+        assert logs.std() == pytest.approx(0.3, rel=0.05)
+    assert CHANGING.observed_noise_scale(0.0, 8, 0.0) == CHANGING.noise_scale(0.0)  # defaults: unbiased
+    prof = tmp_path / "p.json"
+    prof.write_text('{"noise_calibration": {"bias_range": [0.01, 0.2], "k_exponent_range": [0.5, 1.2], "phi0_max": 40}}')
+    cal = NoiseCalibration.load(prof)
+    assert cal == NoiseCalibration((0.01, 0.2), (0.5, 1.2), 40.0)
+    rng = np.random.default_rng(1)
+    drawn = [randomized_config(rng, CHANGING, cal) for _ in range(300)]
+    assert all(0.01 <= c.obs_bias <= 0.2 and 0.5 <= c.obs_bias_k_exponent <= 1.2 for c in drawn)
+    assert max(c.noise_scale0 for c in drawn) > 4 * CHANGING.micro_batch  # the wider range of φ0 is used
+    assert all(c.noise_scale0 <= 40 * CHANGING.micro_batch for c in drawn)
+    plain = randomized_config(np.random.default_rng(1), CHANGING)
+    assert plain.obs_bias == 1.0 and plain.obs_bias_k_exponent == 0.0
+    (tmp_path / "none.json").write_text("{}")
+    assert NoiseCalibration.load(tmp_path / "none.json") is None

@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from stfast.accum.noise import (
+    ADAM_WARMUP_STEPS,
     GradientNoiseScale,
     UnitGradients,
     UnitNorms,
+    adam_preconditioner,
     noise_estimates,
+    noise_kind,
     squared_norm,
 )
 from stfast.train.guards import BadStepGuard
@@ -190,3 +193,128 @@ def test_unit_norms_are_the_changes_of_the_accumulating_gradient():
         ref.add(w, n)
     np.testing.assert_allclose(ug.units.as_array(), ref.as_array(), rtol=1e-6)
     assert ug.units.as_array()[0] > 0
+
+
+def _adam_after(steps: int, amsgrad: bool = False, cls=torch.optim.Adam, seed: int = 4):
+    """An embedding of 6 rows (rows 4, 5 never looked up: v = 0 there), a linear layer and a parameter
+    outside the loss (no gradient, no Adam state), after ``steps`` Adam steps on random inputs."""
+    torch.manual_seed(seed)
+    emb, lin, unused = torch.nn.Embedding(6, 3), torch.nn.Linear(3, 2), torch.nn.Parameter(torch.randn(4))
+    params = [emb.weight, lin.weight, lin.bias, unused]
+    opt = cls(params, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, amsgrad=amsgrad)
+    for _ in range(steps):
+        opt.zero_grad()
+        lin(emb(torch.randint(0, 4, (9,)))).square().sum().backward()
+        opt.step()
+    return opt, params
+
+
+@pytest.mark.parametrize("cls,amsgrad", [(torch.optim.Adam, False), (torch.optim.Adam, True), (torch.optim.AdamW, False)])
+def test_adam_preconditioner_is_one_over_sqrt_vhat_plus_eps_masked_where_v_is_zero(cls, amsgrad):
+    steps = ADAM_WARMUP_STEPS + 2
+    opt, params = _adam_after(steps, amsgrad, cls)
+    assert adam_preconditioner(_adam_after(ADAM_WARMUP_STEPS - 1, amsgrad, cls)[0], params) is None  # warming up
+    pre = adam_preconditioner(opt, params)
+    assert pre[3] is None  # never had a gradient: left out
+    for p, w in zip(params[:3], pre[:3]):
+        st = opt.state[p]
+        v = (st["max_exp_avg_sq"] if amsgrad else st["exp_avg_sq"]).double() / (1 - 0.95 ** steps)
+        want = torch.where(v > 0, 1 / (v.sqrt() + 1e-6), 0.0)
+        torch.testing.assert_close(w.double(), want, rtol=1e-5, atol=0)
+    assert (pre[0][4:] == 0).all() and (pre[0][:4] > 0).all()  # unseen embedding rows masked, seen ones not
+    # the optimizer state is read, not changed
+    before = {id(p): opt.state[p]["exp_avg_sq"].clone() for p in params[:3]}
+    adam_preconditioner(opt, params)
+    assert all(torch.equal(before[id(p)], opt.state[p]["exp_avg_sq"]) for p in params[:3])
+
+
+def test_weighted_squared_norm_leaves_out_unweighted_tensors():
+    g = torch.Generator().manual_seed(5)
+    ts = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g), None, torch.randn(2, generator=g)]
+    ws = [torch.rand(3, 4, generator=g), None, torch.rand(7, generator=g), torch.rand(2, generator=g)]
+    want = float((ts[0].double() * ws[0]).square().sum() + (ts[3].double() * ws[3]).square().sum())
+    assert squared_norm(ts, ws) == pytest.approx(want, rel=1e-6)
+    assert squared_norm(ts, [None] * 4) == 0.0
+    with pytest.raises(ValueError):
+        squared_norm(ts, ws[:2])  # one weight per tensor
+
+
+def _gaussian_step(rng, G, s, n):
+    """Mean of n per-trip gradients G + ε, ε ~ N(0, diag(s²)) [d]."""
+    return torch.as_tensor((G + rng.normal(size=(n, len(G))) * s).mean(0))
+
+
+def test_preconditioned_units_give_tr_p_sigma_p_over_p_g_squared():
+    """Per-trip gradients G + ε (Σ = diag(s²)) accumulated over k micro-steps and a fixed P: B_adam →
+    Σ p²s² / Σ p²G², which differs from B_simple = Σ s² / Σ G² by a factor > 3 here (the same draws without
+    a preconditioner)."""
+    d, k, b = 12, 4, 6
+    G = np.random.default_rng(2).normal(size=d)
+    s = np.where(np.arange(d) < 6, 0.3, 3.0)
+    pw = np.where(np.arange(d) < 6, 2.0, 0.2)  # Adam damps the noisy elements
+    truth = float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())
+    plain = float((s ** 2).sum() / (G ** 2).sum())
+    assert plain > 3 * truth
+    for P, want in (([torch.as_tensor(pw)], truth), (None, plain)):
+        rng = np.random.default_rng(2)
+        w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        ug, gns = UnitGradients([w]), GradientNoiseScale(decay=0.998)
+        for _ in range(3000):
+            w.grad = None
+            ug.begin(P)
+            for j in range(k):
+                g = _gaussian_step(rng, G, s, b) / k  # this unit's share of the step's mean gradient
+                w.grad = g.clone() if w.grad is None else w.grad + g
+                ug.after_micro_step(b, k * b, last=j == k - 1)
+            gns.update(ug.units.as_array(), ug.norm([w.grad]), k * b)
+        assert gns.value == pytest.approx(want, rel=0.1)
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_one_process_pairs_consecutive_steps_with_unequal_sizes(refresh):
+    """The differenced estimator: each step's gradient with the previous step's (sizes 8 and 3 alternate, as
+    an epoch's short last batch would) converges to the truth, plain and preconditioned, whether the
+    preconditioner stays or is a new (equal) list every step; its big-batch
+    norm is that of the trip-weighted mean exactly; a forgotten previous step starts a new pair."""
+    d = 10
+    rng0 = np.random.default_rng(3)
+    G, s = rng0.normal(size=d), rng0.uniform(0.5, 2.0, size=d)
+    pw = rng0.uniform(0.2, 2.0, size=d)
+    for P, want in ((pw, float((pw ** 2 * s ** 2).sum() / (pw ** 2 * G ** 2).sum())),
+                    (None, float((s ** 2).sum() / (G ** 2).sum()))):
+        rng = np.random.default_rng(4)
+        w = torch.nn.Parameter(torch.zeros(d, dtype=torch.float64))
+        ug, gns = UnitGradients([w]), GradientNoiseScale(decay=0.998)
+        fixed = None if P is None else [torch.as_tensor(P)]
+        ug.begin(fixed)
+        assert ug.pair_with_previous(8) is None  # no gradient yet: nothing to pair, and nothing kept
+        prev = None
+        for i in range(4000):
+            n = 8 if i % 2 else 3
+            ug.begin([torch.as_tensor(P)] if refresh and P is not None else fixed)
+            w.grad = _gaussian_step(rng, G, s, n)
+            out = ug.pair_with_previous(n)
+            if i == 0:
+                assert out is None  # the first of a pair
+            else:
+                units, big, total = out
+                assert total == 11 and units[2] == 2 and units[1] == pytest.approx(1 / 8 + 1 / 3)
+                if i < 3:
+                    mean = (w.grad * n + prev[0] * prev[1]) / total
+                    assert big == pytest.approx(ug.norm([mean]), rel=1e-9)
+                gns.update(units, big, total)
+            prev = (w.grad.clone(), n)
+        assert gns.value == pytest.approx(want, rel=0.1)
+    ug.forget_previous()
+    assert ug.pair_with_previous(8) is None
+
+
+def test_noise_kind_defaults_to_adam_under_adam_and_refuses_adam_without_it():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert noise_kind(None, torch.optim.Adam(p)) == "adam" == noise_kind(None, torch.optim.AdamW(p))
+    assert noise_kind(None, torch.optim.SGD(p, lr=0.1)) == "plain" == noise_kind(None, None)
+    assert noise_kind("plain", torch.optim.Adam(p)) == "plain"
+    with pytest.raises(ValueError, match="--noise-scale adam needs an Adam"):
+        noise_kind("adam", torch.optim.SGD(p, lr=0.1))
+    with pytest.raises(ValueError, match="--noise-scale must be adam or plain"):
+        noise_kind("fisher", torch.optim.Adam(p))

@@ -79,7 +79,7 @@ WORKER = textwrap.dedent("""
         events.append("all_reduce")
         return real(tensor, *a, **kw)
     dist.all_reduce = counting
-    tr = Trainer(t.cfg({data!r}, {out!r}))
+    tr = Trainer(t.cfg({data!r}, {out!r}, noise_scale="plain"))  # B_adam would wait for Adam's warm-up
     tr.setup()
     tr.model.entire.out.weight.register_hook(lambda g: events.append("backward"))
     per_step = []
@@ -182,7 +182,7 @@ def test_time_budget_stops_within_a_window(trips_file, tmp_path):
 def test_bad_accumulation_arguments(trips_file, tmp_path):
     for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
                     ({"lr_scaling": "cubic"}, "lr rule"), ({"accum_window": 0}, "--accum-window"),
-                    ({"time_budget_s": 0.0}, "--time-budget")):
+                    ({"time_budget_s": 0.0}, "--time-budget"), ({"noise_scale": "fisher"}, "--noise-scale")):
         with pytest.raises(ValueError, match=msg):
             cfg(trips_file, tmp_path, **kw).validate()
 
@@ -207,3 +207,85 @@ def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end(
     assert 0.01 + 0.05 <= st.wall_s < 0.01 + 0.05 + 0.01 + 0.1
     assert st.overhead_s == pytest.approx(st.wall_s - 0.018)
     assert st.fixed_s == st.overhead_s > st.comm_s
+
+
+def _windows(out):
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "window" in r]
+
+
+def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, tmp_path):
+    """One process at k = 1 has one unit per step: the differenced estimator over consecutive steps gives
+    the noise scale once Adam has warmed up — B_adam by default (Adam), B_simple under --noise-scale plain,
+    on the same batches and weights, different values; the kind travels in the checkpoint, and a resume under
+    the other kind starts its estimate afresh."""
+    kw = {"epochs": 3, "batch_size": 8, "accumulation": "1", "accum_window": 3}
+    last = {}
+    for noise in (None, "plain"):
+        out = tmp_path / str(noise)
+        Trainer(cfg(trips_file, out, noise_scale=noise, **kw)).fit()
+        windows = _windows(out)
+        kind = noise or "adam"
+        assert {r["noise_kind"] for r in windows} == {kind}
+        last[kind] = windows[-1]["noise_scale"]
+        st = ckpt.load(out / "last.pt")["accumulation"]
+        assert st["noise_kind"] == kind and st["noise"]["n"] > 0
+    assert last["adam"] is not None and last["plain"] is not None and last["adam"] != last["plain"]
+    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="adam", resume=True, **{**kw, "epochs": 4}))
+    tr.setup()
+    assert tr.accum.noise.n == 0  # the checkpoint's estimate was of B_simple
+    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="plain", resume=True, **{**kw, "epochs": 4}))
+    tr.setup()
+    assert tr.accum.noise.n > 0
+
+
+def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner():
+    """No B_adam statistics while Adam has taken fewer than ADAM_WARMUP_STEPS steps (its v̂ is noise); then the
+    preconditioner is read every PRECOND_REFRESH_STEPS steps, not every step."""
+    from stfast.accum import controller as ctl_mod
+    from stfast.accum.noise import ADAM_WARMUP_STEPS
+
+    w = torch.nn.Parameter(torch.randn(5))
+    opt = torch.optim.Adam([w], lr=1e-2)
+    ctl = AccumulationController(FixedScheduler(2), [w], DistInfo(), micro_batch=4, window=100, optimizer=opt)
+    assert ctl.noise_kind == "adam"
+    reads = []
+    real = ctl_mod.adam_preconditioner
+    ctl_mod.adam_preconditioner = lambda *a: reads.append(1) or real(*a)
+    try:
+        for step in range(ADAM_WARMUP_STEPS + 2 * ctl_mod.PRECOND_REFRESH_STEPS):
+            ctl.begin_step()
+            w.grad = None
+            for j in range(2):
+                (w * torch.randn(5)).sum().backward()
+                ctl.after_micro_step(2, 4, last=j == 1)
+            ctl.end_step(ctl.extra(1.0), 4, step_s=0.01, sync_s=0.0, compute_s=0.005)
+            opt.step()
+            assert ctl.noise.n == max(0, step + 1 - ADAM_WARMUP_STEPS), step
+    finally:
+        ctl_mod.adam_preconditioner = real
+    # one read per step while warming up (None each time), then one every PRECOND_REFRESH_STEPS
+    assert len(reads) == ADAM_WARMUP_STEPS + 2
+
+
+@pytest.mark.slow
+def test_two_ranks_estimate_b_adam_from_their_shards(trips_file, tmp_path):
+    """Two Gloo ranks at k = 1: the units are the ranks' shards (their preconditioned norms summed in the
+    gradient all-reduce); B_adam is estimated."""
+    out = tmp_path / "run"
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import test_accum_trainer as t
+        from stfast.train.trainer import Trainer
+        Trainer(t.cfg({str(trips_file)!r}, {str(out)!r}, epochs=2, batch_size=8, accum_window=3)).fit()
+    """)
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+    last = _windows(out)[-1]
+    assert last["noise_kind"] == "adam" and last["noise_scale"] is not None
+    st = ckpt.load(out / "last.pt")["accumulation"]
+    assert st["noise"]["n"] > 0

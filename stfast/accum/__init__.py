@@ -6,12 +6,13 @@ is imported when one of its names is first used (gymnasium only with the environ
 from .._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "noise": ("GradientNoiseScale", "UnitGradients", "UnitNorms", "noise_estimates", "squared_norm"),
+    "noise": ("GradientNoiseScale", "UnitGradients", "UnitNorms", "adam_preconditioner", "noise_estimates", "noise_kind",
+              "squared_norm"),
     "goodput": ("StepTimeModel", "lr_scale", "statistical_efficiency"),
     "schedulers": ("AccumulationScheduler", "FixedScheduler", "GoodputScheduler", "RLScheduler",
                    "WindowStats", "log_goodput_gain", "make_scheduler", "observation", "parse_spec", "reward"),
     "agent": ("Agent", "goodput_model_q", "pretrained_agent", "train_offline"),
     "controller": ("AccumulationController",),
     "env": ("AccumulationEnv", "SimConfig", "SimulatedTrainingEnv", "randomized_config", "ring_allreduce_s", "rollout"),
-    "profile": ("ComputeProfile",),
+    "profile": ("ComputeProfile", "NoiseCalibration"),
 })

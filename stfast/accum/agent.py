@@ -264,10 +264,11 @@ def _residual_agent(choices: tuple, seed: int) -> Agent:
 @functools.lru_cache(maxsize=4)
 def _pretrained_state(choices: tuple, seed: int, steps: int) -> dict:
     from .env import SimConfig, SimulatedTrainingEnv
-    from .profile import ComputeProfile
+    from .profile import ComputeProfile, NoiseCalibration
 
     base = SimConfig.from_profile(ComputeProfile.load(), ranks=2, micro_batch=64)
-    envs = [SimulatedTrainingEnv(base, choices, randomize=True) for _ in range(PARALLEL_ENVS)]
+    calibration = NoiseCalibration.load()  # the live estimate's measured bias (None: unbiased)
+    envs = [SimulatedTrainingEnv(base, choices, randomize=True, calibration=calibration) for _ in range(PARALLEL_ENVS)]
     agent = _residual_agent(choices, seed)
     train_offline(agent, envs, steps, seed=seed)
     # the pre-training transitions become the anchor of online updates; the replay holds only live ones
@@ -279,7 +280,8 @@ def _pretrained_state(choices: tuple, seed: int, steps: int) -> dict:
 def pretrained_agent(choices=DEFAULT_CHOICES, seed: int = 0, steps: int = PRETRAIN_STEPS) -> Agent:
     """An agent for accumulation steps ``choices`` whose Q is :func:`goodput_model_q` plus a residual
     network pre-trained offline on SimulatedTrainingEnv with randomized communication share, noise scale
-    and its growth (randomized_config), seeded; cached per process."""
+    and its growth, and the live noise-scale estimate's bias at k = 1 and its growth with k over the ranges
+    measured live (randomized_config with the profile's NoiseCalibration), seeded; cached per process."""
     choices = tuple(int(k) for k in choices)
     agent = _residual_agent(choices, seed)
     agent.load_state_dict(copy.deepcopy(_pretrained_state(choices, seed, steps)))

@@ -15,28 +15,39 @@ import numpy as np
 import torch
 
 from ..parallel import data_parallel as dp
-from .noise import GradientNoiseScale, UnitGradients, squared_norm
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind
 from .schedulers import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
+# optimizer steps between reads of Adam's preconditioner: v̂ (β₂ = 0.999) moves by well under 1 % in ten
+# steps, and reading it is ~5 passes over the parameters (3 ms a read for DeepTTE on this CPU, 4 % of a step)
+PRECOND_REFRESH_STEPS = 10
 
 
 class AccumulationController:
     """Holds the scheduler (rank 0 decides), the gradient noise scale and the current window.
 
     params: the model's parameters (for the micro-step gradient norms); micro_batch: global trips
-    per micro-step (B); window: optimizer steps per decision (W)."""
+    per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
+    (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
+    scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise) or "plain" (B_simple),
+    None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
+    Only that one is estimated (its cost: benchmarks/accumulation.py --overhead)."""
 
     def __init__(self, scheduler: AccumulationScheduler, params, info: dp.DistInfo, micro_batch: int,
-                 window: int):
+                 window: int, optimizer=None, noise_scale: str | None = None):
         self.scheduler = scheduler
         self.params = list(params)
         self.info = info
         self.micro_batch = micro_batch
         self.window = window
         self.k = scheduler.k
-        self.noise = GradientNoiseScale()
+        self.optimizer = optimizer
+        self.noise_kind = noise_kind(noise_scale, optimizer)
+        self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind)
         self.units = UnitGradients(self.params)
+        self._precond = None  # Adam's preconditioner (None: plain, or Adam still warming up)
+        self._precond_age = 0  # optimizer steps since it was read
         self.loss_ema = math.nan
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
@@ -61,18 +72,26 @@ class AccumulationController:
         self._last_end = None
 
     # ------------------------------------------------------------ per step
+    @property
+    def measuring(self) -> bool:
+        """Whether this step's statistics count: always for plain, once Adam has warmed up for adam."""
+        return self.noise_kind == "plain" or self._precond is not None
+
     def begin_step(self) -> None:
-        self.units.begin()
+        if self.noise_kind == "adam" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
+            self._precond, self._precond_age = adam_preconditioner(self.optimizer, self.params), 0
+        self._precond_age += 1
+        self.units.begin(self._precond)
 
     def after_micro_step(self, n_shard: int, n_total: int, last: bool = False) -> None:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
         step's ``n_total``; ``last``: the step's last micro-step). Skipped for one micro-step on one rank,
         where no second batch size exists."""
-        if self.k > 1 or self.info.distributed:
+        if (self.k > 1 or self.info.distributed) and self.measuring:
             self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
-        """The small vector summed inside the gradient all-reduce: [Σ|g_u|², Σ1/b_u, U, loss]."""
+        """The small vector summed inside the gradient all-reduce: [Σ|g_u|² (or Σ|P g_u|²), Σ1/b_u, U, loss]."""
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
     def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
@@ -89,9 +108,9 @@ class AccumulationController:
         wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
         self._last_end = now
         red = reduced.double().numpy()
-        big_sq = squared_norm(p.grad for p in self.params) if grad_sq is None else grad_sq
-        self.noise.update(red[:3], big_sq, n_trips)
-        loss = float(red[3])
+        if self.measuring:
+            self._update_noise(red[:3], n_trips, grad_sq)
+        loss = float(red[-1])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
         if math.isnan(self.w_loss_start):
             self.w_loss_start = loss
@@ -100,6 +119,23 @@ class AccumulationController:
         self.w_wall += wall
         self.w_comm += sync_s
         self.w_compute += compute_s
+
+    def _update_noise(self, units: np.ndarray, n_trips: int, grad_sq: float | None) -> None:
+        """The noise scale from one step's reduced unit statistics [3] and the step's mean gradient in .grad
+        (``grad_sq``: its plain |g|² when the caller has it); one process at k = 1 pairs the step with the
+        previous one instead."""
+        if not self.info.distributed and self.k == 1:
+            paired = self.units.pair_with_previous(n_trips)
+            if paired is None:
+                return
+            units, big_sq, n_trips = paired
+        else:
+            self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
+            if self._precond is not None or grad_sq is None:
+                big_sq = self.units.norm([p.grad for p in self.params])
+            else:
+                big_sq = grad_sq
+        self.noise.update(units, big_sq, n_trips)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -113,9 +149,10 @@ class AccumulationController:
         if self.info.is_main:
             stats = self.window_stats(budget_used, imbalance)
             k_next = self.scheduler.observe(stats)
-            point = self.noise.value
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
-                   "noise_scale_point": point if math.isfinite(point) else None}
+                   "noise_kind": self.noise_kind}
+            point = self.noise.value
+            row["noise_scale_point"] = point if math.isfinite(point) else None
             r = getattr(self.scheduler, "last_reward", None)
             if r is not None and math.isfinite(r):
                 row["reward"] = r
@@ -128,8 +165,9 @@ class AccumulationController:
 
     def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
         """This rank's measurements of the current window (its times; the loss and noise scale are global).
-        Its noise scale is the estimator's lower confidence bound (GradientNoiseScale.lower_confidence): the
-        point estimate jumps when the |G|² average passes near zero, and the schedulers would chase it."""
+        Its noise scale is the lower confidence bound (GradientNoiseScale.lower_confidence) of the estimator
+        of noise_kind: the point estimate jumps when the |G|² average passes near zero, and the schedulers
+        would chase it."""
         slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
@@ -146,15 +184,18 @@ class AccumulationController:
         --checkpoint-every, an epoch end), so the window the run was killed in closes after the same
         number of steps, with its steps before the kill counted."""
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "loss_ema": self.loss_ema, "n_windows": self.n_windows, "wall_before": self.elapsed(),
-                "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
+                "noise_kind": self.noise_kind, "loss_ema": self.loss_ema, "n_windows": self.n_windows,
+                "wall_before": self.elapsed(), "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
         self.wall_before = s["wall_before"]
         if self.info.is_main:
             self.scheduler.load_state_dict(s["scheduler"])
-        self.noise.load_state_dict(s["noise"])
+        # a checkpoint's estimate of the other kind (plain before 2026-12-01, or another --noise-scale) is not
+        # this run's: then the estimate starts afresh
+        if s.get("noise_kind", "plain") == self.noise_kind:
+            self.noise.load_state_dict(s["noise"])
         self.reset_window()
         for f, v in s.get("window", {}).items():  # absent in checkpoints before issue 22: a fresh window
             setattr(self, f, v)

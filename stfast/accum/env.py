@@ -26,7 +26,7 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
 from .goodput import statistical_efficiency
-from .profile import ComputeProfile
+from .profile import ComputeProfile, NoiseCalibration
 from .schedulers import (
     DEFAULT_CHOICES,
     OBS_DIM,
@@ -58,7 +58,13 @@ class SimConfig:
     problem); the noise scale grows as the excess loss shrinks, φ(P) = φ0·(1 + P/P_s) — near a
     minimum |G|² ∝ L − L_inf while tr(Σ) stays (McCandlish et al. 2018, §3) — so the best k grows
     during training. Observations are noisy like live ones: the noise-scale estimate by a lognormal
-    factor (σ = obs_noise), throughput by thr_noise."""
+    factor (σ = obs_noise), throughput by thr_noise.
+
+    The estimate is also biased like the live one (benchmarks/accumulation.py --calibrate, the numbers in
+    profile_deeptte_cpu.json's "noise_calibration"): the live lower confidence bound of B_adam at k = 1
+    (two units per step) is ``obs_bias`` times the noise scale that the runs' statistical efficiency shows
+    (their epochs to a target at each k), and measured at k it is k^``obs_bias_k_exponent`` times its value
+    at k = 1 (more units per step, a tighter bound). The defaults (1, 0) are an unbiased estimate."""
 
     t_micro_s: float
     t_comm_s: float
@@ -74,6 +80,8 @@ class SimConfig:
     imbalance: float = 1.0
     obs_noise: float = 0.3
     thr_noise: float = 0.03
+    obs_bias: float = 1.0
+    obs_bias_k_exponent: float = 0.0
 
     @classmethod
     def from_profile(cls, profile: ComputeProfile, ranks: int, micro_batch: int, bandwidth_gbps: float = 25.0,
@@ -96,6 +104,12 @@ class SimConfig:
     def noise_scale(self, progress: float) -> float:
         return self.noise_scale0 * (1 + progress / self.progress_scale)
 
+    def observed_noise_scale(self, progress: float, k: int, z: float) -> float:
+        """What a live estimate at k reads (trips) for a standard normal draw ``z``: the noise scale times
+        obs_bias · k^obs_bias_k_exponent and a lognormal factor exp(obs_noise · z)."""
+        return (self.noise_scale(progress) * self.obs_bias * k ** self.obs_bias_k_exponent
+                * math.exp(self.obs_noise * z))
+
     def loss(self, progress: float) -> float:
         return self.loss_inf + (self.loss0 - self.loss_inf) / (1 + progress / self.progress_scale)
 
@@ -105,25 +119,34 @@ class SimConfig:
         return m * statistical_efficiency(self.noise_scale(progress), m, self.micro_batch) / self.step_s(k)
 
 
-def randomized_config(rng: np.random.Generator, base: SimConfig) -> SimConfig:
+def randomized_config(rng: np.random.Generator, base: SimConfig, calibration: NoiseCalibration | None = None) -> SimConfig:
     """Domain randomization for pre-training: the k = 1 communication share uniform in [0.01, 0.9],
-    the initial noise scale 0.05–4 micro-batches and its growth over the episode ×1–×300 (both
-    log-uniform), imbalance 1–1.3. The policy sees only scale-free inputs (see
-    schedulers.observation), so the base's absolute times and batch size do not matter."""
+    the initial noise scale 0.05–``phi0_max`` micro-batches and its growth over the episode ×1–×300 (both
+    log-uniform), imbalance 1–1.3, and the live estimate's bias (SimConfig.obs_bias log-uniform and
+    obs_bias_k_exponent uniform over ``calibration``'s measured ranges; None: unbiased, φ0 ≤ 4 batches).
+    The policy sees only scale-free inputs (see schedulers.observation), so the base's absolute times and
+    batch size do not matter."""
     share = rng.uniform(0.01, 0.9)
     t_comm = share * (base.t_micro_s + base.t_opt_s) / (1 - share)
-    phi0 = base.micro_batch * math.exp(rng.uniform(math.log(0.05), math.log(4.0)))
+    phi0_max = 4.0 if calibration is None else calibration.phi0_max
+    phi0 = base.micro_batch * math.exp(rng.uniform(math.log(0.05), math.log(phi0_max)))
     growth = math.exp(rng.uniform(0.0, math.log(300)))
     # P_s such that φ grows about ×growth when training at k = 1 for the whole episode
     base_trips = base.budget_windows * base.window * base.micro_batch
+    bias = {}
+    if calibration is not None:
+        lo, hi = calibration.bias_range
+        bias = {"obs_bias": math.exp(rng.uniform(math.log(lo), math.log(hi))),
+                "obs_bias_k_exponent": rng.uniform(*calibration.k_exponent_range)}
     return replace(base, t_comm_s=t_comm, noise_scale0=phi0, progress_scale=base_trips / growth,
-                   imbalance=rng.uniform(1.0, 1.3))
+                   imbalance=rng.uniform(1.0, 1.3), **bias)
 
 
 class SimulatedTrainingEnv(gym.Env):
     """Analytic training (see SimConfig). reset() runs a first window at k = 1 (as the live RL
     scheduler does) and returns its observation; each step(action) runs a window at k =
-    choices[action]. ``randomize=True`` draws a new model per reset (randomized_config).
+    choices[action]. ``randomize=True`` draws a new model per reset (randomized_config, with
+    ``calibration``'s ranges of the live estimate's bias).
     ``last_stats``: the last window's WindowStats (noisy like a live measurement), so measurement-
     driven schedulers (GoodputScheduler) can run on it too.
 
@@ -133,8 +156,10 @@ class SimulatedTrainingEnv(gym.Env):
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
-    def __init__(self, config: SimConfig, choices=DEFAULT_CHOICES, randomize: bool = False):
+    def __init__(self, config: SimConfig, choices=DEFAULT_CHOICES, randomize: bool = False,
+                 calibration: NoiseCalibration | None = None):
         self.base = config
+        self.calibration = calibration
         self.cfg = config
         self.choices = tuple(choices)
         self.randomize = randomize
@@ -165,7 +190,7 @@ class SimulatedTrainingEnv(gym.Env):
             self.time += dt
             if math.isnan(self.time_to_target) and c.loss(self.progress) <= c.target_loss:
                 self.time_to_target = self.time
-        phi_hat = c.noise_scale(self.progress) * math.exp(c.obs_noise * self.np_random.standard_normal())
+        phi_hat = c.observed_noise_scale(self.progress, k, self.np_random.standard_normal())
         stats = WindowStats(k=k, micro_batch=c.micro_batch, steps=c.window, trips=c.window * k * c.micro_batch,
                             wall_s=wall, comm_s=c.window * c.t_comm_s, overhead_s=c.window * (c.t_comm_s + c.t_opt_s),
                             noise_scale=phi_hat,
@@ -190,7 +215,7 @@ class SimulatedTrainingEnv(gym.Env):
     # ------------------------------------------------------------ gymnasium
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self.cfg = randomized_config(self.np_random, self.base) if self.randomize else self.base
+        self.cfg = randomized_config(self.np_random, self.base, self.calibration) if self.randomize else self.base
         self.progress, self.time = 0.0, 0.0
         self.time_to_target = math.nan
         self.ref = None

@@ -14,6 +14,24 @@ accumulated gradient between micro-steps), so no backward pass is added. Units o
 (the slicer's shards) are handled exactly: averaging |g_u|² over U units has expectation
 |G|² + tr(Σ)·mean(1/b_u), so b_small is the harmonic mean of the unit sizes.
 
+With one process and one micro-step per optimizer step there are no two batch sizes within a step;
+then the units are two CONSECUTIVE steps' gradients and the big batch their trip-weighted mean (a
+differenced estimator, as AdaptDL does with one replica: tr(Σ) comes from |g_t − g_{t−1}|²). The
+parameters moved by one step between the two, which adds |G_t − G_{t−1}|² to the trace estimate: small
+next to tr(Σ)/b at the learning rates used here.
+
+Under Adam (or AdamW) the step is P·g with P = diag(1/(√v̂ + ε)), v̂ its bias-corrected second moment,
+and the noise that matters is that of the preconditioned gradient: the preconditioned noise scale
+(Pollux: Qiao et al., OSDI 2021, §3.1, as AdaptDL computes it)
+
+    B_adam = tr(P Σ Pᵀ) / |P G|²        (trips)
+
+is the same estimator applied to P·g: every norm above weighted element-wise by P (read from the
+optimizer's state once per step: :func:`adam_preconditioner`). Elements with v̂ = 0 (Adam has never seen a
+gradient for them, such as the embedding rows of drivers not met yet) get weight 0: their 1/ε ≈ 1e8 would
+swamp the rest. Measured offline with exact per-trip gradients (benchmarks/noise_scale_units.py), the plain
+B_simple predicts E(4B) ≈ 0.3 for DeepTTE under Adam, B_adam 0.7–1.0, and live runs show ≈ 1.
+
 Both estimates are noisy and |G|² can come out negative on one step, so numerator and denominator
 are smoothed separately by an EMA and divided only afterwards (the paper's recommendation).
 """
@@ -38,17 +56,23 @@ def noise_estimates(small_sq: float, b_small: float, big_sq: float, b_big: float
     return g2, trace
 
 
+NOISE_KINDS = ("adam", "plain")
+# Adam steps before B_adam is estimated: v̂ from a handful of gradients is itself noise (AdaptDL also waits)
+ADAM_WARMUP_STEPS = 5
+
+
 @dataclass
 class UnitNorms:
-    """Per-step accumulator of the small-batch statistics: Σ_u |g_u|², Σ_u 1/b_u and the unit count U
-    (summed over micro-steps on a rank, then over ranks inside the gradient all-reduce)."""
+    """Per-step accumulator of the small-batch statistics: Σ_u |g_u|² (or, preconditioned, Σ_u |P g_u|²),
+    Σ_u 1/b_u and the unit count U (summed over micro-steps on a rank, then over ranks inside the gradient
+    all-reduce)."""
 
     sq_sum: float = 0.0
     inv_size_sum: float = 0.0
     count: float = 0.0
 
     def add(self, mean_grad_sq: float, n_trips: int) -> None:
-        """One unit: |g_u|² of its MEAN gradient over its ``n_trips`` (> 0) trips."""
+        """One unit: |g_u|² (or |P g_u|²) of its MEAN gradient over its ``n_trips`` (> 0) trips."""
         self.sq_sum += mean_grad_sq
         self.inv_size_sum += 1.0 / n_trips
         self.count += 1.0
@@ -73,7 +97,8 @@ class GradientNoiseScale:
         self.n = 0
 
     def update(self, units: np.ndarray, big_sq: float, b_big: float) -> bool:
-        """units: the all-reduced [Σ|g_u|², Σ1/b_u, U] (float64 [3]); big_sq: |g|² of the step's mean
+        """units: the all-reduced [Σ|g_u|², Σ1/b_u, U] (float64 [3]; for B_adam the preconditioned
+        Σ|P g_u|² in place of Σ|g_u|², and |P g|² for big_sq); big_sq: |g|² of the step's mean
         gradient over its ``b_big`` trips. Returns False (and changes nothing) when the step has fewer
         than two units, where the two batch sizes coincide."""
         sq_sum, inv_sum, count = (float(x) for x in units)
@@ -152,35 +177,156 @@ class GradientNoiseScale:
         self.g2_sq_ema = s.get("g2_sq_ema", s["g2_ema"] ** 2)
 
 
-def squared_norm(tensors) -> float:
+def squared_norm(tensors, weights=None) -> float:
     """Σ‖t‖² over ``tensors`` (None entries skipped; 0.0 for none), accumulated in float64 with one
     fused norm per tensor group (``torch._foreach_norm``, as ``torch.nn.utils.clip_grad_norm_`` uses): it
-    is inf or nan exactly when an element is (float32 or float16 gradients cannot overflow it)."""
+    is inf or nan exactly when an element is (float32 or float16 gradients cannot overflow it).
+
+    weights: None, or one tensor (the shape of its tensor) or None per tensor: then Σ‖w ⊙ t‖², a tensor
+    whose weight is None left out (the preconditioned norm |P g|², P from :func:`adam_preconditioner`)."""
     import torch
 
-    ts = [t for t in tensors if t is not None]
+    if weights is None:
+        ts = [t for t in tensors if t is not None]
+    else:
+        pairs = [(t, w) for t, w in zip(tensors, weights, strict=True) if t is not None and w is not None]
+        ts = torch._foreach_mul([t for t, _ in pairs], [w for _, w in pairs]) if pairs else []
     if not ts:
         return 0.0
     return float(torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float64)).square().sum())
 
 
-class UnitGradients:
-    """Squared norms of each unit's mean gradient, read off the accumulating ``.grad`` of ``params``
-    between micro-steps (a copy of the gradient tensors after each micro-step but the last; no extra
-    backward pass).
+def noise_kind(choice: str | None, optimizer) -> str:
+    """Which noise scale steers accumulation: ``choice`` ("adam" or "plain"), or for None "adam" when
+    ``optimizer`` is torch.optim.Adam or AdamW and "plain" otherwise (SGD's step is the gradient itself).
+    Raises ValueError for another choice, or "adam" without an Adam-family optimizer (no v̂ to read)."""
+    import torch
 
-    Use: ``begin()`` before the first micro-step, ``after_micro_step(n)`` after each backward of a
-    unit of n trips whose loss was its trip SUM divided by ``n_total`` (the optimizer step's trips),
-    then ``units`` holds the step's UnitNorms."""
+    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+    if choice is None:
+        return "adam" if adam else "plain"
+    if choice not in NOISE_KINDS:
+        raise ValueError(f"--noise-scale must be adam or plain, got {choice!r}")
+    if choice == "adam" and not adam:
+        raise ValueError(f"--noise-scale adam needs an Adam or AdamW optimizer, got {type(optimizer).__name__}")
+    return choice
+
+
+def adam_preconditioner(optimizer, params, warmup: int = ADAM_WARMUP_STEPS) -> list | None:
+    """Adam's (AdamW's) element-wise preconditioner P = 1/(√v̂ + ε) for each of ``params`` (tensors of its
+    shape and dtype; v̂ = exp_avg_sq / (1 − β₂^step), max_exp_avg_sq under amsgrad), with 0 where v̂ = 0, and
+    None for a parameter Adam holds no state for (never had a gradient): both are left out of the
+    preconditioned norms. None while the optimizer has taken fewer than ``warmup`` steps. Read from the
+    optimizer's state, no copy of it kept; about five element-wise passes over the parameters."""
+    import torch
+
+    group_of = {p: g for g in optimizer.param_groups for p in g["params"]}
+    out, steps = [], 0
+    with torch.no_grad():
+        for p in params:
+            st, g = optimizer.state.get(p, {}), group_of.get(p)
+            v = st.get("max_exp_avg_sq" if g is not None and g.get("amsgrad") else "exp_avg_sq")
+            if v is None:
+                out.append(None)
+                continue
+            step = float(st["step"])
+            steps = max(steps, step)
+            w = (v / (1.0 - g["betas"][1] ** step)).sqrt_().add_(g["eps"]).reciprocal_()
+            out.append(w.masked_fill_(v == 0, 0.0))
+    return out if steps >= warmup else None
+
+
+def torch_foreach_mul(a: list, b: list) -> list:
+    import torch
+
+    return torch._foreach_mul(a, b) if a else []
+
+
+def _stat_norm(tensors) -> float:
+    """Σ‖t‖² for the noise statistics: per-tensor norms in the tensors' own precision (float32: a relative
+    error of ~1e-7, far below the estimates' noise; a quarter faster than squared_norm's float64), summed
+    in float64."""
+    import torch
+
+    ts = [t for t in tensors if t is not None]
+    return float(torch.stack(torch._foreach_norm(ts, 2)).double().square().sum()) if ts else 0.0
+
+
+def _difference(a, b):
+    """a − b for tensors that may be None (a missing gradient: zero)."""
+    if a is None or b is None:
+        return None if a is None and b is None else (-b if a is None else a)
+    return a - b
+
+
+class UnitGradients:
+    """Squared norms of each unit's mean gradient — plain, or preconditioned by P (B_adam) — read off the
+    accumulating ``.grad`` of ``params`` between micro-steps (a copy of the gradient tensors after each
+    micro-step but the last; no extra backward pass).
+
+    Use: ``begin(precond)`` before the first micro-step (precond: :func:`adam_preconditioner`'s list, or
+    None for the plain norms), ``after_micro_step(n)`` after each backward of a unit of n trips whose loss
+    was its trip SUM divided by ``n_total`` (the optimizer step's trips), then ``units`` holds the step's
+    UnitNorms. With one process and one micro-step per step, ``pair_with_previous`` after the step
+    instead. Cost: one (plain) or two (P·g, then the norm) passes over the gradient per unit, plus the
+    copy between micro-steps."""
 
     def __init__(self, params):
         self.params = list(params)
         self.units = UnitNorms()
+        self.precond = None
         self._prev = None  # the .grad tensors (copies; None: no gradient yet) after the previous micro-step
+        # pair_with_previous: (copies of the last step's mean gradient, its trips, its norm, the P it was taken with)
+        self._prev_step = None
 
-    def begin(self) -> None:
+    def begin(self, precond=None) -> None:
         self.units = UnitNorms()
+        self.precond = precond
         self._prev = None
+
+    def norm(self, tensors) -> float:
+        """Σ‖t‖² of per-parameter tensors, or Σ‖P t‖² with this step's preconditioner."""
+        return _stat_norm(tensors if self.precond is None else self._scaled(tensors))
+
+    def _scaled(self, tensors) -> list:
+        """P ⊙ t per tensor (new tensors; None where the tensor or its weight is)."""
+        pairs = [(i, t, w) for i, (t, w) in enumerate(zip(tensors, self.precond, strict=True))
+                 if t is not None and w is not None]
+        out = [None] * len(tensors)
+        for (i, _, _), v in zip(pairs, torch_foreach_mul([t for _, t, _ in pairs], [w for _, _, w in pairs])):
+            out[i] = v
+        return out
+
+    def forget_previous(self) -> None:
+        """The next pair_with_previous starts a new pair (k changed, or the gradients were discarded)."""
+        self._prev_step = None
+
+    def pair_with_previous(self, n_trips: int) -> tuple[np.ndarray, float, int] | None:
+        """The differenced estimator of one process at k = 1: this step's mean gradient g (``.grad``, over
+        n = ``n_trips``) and the previous step's g' (over n') are two units, their trip-weighted mean the big
+        batch: |w g + w' g'|² = w|g|² + w'|g'|² − w w'|g − g'|² (w = n/(n + n'), w' = 1 − w). Each step costs
+        P ⊙ g, its norm, the difference to the previous step's P ⊙ g' (kept, with |P g'|²) and its norm: four
+        passes over the gradient (plain: a copy of g instead of P ⊙ g). g' was scaled by the preconditioner of
+        its own step (refreshed every few steps by the controller; v̂ moves by well under 1 % in between).
+        Returns (units [3] as UnitNorms.as_array, |g_big|², b_big trips), or None for the first of a pair."""
+        grads = [p.grad for p in self.params]
+        if n_trips <= 0 or all(g is None for g in grads):  # nothing to pair: a new pair starts at the next step
+            self._prev_step = None
+            return None
+        cur = ([None if g is None else g.detach().clone() for g in grads] if self.precond is None
+               else self._scaled(grads))
+        sq = _stat_norm(cur)
+        prev, self._prev_step = self._prev_step, (cur, n_trips, sq)
+        if prev is None:
+            return None
+        pg, n_prev, prev_sq = prev
+        diff = [_difference(g, q) for g, q in zip(cur, pg)]
+        total = n_prev + n_trips
+        w, w_prev = n_trips / total, n_prev / total
+        units = UnitNorms()
+        units.add(prev_sq, n_prev)
+        units.add(sq, n_trips)
+        return units.as_array(), w * sq + w_prev * prev_sq - w * w_prev * _stat_norm(diff), total
 
     def after_micro_step(self, n_trips: int, n_total: int, last: bool = False) -> None:
         """Record the unit just backpropagated: its mean gradient is the change of .grad × n_total/n_trips.
@@ -188,10 +334,10 @@ class UnitGradients:
         if n_trips <= 0:
             return
         grads = [p.grad for p in self.params]
-        if self._prev is None:
-            sq = squared_norm(grads)
-        else:  # per tensor, so no flat copy; a tensor whose first gradient came in this unit changed by all of it
-            sq = squared_norm([g if pv is None else g - pv for g, pv in zip(grads, self._prev) if g is not None])
+        # per tensor, so no flat copy; a tensor whose first gradient came in this unit changed by all of it
+        delta = grads if self._prev is None else [g if pv is None or g is None else g - pv
+                                                  for g, pv in zip(grads, self._prev)]
+        sq = self.norm(delta)
         if not last:
             self._prev = [None if g is None else g.detach().clone() for g in grads]
         self.units.add(sq * (n_total / n_trips) ** 2, n_trips)

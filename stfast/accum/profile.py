@@ -22,6 +22,29 @@ DEFAULT_PATH = Path(__file__).with_name("profile_deeptte_cpu.json")
 
 
 @dataclass
+class NoiseCalibration:
+    """How the live noise-scale estimate relates to the statistical efficiency live runs show (measured by
+    ``python benchmarks/accumulation.py --calibrate RUNS``; stored as "noise_calibration" in the profile
+    JSON with the runs it came from). bias_range: [lo, hi] of (the lower confidence bound of B_adam at
+    k = 1) / (the noise scale φ_eff whose Pollux efficiency E(kB) = (φ + B)/(φ + kB) fits the runs' epochs
+    to target at each k), over the measured data sets; k_exponent_range: [lo, hi] of α in
+    estimate(k) / estimate(1) = k^α; phi0_max: the largest φ_eff seen, in micro-batches (the simulator's
+    range of noise scales reaches it)."""
+
+    bias_range: tuple[float, float]
+    k_exponent_range: tuple[float, float]
+    phi0_max: float
+
+    @classmethod
+    def load(cls, path: str | os.PathLike = None) -> NoiseCalibration | None:
+        """The stored calibration, None when the profile has none."""
+        d = json.loads(Path(path or DEFAULT_PATH).read_text()).get("noise_calibration")
+        if d is None:
+            return None
+        return cls(tuple(d["bias_range"]), tuple(d["k_exponent_range"]), float(d["phi0_max"]))
+
+
+@dataclass
 class ComputeProfile:
     """t_fixed_s + b·t_per_trip_s: one rank's forward + backward of b trips (s); t_opt_s: one Adam
     step (s); grad_bytes: the gradient all-reduced per optimizer step (bytes)."""
@@ -92,7 +115,10 @@ def main(argv=None) -> int:
                        + " ".join(argv if argv is not None else sys.argv[1:]))
     prof["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     prof["note"] = "machine shared with other jobs while measured: timings are noisy upper bounds"
-    Path(a.out).write_text(json.dumps(prof, indent=2) + "\n")
+    out = Path(a.out)
+    if out.is_file() and "noise_calibration" in (old := json.loads(out.read_text())):
+        prof["noise_calibration"] = old["noise_calibration"]  # measured by another command: kept
+    out.write_text(json.dumps(prof, indent=2) + "\n")
     print(json.dumps(prof, indent=2))
     return 0
 

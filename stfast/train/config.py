@@ -61,6 +61,7 @@ class TrainConfig:
     accumulation: str | None = None  # K, fixed:K, goodput or rl; None: rl when nproc > 1, else fixed:1
     accum_window: int = 10  # optimizer steps per scheduler decision (a window)
     lr_scaling: str = "sqrt"  # LR rule when the effective batch k·B changes: sqrt (Adam), linear, none
+    noise_scale: str | None = None  # noise scale the schedulers read: adam, plain; None: adam under Adam/AdamW
     time_budget_s: float | None = None  # stop after this wall time (checked at window ends)
     # ---- reliability (stfast.train.guards)
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch)
@@ -162,10 +163,13 @@ class TrainConfig:
             raise ValueError("--comm nccl needs --device cuda (NCCL moves CUDA tensors only)")
         # ---- gradient accumulation
         from ..accum.goodput import lr_scale
+        from ..accum.noise import NOISE_KINDS
         from ..accum.schedulers import parse_spec
 
         parse_spec(self.accumulation, self.nproc)
         lr_scale(1, self.lr_scaling)
+        if self.noise_scale not in (None, *NOISE_KINDS):  # the trainer's optimizer is Adam: both are valid
+            raise ValueError(f"--noise-scale must be adam or plain, got {self.noise_scale!r}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:

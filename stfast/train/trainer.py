@@ -379,7 +379,7 @@ class Trainer:
             sched = FixedScheduler(1)  # rank 0's agent decides; k0 = 1 like the RL scheduler's
         self.accum_spec = spec
         self.accum = AccumulationController(sched, self.model.parameters(), self.info, self.cfg.batch_size,
-                                            self.cfg.accum_window)
+                                            self.cfg.accum_window, self.opt, self.cfg.noise_scale)
         if resume is not None and "accumulation" in resume:
             self.accum.load_state_dict(resume["accumulation"])
         self._set_lr()
