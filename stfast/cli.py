@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--format", default="auto", choices=FORMATS)
     m.add_argument("--n-synthetic", type=int, default=3000, help="trips of the synthetic city")
     m.add_argument("--nproc", type=int, default=2, help="processes of the data-parallel modes")
-    m.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    m.add_argument("--threads", type=int, default=None,
+                   help="threads per process of the multi-process modes (default: cores / --nproc); a "
+                        "single-process mode gets --nproc × this (equal hardware)")
     m.add_argument("--batch-size", type=int, default=64, help="global (micro-)batch")
     m.add_argument("--budget-s", type=float, default=60.0, help="training wall-clock budget per run (s)")
     m.add_argument("--target-mape", type=float, default=None,
