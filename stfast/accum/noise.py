@@ -236,7 +236,7 @@ def adam_preconditioner(optimizer, params, warmup: int = ADAM_WARMUP_STEPS) -> l
     return out if steps >= warmup else None
 
 
-def torch_foreach_mul(a: list, b: list) -> list:
+def _foreach_mul(a: list, b: list) -> list:
     import torch
 
     return torch._foreach_mul(a, b) if a else []
@@ -293,7 +293,7 @@ class UnitGradients:
         pairs = [(i, t, w) for i, (t, w) in enumerate(zip(tensors, self.precond, strict=True))
                  if t is not None and w is not None]
         out = [None] * len(tensors)
-        for (i, _, _), v in zip(pairs, torch_foreach_mul([t for _, t, _ in pairs], [w for _, _, w in pairs])):
+        for (i, _, _), v in zip(pairs, _foreach_mul([t for _, t, _ in pairs], [w for _, _, w in pairs])):
             out[i] = v
         return out
 
