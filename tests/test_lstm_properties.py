@@ -291,7 +291,7 @@ def _csr_case(draw):
         elif op == "swap" and len(offsets) > 2:
             i = draw(st.integers(0, len(offsets) - 2))
             offsets[i], offsets[i + 1] = offsets[i + 1], offsets[i]
-        elif op == "value":
+        elif op == "value" and offsets:  # (after "empty" there is no entry to change)
             offsets[draw(st.integers(0, len(offsets) - 1))] = draw(st.integers(-4, N + 4) | st.sampled_from(HUGE[:3]))
         elif op == "drop" and len(offsets) > 1:
             offsets.pop(draw(st.integers(0, len(offsets) - 1)))
