@@ -1,0 +1,226 @@
+"""The command line's options and TrainConfig's defaults, pinned: recorded from main (84bcac9) before
+the options were declared once (stfast.train.config), so that deriving the parser from the
+declarations changes no flag, default, choice or destination, and the flags reach the same
+TrainConfig fields as the hand-written mapping did."""
+import argparse
+import dataclasses
+import shlex
+
+import pytest
+
+import stfast.cli as cli
+from stfast.cli import build_parser
+from stfast.train.config import TrainConfig
+
+PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, action, required, nargs)}
+    'train': {
+        'data': (('--data',), None, None, None, 'StoreAction', False, None),
+        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'on_error': (('--on-error',), 'raise', ('raise', 'skip'), None, 'StoreAction', False, None),
+        'modes': (('--modes',), '', None, None, 'StoreAction', False, None),
+        'min_spacing_km': (('--min-spacing-km',), 0.2, None, 'float', 'StoreAction', False, None),
+        'gap_min': (('--gap-min',), 20.0, None, 'float', 'StoreAction', False, None),
+        'tz': (('--tz',), None, None, None, 'StoreAction', False, None),
+        'n_synthetic': (('--n-synthetic',), 20000, None, 'int', 'StoreAction', False, None),
+        'epochs': (('--epochs',), 10, None, 'int', 'StoreAction', False, None),
+        'batch_size': (('--batch-size',), 64, None, 'int', 'StoreAction', False, None),
+        'lr': (('--lr',), 0.001, None, 'float', 'StoreAction', False, None),
+        'weight_decay': (('--weight-decay',), 0.0, None, 'float', 'StoreAction', False, None),
+        'lr_schedule': (('--lr-schedule',), 'constant', ('constant', 'cosine'), None, 'StoreAction', False, None),
+        'ema_decay': (('--ema-decay',), None, None, 'float', 'StoreAction', False, None),
+        'alpha': (('--alpha',), 0.3, None, 'float', 'StoreAction', False, None),
+        'compat': (('--compat',), 'fixed', ('fixed', 'original'), None, 'StoreAction', False, None),
+        'head': (('--head',), 'paper', ('paper', 'prior'), None, 'StoreAction', False, None),
+        'loss': (('--loss',), 'mape', ('mape', 'log', 'mae'), None, 'StoreAction', False, None),
+        'dropout': (('--dropout',), 0.0, None, 'float', 'StoreAction', False, None),
+        'driver_dim': (('--driver-dim',), 16, None, 'int', 'StoreAction', False, None),
+        'time_bin_min': (('--time-bin-min',), 1, None, 'int', 'StoreAction', False, None),
+        'kernels': (('--kernels',), 'fused', ('fused', 'reference'), None, 'StoreAction', False, None),
+        'patience': (('--patience',), None, None, 'int', 'StoreAction', False, None),
+        'nproc': (('--nproc',), 1, None, 'int', 'StoreAction', False, None),
+        'comm': (('--comm',), 'torch', ('torch', 'nccl'), None, 'StoreAction', False, None),
+        'slicer': (('--slicer',), None, ('balanced', 'equal', 'sorted'), None, 'StoreAction', False, None),
+        'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
+        'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
+        'dtype': (('--dtype',), 'float32', ('float32', 'float64'), None, 'StoreAction', False, None),
+        'seed': (('--seed',), 0, None, 'int', 'StoreAction', False, None),
+        'data_seed': (('--data-seed',), None, None, 'int', 'StoreAction', False, None),
+        'ensemble': (('--ensemble',), 1, None, 'int', 'StoreAction', False, None),
+        'split': (('--split',), '0.7/0.15/0.15', None, None, 'StoreAction', False, None),
+        'split_by': (('--split-by',), 'random', ('random', 'date'), None, 'StoreAction', False, None),
+        'split_days': (('--split-days',), None, None, None, 'StoreAction', False, None),
+        'max_steps': (('--max-steps',), None, None, 'int', 'StoreAction', False, None),
+        'out': (('--out',), 'runs/latest', None, None, 'StoreAction', False, None),
+        'resume': (('--resume',), False, None, None, 'StoreTrueAction', False, 0),
+        'overwrite': (('--overwrite',), False, None, None, 'StoreTrueAction', False, 0),
+        'no_progress': (('--no-progress',), False, None, None, 'StoreTrueAction', False, 0),
+        'accumulation': (('--accumulation',), None, None, None, 'StoreAction', False, None),
+        'accum_window': (('--accum-window',), 10, None, 'int', 'StoreAction', False, None),
+        'lr_scaling': (('--lr-scaling',), 'sqrt', ('sqrt', 'linear', 'none'), None, 'StoreAction', False, None),
+        'noise_scale': (('--noise-scale',), None, ('adam', 'plain'), None, 'StoreAction', False, None),
+        'time_budget': (('--time-budget',), None, None, 'float', 'StoreAction', False, None),
+        'checkpoint_every': (('--checkpoint-every',), None, None, 'int', 'StoreAction', False, None),
+        'max_bad_steps': (('--max-bad-steps',), 5, None, 'int', 'StoreAction', False, None),
+        'timeout_s': (('--timeout-s',), 300.0, None, 'float', 'StoreAction', False, None),
+        'parallel': (('--parallel',), 'dp', ('dp', 'cp', 'dp+cp'), None, 'StoreAction', False, None),
+        'micro_batches': (('--micro-batches',), None, None, 'int', 'StoreAction', False, None),
+        'cp_plan': (('--cp-plan',), 'components', ('components', 'layers'), None, 'StoreAction', False, None),
+    },
+    'evaluate': {
+        'checkpoint': (('--checkpoint',), None, None, None, 'StoreAction', True, '+'),
+        'data': (('--data',), None, None, None, 'StoreAction', False, None),
+        'format': (('--format',), None, ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'on_error': (('--on-error',), 'raise', ('raise', 'skip'), None, 'StoreAction', False, None),
+        'modes': (('--modes',), None, None, None, 'StoreAction', False, None),
+        'min_spacing_km': (('--min-spacing-km',), None, None, 'float', 'StoreAction', False, None),
+        'gap_min': (('--gap-min',), None, None, 'float', 'StoreAction', False, None),
+        'tz': (('--tz',), None, None, None, 'StoreAction', False, None),
+        'split': (('--split',), 'all', ('all', 'train', 'val', 'test'), None, 'StoreAction', False, None),
+        'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
+    },
+    'bench modes': {
+        'data': (('--data',), None, None, None, 'StoreAction', False, None),
+        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'n_synthetic': (('--n-synthetic',), 3000, None, 'int', 'StoreAction', False, None),
+        'nproc': (('--nproc',), 2, None, 'int', 'StoreAction', False, None),
+        'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
+        'batch_size': (('--batch-size',), 64, None, 'int', 'StoreAction', False, None),
+        'budget_s': (('--budget-s',), 60.0, None, 'float', 'StoreAction', False, None),
+        'target_mape': (('--target-mape',), None, None, 'float', 'StoreAction', False, None),
+        'seeds': (('--seeds',), 1, None, 'int', 'StoreAction', False, None),
+        'only': (('--only',), None, None, None, 'AppendAction', False, None),
+        'reuse': (('--reuse',), False, None, None, 'StoreTrueAction', False, 0),
+        'out': (('--out',), None, None, None, 'StoreAction', True, None),
+    },
+    'report': {
+        'run_dir': (None, None, None, None, 'StoreAction', True, None),
+        'out': (('--out',), None, None, None, 'StoreAction', False, None),
+    },
+}
+PARSERS["predict"] = {**PARSERS["evaluate"],
+                      'out': (('--out',), None, None, None, 'StoreAction', True, None)}
+PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_error", "modes", "min_spacing_km", "gap_min",
+                                                                "tz")},
+                           'data': (('--data',), None, None, None, 'StoreAction', True, None),
+                           'out': (('--out',), None, None, None, 'StoreAction', True, None)}
+
+TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
+    'data': None,
+    'format': 'auto',
+    'n_synthetic': 20000,
+    'on_error': 'raise',
+    'modes': (),
+    'min_spacing_km': 0.2,
+    'gap_s': 1200.0,
+    'tz': None,
+    'epochs': 10,
+    'batch_size': 64,
+    'lr': 0.001,
+    'weight_decay': 0.0,
+    'lr_schedule': 'constant',
+    'ema_decay': None,
+    'alpha': 0.3,
+    'compat': 'fixed',
+    'head': 'paper',
+    'loss': 'mape',
+    'dropout': 0.0,
+    'driver_dim': 16,
+    'time_bin_min': 1,
+    'kernels': 'fused',
+    'patience': None,
+    'seed': 0,
+    'data_seed': None,
+    'ensemble': 1,
+    'split': '0.7/0.15/0.15',
+    'split_by': 'random',
+    'split_days': None,
+    'device': 'cpu',
+    'dtype': 'float32',
+    'nproc': 1,
+    'comm': 'torch',
+    'slicer': None,
+    'threads': None,
+    'max_steps': None,
+    'out': 'runs/latest',
+    'resume': False,
+    'overwrite': False,
+    'progress': None,
+    'accumulation': None,
+    'accum_window': 10,
+    'lr_scaling': 'sqrt',
+    'noise_scale': None,
+    'time_budget_s': None,
+    'checkpoint_every': None,
+    'max_bad_steps': 5,
+    'timeout_s': 300.0,
+    'parallel': 'dp',
+    'micro_batches': None,
+    'cp_plan': 'components',
+}
+
+EVERY_FLAG = shlex.split(
+    "--data x.jsonl --format deeptte --on-error skip --modes car,bus --min-spacing-km 0.5 --gap-min 30 "
+    "--tz Europe/Lisbon --n-synthetic 100 --epochs 3 --batch-size 8 --lr 0.01 --weight-decay 0.1 --lr-schedule cosine "
+    "--ema-decay 0.9 --alpha 0.5 --compat original --head prior --loss log --dropout 0.1 --driver-dim 4 "
+    "--time-bin-min 15 --kernels reference --patience 2 --nproc 2 --comm nccl --slicer equal --threads 2 "
+    "--device cuda --dtype float64 --seed 3 --data-seed 4 --ensemble 2 --split 0.8/0.1/0.1 --split-by date "
+    "--split-days 1-2/3/4 --max-steps 5 --out o --resume --overwrite --no-progress --accumulation 4 "
+    "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
+    "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers")
+EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
+    "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "modes": ["car", "bus"],
+    "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
+    "weight_decay": 0.1, "lr_schedule": "cosine", "ema_decay": 0.9, "alpha": 0.5, "compat": "original",
+    "head": "prior", "loss": "log", "dropout": 0.1, "driver_dim": 4, "time_bin_min": 15, "kernels": "reference",
+    "patience": 2, "seed": 3, "data_seed": 4, "ensemble": 2, "split": "0.8/0.1/0.1", "split_by": "date",
+    "split_days": "1-2/3/4", "device": "cuda", "dtype": "float64", "nproc": 2, "comm": "nccl", "slicer": "equal",
+    "threads": 2, "max_steps": 5, "out": "o", "resume": True, "overwrite": True, "progress": False,
+    "accumulation": "4", "accum_window": 3, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
+    "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
+    "cp_plan": "layers"}
+
+
+def _subparsers(p: argparse.ArgumentParser, prefix: tuple = ()):
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                yield from _subparsers(sp, (*prefix, name))
+            return
+    yield " ".join(prefix), p
+
+
+def _table(p: argparse.ArgumentParser) -> dict:
+    return {a.dest: (tuple(a.option_strings) or None, a.default, tuple(a.choices) if a.choices else None,
+                     getattr(a.type, "__name__", None), type(a).__name__.lstrip("_"), a.required, a.nargs)
+            for a in p._actions if not isinstance(a, argparse._HelpAction)}
+
+
+def test_every_command_has_the_pinned_flags_defaults_choices_and_destinations():
+    got = {name: _table(p) for name, p in _subparsers(build_parser())}
+    assert sorted(got) == sorted(PARSERS)
+    for name in PARSERS:
+        assert got[name] == PARSERS[name], name
+
+
+def test_train_config_fields_and_defaults_are_pinned():
+    cfg = TrainConfig()
+    assert [f.name for f in dataclasses.fields(TrainConfig)] == list(TRAIN_CONFIG)
+    assert {k: getattr(cfg, k) for k in TRAIN_CONFIG} == TRAIN_CONFIG
+
+
+class _Built(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv, expected", [([], {**TRAIN_CONFIG, "modes": []}), (EVERY_FLAG, EVERY_FLAG_CONFIG)],
+                         ids=["defaults", "every-flag"])
+def test_train_flags_reach_the_same_config_fields(argv, expected, monkeypatch):
+    """``stfast train``'s arguments become the TrainConfig main built (checked where cmd_train validates it)."""
+    def built(self):
+        raise _Built(self)
+
+    monkeypatch.setattr(TrainConfig, "validate", built)
+    with pytest.raises(_Built) as e:
+        cli.cmd_train(build_parser().parse_args(["train", *argv]))
+    assert e.value.args[0].to_dict() == expected
+    assert TrainConfig.from_dict(expected) == e.value.args[0]  # the stored form reads back
