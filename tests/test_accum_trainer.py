@@ -181,7 +181,7 @@ def test_time_budget_stops_within_a_window(trips_file, tmp_path):
 
 def test_bad_accumulation_arguments(trips_file, tmp_path):
     for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
-                    ({"lr_scaling": "cubic"}, "lr rule"), ({"accum_window": 0}, "--accum-window"),
+                    ({"lr_scaling": "cubic"}, "--lr-scaling"), ({"accum_window": 0}, "--accum-window"),
                     ({"time_budget_s": 0.0}, "--time-budget"), ({"noise_scale": "fisher"}, "--noise-scale")):
         with pytest.raises(ValueError, match=msg):
             cfg(trips_file, tmp_path, **kw).validate()

@@ -422,7 +422,7 @@ def test_train_config_checks_the_parallel_mode():
 
     for kw, msg in (({"parallel": "pp"}, "--parallel must be one of"), ({"parallel": "cp", "nproc": 3}, "--nproc 3"),
                     ({"parallel": "dp+cp", "nproc": 3}, "multiple of 2"), ({"micro_batches": 0}, "--micro-batches"),
-                    ({"parallel": "cp", "cp_plan": "stages"}, "--cp-plan must be one of"),
+                    ({"parallel": "cp", "cp_plan": "stages"}, "--cp-plan must be components or layers"),
                     ({"cp_plan": "layers"}, "--parallel cp or dp\\+cp")):
         with pytest.raises(ValueError, match=msg):
             TrainConfig(**kw).validate()

@@ -224,3 +224,59 @@ def test_train_flags_reach_the_same_config_fields(argv, expected, monkeypatch):
         cli.cmd_train(build_parser().parse_args(["train", *argv]))
     assert e.value.args[0].to_dict() == expected
     assert TrainConfig.from_dict(expected) == e.value.args[0]  # the stored form reads back
+
+
+# ---------------------------------------------------------------- each option declared once
+def test_every_train_config_field_is_declared_once_with_its_help():
+    """Each TrainConfig field declares its flag, default and help (stfast._options); the CLI adds no train
+    flag of its own, and the model options are DeepTTEConfig's declarations, not copies."""
+    from pathlib import Path
+
+    from stfast import _options
+    from stfast.models.deeptte import DeepTTEConfig
+    from stfast.train.config import MODEL_OPTIONS, flag
+
+    decl = _options.options(TrainConfig)
+    assert list(decl) == list(TRAIN_CONFIG) and all(o.help for o in decl.values())
+    cli_src = (Path(cli.__file__)).read_text()
+    for name in set(decl) - {"split", "out"}:  # evaluate's --split (which split) and --out (where) are others
+        assert f'add_argument("{flag(name)}"' not in cli_src, name
+    model = {f.name: f for f in dataclasses.fields(DeepTTEConfig)}
+    assert set(MODEL_OPTIONS) == {"alpha", "compat", "head", "loss", "dropout", "driver_dim", "time_bin_min", "kernels"}
+    for name in MODEL_OPTIONS:
+        assert decl[name] is _options.declaration(model[name]) and TRAIN_CONFIG[name] == model[name].default
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"gap_s": -60.0}, "--gap-min must be > 0 minutes, got -1"),  # in the flag's unit
+    ({"time_budget_s": 0.0}, "--time-budget must be > 0 s, got 0"),
+    ({"alpha": 1.5}, "--alpha must be in [0, 1], got 1.5"),
+    ({"dropout": 1.0}, "--dropout must be in [0, 1), got 1"),
+    ({"time_bin_min": 0}, "--time-bin-min must be in 1..1440 minutes, got 0"),
+    ({"head": "nope"}, "--head must be paper or prior, got 'nope'"),
+    ({"parallel": "pp"}, "--parallel must be one of dp, cp, dp+cp, got 'pp'"),
+    ({"epochs": None}, "--epochs must be given"),
+    ({"slicer": None, "threads": 0}, "--threads must be ≥ 1, got 0"),  # None where the field allows it
+])
+def test_single_field_rules_come_from_the_declaration_and_name_the_flag(kw, message):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**kw).validate()
+    assert str(e.value) == message
+
+
+def test_model_config_checks_its_options_by_field_name():
+    from stfast.models.deeptte import DeepTTEConfig
+
+    with pytest.raises(ValueError, match=r"^time_bin_min must be in 1\.\.1440 minutes, got 0$"):
+        DeepTTEConfig(n_drivers=3, time_bin_min=0)
+    with pytest.raises(ValueError, match=r"^kernels must be fused or reference, got 'x'$"):
+        DeepTTEConfig(n_drivers=3, kernels="x")
+
+
+def test_data_flags_shown_in_their_units():
+    from stfast.train.config import DATA_OPTIONS, flag, show
+
+    assert [flag(k) for k in DATA_OPTIONS] == ["--modes", "--min-spacing-km", "--gap-min", "--tz"]
+    assert [show(k, v) for k, v in zip(DATA_OPTIONS, ([], 0.0, 1200.0, None))] == \
+        ["(all)", "0", "20", "(the format's default)"]
+    assert show("modes", ["bus", "car"]) == "bus,car"

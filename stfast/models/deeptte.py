@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .._options import check_options, option
 from ..data.dataset import NormStats, TripBatch
 from ..parallel.components.graph import Component, ComponentGraph
 
@@ -36,7 +37,7 @@ class DeepTTEConfig:
     """Hyper-parameters of DeepTTE. Defaults are the original's."""
 
     n_drivers: int  # embedding rows = known drivers + 1 (index 0 = unknown)
-    driver_dim: int = 16
+    driver_dim: int = option(16, "driver embedding size (0: no driver id)", ge=0)
     week_dim: int = 3
     time_dim: int = 8
     state_dim: int = 2
@@ -47,25 +48,21 @@ class DeepTTEConfig:
     num_layers: int = 2
     local_hidden: tuple = (64, 32)
     n_residual: int = 3
-    alpha: float = 0.3  # weight of the local loss
-    compat: str = "fixed"  # "fixed" or "original" (reproduces faults 1-3)
-    head: str = "paper"  # "paper": normalized time; "prior": log-correction of the constant-speed time
-    loss: str = "mape"  # entire-estimate loss: "mape" (paper), "log" |log ŷ − log y|, "mae" (in mean times)
-    dropout: float = 0.0  # on the entire estimator's input and hidden layers
-    time_bin_min: int = 1  # departure-time embedding per bin of this many minutes (1: per minute, the paper)
-    kernels: str = "fused"  # "fused": stfast's native ops; "reference": plain PyTorch (same parameters)
+    # the options a user sets (stfast train's flags of the same names: stfast.train.config)
+    alpha: float = option(0.3, "weight of the local loss", ge=0.0, le=1.0)
+    compat: str = option("fixed", "original: reproduce faults 1-3 of the original DeepTTE",
+                         choices=("fixed", "original"))
+    head: str = option("paper", "paper: DeepTTE's normalized-time head; prior: correction to distance / mean speed",
+                       choices=("paper", "prior"))
+    # mape: the paper's; log: |log ŷ − log y|; mae: in units of the mean travel time
+    loss: str = option("mape", "loss of the entire estimate", choices=("mape", "log", "mae"))
+    dropout: float = option(0.0, "dropout probability in the estimators", ge=0.0, lt=1.0)  # input and hidden layers
+    time_bin_min: int = option(1, "departure-time embedding bin in minutes", unit="minutes", ge=1, le=1440)
+    kernels: str = option("fused", "fused: stfast's native ops; reference: plain PyTorch (same parameters)",
+                          choices=("fused", "reference"))
 
     def __post_init__(self):
-        if self.head not in ("paper", "prior"):
-            raise ValueError(f"head must be paper or prior, got {self.head!r}")
-        if self.loss not in ("mape", "log", "mae"):
-            raise ValueError(f"loss must be mape, log or mae, got {self.loss!r}")
-        if self.compat not in ("fixed", "original"):
-            raise ValueError(f"compat must be fixed or original, got {self.compat!r}")
-        if self.kernels not in ("fused", "reference"):
-            raise ValueError(f"kernels must be fused or reference, got {self.kernels!r}")
-        if not 1 <= self.time_bin_min <= 1440:
-            raise ValueError(f"time_bin_min must be in 1..1440, got {self.time_bin_min}")
+        check_options(self, by_flag=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -1,76 +1,164 @@
-"""Configuration of one training run (what `stfast train` parses into)."""
+"""Configuration of one training run (what `stfast train` parses into).
+
+Each field is declared once (:func:`stfast._options.option`): its flag, default, choices, range, unit
+and help. The `stfast train` parser (:func:`add_arguments`), :meth:`TrainConfig.from_args` and the
+single-field checks of :meth:`TrainConfig.validate` derive from the declarations; the model's options
+are DeepTTEConfig's (:func:`stfast._options.same_option`). Units: the field's, given by ``unit``;
+``gap_s`` is in seconds and its flag ``--gap-min`` in minutes (checkpoints store seconds).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from .. import _options
+from .._options import CommaList, Scaled, SwitchTo, option, same_option
+from ..accum.noise import NOISE_KINDS
+from ..data.readers import FORMATS
+from ..models.deeptte import DeepTTEConfig
+
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
-#: data settings (TrainConfig field → the flag a user types, and how a value is shown in that flag's unit)
-DATA_FLAGS = {"modes": ("--modes", lambda v: ",".join(v) or "(all)"),
-              "min_spacing_km": ("--min-spacing-km", lambda v: f"{v:g}"),
-              "gap_s": ("--gap-min", lambda v: f"{v / 60:g}"),
-              "tz": ("--tz", lambda v: v or "(the format's default)")}
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
 CP_PLANS = ("components", "layers")  # the cut of the 2 stages: after the LSTM | between its layers
 
 
+def check_device(device: str) -> None:
+    """Raise ValueError unless ``device`` is ``cpu``, ``cuda`` or ``cuda:N`` of a GPU torch sees."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device} requested but torch sees no CUDA device")
+        n = int(device.split(":")[1]) if ":" in device else 0
+        if n >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _check_tz(tz: str) -> None:
+    from ..data.tz import check_tz
+
+    try:
+        check_tz(tz)
+    except ValueError as e:
+        raise ValueError(f"--tz: {e}") from None
+
+
+def _check_split(split: str) -> None:
+    from ..data.splits import parse_fractions
+
+    parse_fractions(split)
+
+
+def _check_split_days(days: str) -> None:
+    from ..data.splits import parse_days
+
+    if days:
+        parse_days(days)
+
+
+def _check_accumulation(spec: str) -> None:
+    from ..accum.schedulers import parse_spec
+
+    parse_spec(spec, 1)
+
+
 @dataclass
 class TrainConfig:
-    """Everything a training run depends on. Units: lr per optimizer step, times in seconds."""
+    """Everything a training run depends on (each field is the `stfast train` flag of its name)."""
 
-    data: str | None = None  # None: the synthetic city
-    format: str = "auto"
-    n_synthetic: int = 20000  # trips of the synthetic city when data is None
-    on_error: str = "raise"  # "raise" or "skip" bad records
-    modes: tuple = ()  # GeoLife transport modes to keep (empty: all)
-    min_spacing_km: float = 0.2  # raw traces: resampling distance (0: keep every point)
-    gap_s: float = 1200.0  # raw traces: split trips at longer time gaps
-    tz: str | None = None  # IANA time zone of local time (weekID/timeID/dateID); None: the format's default
-    epochs: int = 10
-    batch_size: int = 64  # GLOBAL batch (trips per optimizer step, over all ranks)
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    lr_schedule: str = "constant"  # or "cosine": lr × ½(1 + cos(π·epoch/epochs)), set at every epoch start
-    ema_decay: float | None = None  # validate/checkpoint/test an exponential moving average of the weights
-    alpha: float = 0.3  # local loss weight
-    compat: str = "fixed"  # "original" reproduces faults 1-3 of the original DeepTTE
-    head: str = "paper"  # "paper" or "prior" (see DeepTTEConfig)
-    loss: str = "mape"  # entire-estimate loss: mape, log or mae
-    dropout: float = 0.0
-    driver_dim: int = 16  # 0 drops the driver id
-    time_bin_min: int = 1  # departure-time embedding bin (minutes)
-    kernels: str = "fused"  # "fused" (native ops) or "reference" (plain PyTorch)
-    patience: int | None = None  # stop after this many epochs without a better validation MAPE
-    seed: int = 0
-    data_seed: int | None = None  # seed of the synthetic city and the random split (None: seed)
-    ensemble: int = 1  # models trained with seeds seed..seed+ensemble-1, scored as their mean
-    split: str = "0.7/0.15/0.15"
-    split_by: str = "random"  # "random" or "date"
-    split_days: str | None = None  # e.g. "24-28/29/30"
-    device: str = "cpu"
-    dtype: str = "float32"  # or "float64"
-    nproc: int = 1
-    comm: str = "torch"  # gradient-sync communicator: "torch" (torch.distributed) or "nccl" (stfast's C++ NCCL)
-    slicer: str | None = None  # balanced, equal or sorted shards per rank (None: balanced when distributed)
-    threads: int | None = None  # torch intra-op threads per process (default: cores / processes)
-    max_steps: int | None = None  # stop after this many optimizer steps (tests, smoke runs)
-    out: str = "runs/latest"
-    resume: bool = False
-    overwrite: bool = False  # a non-empty ``out`` without ``resume``: clear its run files (else refused)
-    progress: bool | None = None  # None: only on a TTY and rank 0
-    # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch ----
-    accumulation: str | None = None  # K, fixed:K, goodput or rl; None: rl when nproc > 1, else fixed:1
-    accum_window: int = 10  # optimizer steps per scheduler decision (a window)
-    lr_scaling: str = "sqrt"  # LR rule when the effective batch k·B changes: sqrt (Adam), linear, none
-    noise_scale: str | None = None  # noise scale the schedulers read: adam, plain; None: adam under Adam/AdamW
-    time_budget_s: float | None = None  # stop after this wall time (checked at window ends)
+    # ---- data (DATA_OPTIONS: what evaluate/predict take from a checkpoint)
+    data: str | None = option(None, "file or folder of trajectories (default: the synthetic city)")
+    format: str = option("auto", "input format (auto: recognized by content)", choices=("auto", "synthetic", *FORMATS))
+    n_synthetic: int = option(20000, "trips of the synthetic city", ge=1)  # when data is None
+    on_error: str = option("raise", "bad records: stop with an error naming file and line, or skip and count them",
+                           choices=("raise", "skip"))
+    modes: tuple = option((), "GeoLife transport modes to keep, e.g. car,taxi,bus (empty: all)", cli=CommaList(),
+                          unset="(all)")
+    min_spacing_km: float = option(0.2, "raw traces: resample to points at least this far apart (0: keep every point)",
+                                   unit="km", ge=0.0)
+    gap_s: float = option(1200.0, "raw traces: split trips at time gaps above this (minutes)", unit="s", gt=0.0,
+                          flag="--gap-min", cli=Scaled(60.0, "minutes"))
+    tz: str | None = option(None, "time zone of local time (time of day, weekday, date), an IANA name such as "
+                                  "Europe/Lisbon; default: Asia/Shanghai for GeoLife, DeepTTE JSON and DiDi GAIA, "
+                                  "and for a point CSV the UTC offset its timestamps carry, else UTC",
+                            check=_check_tz, unset="(the format's default)")
+    # ---- optimization
+    epochs: int = option(10, "passes over the training split", ge=1)
+    batch_size: int = option(64, "global batch: trips per optimizer step", ge=1)  # over all ranks
+    lr: float = option(1e-3, "Adam learning rate per optimizer step", gt=0.0)
+    weight_decay: float = option(0.0, "Adam weight decay (L2)", ge=0.0)
+    lr_schedule: str = option("constant", "cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch "
+                                          "(Loshchilov & Hutter 2017)", choices=("constant", "cosine"))
+    ema_decay: float | None = option(None, "validate, checkpoint and test an exponential moving average of the "
+                                           "weights, updated after every optimizer step with this decay per "
+                                           "micro-batch (decay^k at k accumulation steps; Polyak & Juditsky "
+                                           "1992), e.g. 0.9", gt=0.0, lt=1.0)
+    # ---- the model (DeepTTEConfig's options: MODEL_OPTIONS)
+    alpha: float = same_option(DeepTTEConfig, "alpha")
+    compat: str = same_option(DeepTTEConfig, "compat")
+    head: str = same_option(DeepTTEConfig, "head")
+    loss: str = same_option(DeepTTEConfig, "loss")
+    dropout: float = same_option(DeepTTEConfig, "dropout")
+    driver_dim: int = same_option(DeepTTEConfig, "driver_dim")
+    time_bin_min: int = same_option(DeepTTEConfig, "time_bin_min")
+    kernels: str = same_option(DeepTTEConfig, "kernels")
+    # ---- the run
+    patience: int | None = option(None, "early stop after N epochs without improvement", ge=1)  # in validation MAPE
+    seed: int = option(0, "seed of the model's initialisation and batch order")
+    data_seed: int | None = option(None, "seed of the synthetic city and of the random split (default: --seed)")
+    ensemble: int = option(1, "train N models (seeds SEED..SEED+N-1, same data and split) into OUT/seed<k> and "
+                              "score their mean prediction", ge=1)
+    split: str = option("0.7/0.15/0.15", "seeded random train/val/test fractions", check=_check_split)
+    split_by: str = option("random", "date: last day test, the day before validation, the rest training",
+                           choices=("random", "date"))
+    split_days: str | None = option(None, "explicit TRAIN/VAL/TEST days of month, e.g. 24-28/29/30",
+                                    check=_check_split_days)
+    device: str = option("cpu", "cpu, cuda or cuda:N", check=check_device)
+    dtype: str = option("float32", "parameter and batch dtype", choices=("float32", "float64"))
+    nproc: int = option(1, "data-parallel processes (torch.distributed)", ge=1)
+    comm: str = option("torch", "gradient-sync communicator: torch.distributed, or stfast's C++ NCCL communicator",
+                       choices=("torch", "nccl"))
+    slicer: str | None = option(None, "how a global batch is cut into per-rank shards: balanced (cost model; default "
+                                      "with --nproc > 1), equal (equal counts, random), sorted (sorted by length, "
+                                      "dealt round-robin)", choices=("balanced", "equal", "sorted"))
+    threads: int | None = option(None, "torch threads per process", ge=1)  # None: cores / processes
+    max_steps: int | None = option(None, "stop after this many optimizer steps", ge=1)  # tests, smoke runs
+    out: str = option("runs/latest", "output folder: one run per folder (must be empty or new)")
+    resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt)")
+    overwrite: bool = option(False, "replace the run in a non-empty --out (its metrics, checkpoints, plots are "
+                                    "deleted first)")
+    progress: bool | None = option(None, "no progress bars", flag="--no-progress", cli=SwitchTo(False))  # None: on a TTY, rank 0
+    # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch
+    accumulation: str | None = option(None, "micro-batches per optimizer step: K or fixed:K, goodput (Pollux-style) "
+                                            "or rl (the agent); default rl when --nproc > 1, else 1. --batch-size is "
+                                            "then the global micro-batch", check=_check_accumulation)
+    accum_window: int = option(10, "optimizer steps between decisions on k", ge=1)
+    lr_scaling: str = option("sqrt", "learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows",
+                             choices=("sqrt", "linear", "none"))
+    noise_scale: str | None = option(None, "gradient noise scale the accumulation schedulers read: adam "
+                                           "(preconditioned by Adam's v̂, Pollux; the default under Adam) or plain "
+                                           "(B_simple)", choices=NOISE_KINDS)
+    time_budget_s: float | None = option(None, "stop after this many seconds of training", unit="s", gt=0.0,
+                                         flag="--time-budget")  # checked at window ends
     # ---- reliability (stfast.train.guards)
-    checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch)
-    max_bad_steps: int = 5  # stop after this many optimizer steps in a row with a non-finite loss/gradient
-    timeout_s: float = 300.0  # torch.distributed timeout of the process group (every collective), s
+    checkpoint_every: int | None = option(None, "also write last.pt every N optimizer steps (resume mid-epoch after "
+                                                "a crash)", ge=1)
+    max_bad_steps: int = option(5, "stop after N optimizer steps in a row with a non-finite loss or gradient (each "
+                                   "is skipped)", ge=1)
+    timeout_s: float = option(300.0, "timeout of every torch.distributed collective: a dead or hung rank ends the "
+                                     "job", unit="s", gt=0.0)
     # ---- component parallelism (stfast.parallel.components)
-    parallel: str = "dp"  # dp; cp (DeepTTE's components: 1 process concurrent, 2 processes as 2 stages); dp+cp
-    micro_batches: int | None = None  # GPipe micro-batches per rank's batch (None: 4 with 2 stages, else 1)
-    cp_plan: str = "components"  # components: attr+geo+LSTM | heads; layers: attr+geo+LSTM layer 0 | layer 1+ + heads
+    parallel: str = option("dp", "dp: data parallel; cp: DeepTTE's components concurrently (1 process) or as 2 "
+                                 "pipeline stages (--nproc 2); dp+cp: --nproc/2 data-parallel replicas of 2 stages",
+                           choices=PARALLEL_MODES)
+    micro_batches: int | None = option(None, "GPipe micro-batches per batch with --parallel cp/dp+cp (default 4 with 2 "
+                                             "stages, else 1)", ge=1)
+    cp_plan: str = option("components", "--parallel cp/dp+cp graph and cut: components (attr + geo-conv + LSTM | "
+                                        "estimators) or layers (the LSTM per layer: attr + geo-conv + layer 0 | "
+                                        "layer 1 + estimators)", choices=CP_PLANS)
 
     @property
     def split_seed(self) -> int:
@@ -91,144 +179,69 @@ class TrainConfig:
         kw["modes"] = tuple(kw.get("modes", ()))
         return cls(**kw)
 
+    @classmethod
+    def from_args(cls, args) -> "TrainConfig":
+        """The config of parsed `stfast train` arguments (a parser :func:`add_arguments` built)."""
+        return cls(**_options.values_from_args(cls, args))
+
     def data_options(self) -> dict:
         """The settings that decide which trips the data becomes (reading and preprocessing): what
         ``evaluate``/``predict`` take from a checkpoint and ``--resume`` must not change. Keys are the
-        TrainConfig field names (see :data:`DATA_FLAGS` for the flag of each)."""
-        d = {k: getattr(self, k) for k in DATA_FLAGS}
+        TrainConfig field names (:data:`DATA_OPTIONS`; :func:`flag` gives the flag of each)."""
+        d = {k: getattr(self, k) for k in DATA_OPTIONS}
         d["modes"] = sorted(d["modes"])
         return d
 
     def validate(self) -> None:
-        """Reject inconsistent settings before any work. Raises ValueError with one clear line."""
-        if self.epochs < 1:
-            raise ValueError(f"--epochs must be ≥ 1, got {self.epochs}")
-        check_device(self.device)
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be ≥ 1, got {self.threads}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"--max-steps must be ≥ 1, got {self.max_steps} (a run of no step would report "
-                             "nothing it trained)")
-        if self.n_synthetic < 1:
-            raise ValueError(f"--n-synthetic must be ≥ 1, got {self.n_synthetic}")
-        check_data_options(self.min_spacing_km, self.gap_s, self.tz)
+        """Reject inconsistent settings before any work. Raises ValueError with one clear line, naming the
+        flag: each field's declared rules (choices, range, its own check), then the rules between fields."""
+        _options.check_options(self)
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --out, --overwrite replaces it: choose one")
-        if self.batch_size < 1:
-            raise ValueError(f"--batch-size must be ≥ 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if self.nproc < 1:
-            raise ValueError(f"--nproc must be ≥ 1, got {self.nproc}")
-        if self.slicer not in (None, "balanced", "equal", "sorted"):
-            raise ValueError(f"--slicer must be balanced, equal or sorted, got {self.slicer}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"--dtype must be float32 or float64, got {self.dtype}")
-        from ..data.splits import parse_days, parse_fractions
-
-        parse_fractions(self.split)
-        if self.split_days:
-            parse_days(self.split_days)
-        if self.split_by not in ("random", "date"):
-            raise ValueError(f"--split-by must be random or date, got {self.split_by}")
-        if self.compat not in ("fixed", "original"):
-            raise ValueError(f"--compat must be fixed or original, got {self.compat}")
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"--on-error must be raise or skip, got {self.on_error}")
-        if self.head not in ("paper", "prior"):
-            raise ValueError(f"--head must be paper or prior, got {self.head}")
-        if self.loss not in ("mape", "log", "mae"):
-            raise ValueError(f"--loss must be mape, log or mae, got {self.loss}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"--weight-decay must be ≥ 0, got {self.weight_decay}")
-        if not 1 <= self.time_bin_min <= 1440:
-            raise ValueError(f"--time-bin-min must be in 1..1440 minutes, got {self.time_bin_min}")
-        if self.driver_dim < 0:
-            raise ValueError(f"--driver-dim must be ≥ 0, got {self.driver_dim}")
-        if self.ensemble < 1:
-            raise ValueError(f"--ensemble must be ≥ 1, got {self.ensemble}")
         if self.ensemble > 1 and self.nproc > 1:
             raise ValueError("--ensemble trains its members one after another in one process; with --nproc, "
                              "train one run per --seed (same --data-seed) and score them with "
                              "`stfast evaluate --checkpoint RUN1/checkpoint.pt RUN2/checkpoint.pt ...`")
-        if self.patience is not None and self.patience < 1:
-            raise ValueError(f"--patience must be ≥ 1, got {self.patience}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"--alpha must be in [0, 1], got {self.alpha}")
-        if self.comm not in ("torch", "nccl"):
-            raise ValueError(f"--comm must be torch or nccl, got {self.comm}")
         if self.comm == "nccl" and not self.device.startswith("cuda"):
             raise ValueError("--comm nccl needs --device cuda (NCCL moves CUDA tensors only)")
-        # ---- gradient accumulation
-        from ..accum.goodput import lr_scale
-        from ..accum.noise import NOISE_KINDS
-        from ..accum.schedulers import parse_spec
-
-        parse_spec(self.accumulation, self.nproc)
-        lr_scale(1, self.lr_scaling)
-        if self.noise_scale not in (None, *NOISE_KINDS):  # the trainer's optimizer is Adam: both are valid
-            raise ValueError(f"--noise-scale must be adam or plain, got {self.noise_scale!r}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"--lr-schedule must be constant or cosine, got {self.lr_schedule!r}")
-        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
-            raise ValueError(f"--ema-decay must be in (0, 1), got {self.ema_decay}")
-        if self.accum_window < 1:
-            raise ValueError(f"--accum-window must be ≥ 1, got {self.accum_window}")
-        if self.time_budget_s is not None and not self.time_budget_s > 0:
-            raise ValueError(f"--time-budget must be > 0 s, got {self.time_budget_s}")
-        # ---- reliability
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise ValueError(f"--checkpoint-every must be ≥ 1, got {self.checkpoint_every}")
-        if self.max_bad_steps < 1:
-            raise ValueError(f"--max-bad-steps must be ≥ 1, got {self.max_bad_steps}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"--timeout-s must be > 0, got {self.timeout_s}")
         # ---- component parallelism
-        if self.parallel not in PARALLEL_MODES:
-            raise ValueError(f"--parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel}")
         if self.parallel == "cp" and self.nproc not in (1, CP_STAGES):
             raise ValueError(f"--parallel cp runs DeepTTE on 1 process or as {CP_STAGES} stages on {CP_STAGES} "
                              f"processes, got --nproc {self.nproc} (use --parallel dp+cp for replicas of stages)")
         if self.parallel == "dp+cp" and self.nproc % CP_STAGES:
             raise ValueError(f"--parallel dp+cp needs --nproc a multiple of {CP_STAGES} (replicas × {CP_STAGES} "
                              f"stages), got {self.nproc}")
-        if self.micro_batches is not None and self.micro_batches < 1:
-            raise ValueError(f"--micro-batches must be ≥ 1, got {self.micro_batches}")
-        if self.cp_plan not in CP_PLANS:
-            raise ValueError(f"--cp-plan must be one of {', '.join(CP_PLANS)}, got {self.cp_plan}")
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
 
 
-def check_device(device: str) -> None:
-    """Raise ValueError unless ``device`` is ``cpu``, ``cuda`` or ``cuda:N`` of a GPU torch sees."""
-    import re
-
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device} requested but torch sees no CUDA device")
-        n = int(device.split(":")[1]) if ":" in device else 0
-        if n >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+#: the data settings (field names), in flag order
+DATA_OPTIONS = ("modes", "min_spacing_km", "gap_s", "tz")
+#: the model's options (TrainConfig fields that are DeepTTEConfig's fields of the same name)
+MODEL_OPTIONS = _options.names_from(TrainConfig, DeepTTEConfig)
 
 
-def check_data_options(min_spacing_km: float | None, gap_s: float | None, tz: str | None) -> None:
-    """Raise ValueError naming the flag (``--min-spacing-km``, ``--gap-min``, ``--tz``) of a value out of
-    range. None means unset (the default, or the checkpoint's)."""
-    if min_spacing_km is not None and not min_spacing_km >= 0:
-        raise ValueError(f"--min-spacing-km must be ≥ 0 (0 keeps every point), got {min_spacing_km:g}")
-    if gap_s is not None and not gap_s > 0:
-        raise ValueError(f"--gap-min must be > 0 minutes, got {gap_s / 60:g}")
-    if tz is not None:
-        from ..data.tz import check_tz
+def flag(name: str) -> str:
+    """The `stfast train` flag of TrainConfig field ``name`` (``gap_s`` → ``--gap-min``)."""
+    return _options.flag(TrainConfig, name)
 
-        try:
-            check_tz(tz)
-        except ValueError as e:
-            raise ValueError(f"--tz: {e}") from None
+
+def show(name: str, value) -> str:
+    """``value`` of TrainConfig field ``name`` as written in its flag (``gap_s`` 1200.0 → ``20``)."""
+    return _options.show(TrainConfig, name, value)
+
+
+def add_arguments(parser, names=None, overrides=None) -> None:
+    """Add the flags of TrainConfig's fields ``names`` (default: all) to ``parser``
+    (:func:`stfast._options.add_arguments`)."""
+    _options.add_arguments(parser, TrainConfig, names, overrides)
+
+
+def data_options_from_args(args) -> dict:
+    """The data flags of parsed ``args`` as TrainConfig fields (None: not given, as evaluate/predict
+    default them to the checkpoint's), each given value checked. Raises ValueError naming the flag."""
+    opts = _options.values_from_args(TrainConfig, args, DATA_OPTIONS)
+    for k, v in opts.items():
+        if v is not None:
+            _options.check_value(TrainConfig, k, v)
+    return opts

@@ -29,10 +29,6 @@ import torch
 
 from .. import __version__
 
-# model configuration fields set from the command line (TrainConfig name → DeepTTEConfig name)
-MODEL_OPTIONS = {"alpha": "alpha", "compat": "compat", "head": "head", "loss": "loss", "dropout": "dropout",
-                 "driver_dim": "driver_dim", "time_bin_min": "time_bin_min", "kernels": "kernels"}
-
 
 class TrainingDiverged(RuntimeError):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
@@ -43,8 +39,10 @@ class RankFailure(RuntimeError):
 
 
 def model_options(cfg) -> dict:
-    """The DeepTTEConfig keyword arguments a TrainConfig sets (all but ``n_drivers``)."""
-    return {m: getattr(cfg, c) for c, m in MODEL_OPTIONS.items()}
+    """The DeepTTEConfig keyword arguments a TrainConfig sets (its :data:`~stfast.train.config.MODEL_OPTIONS`)."""
+    from .config import MODEL_OPTIONS
+
+    return {k: getattr(cfg, k) for k in MODEL_OPTIONS}
 
 
 def check_resume(state: dict, cfg, path) -> None:
@@ -61,16 +59,15 @@ def check_resume(state: dict, cfg, path) -> None:
         diff.append(f"dtype {saved_dtype!r} in the checkpoint, {cfg.dtype!r} now")
     if diff:
         raise ValueError(f"--resume: {path} is from another model configuration: " + "; ".join(diff))
-    from .config import DATA_FLAGS, TrainConfig
+    from .config import TrainConfig, flag, show
 
     saved_cfg = TrainConfig.from_dict(state.get("train_config", {}))
     old, new = saved_cfg.data_options(), cfg.data_options()
-    diff = [f"{DATA_FLAGS[k][0]} {DATA_FLAGS[k][1](old[k])} in the checkpoint, {DATA_FLAGS[k][1](new[k])} now"
-            for k in old if old[k] != new[k]]
-    for k, flag in (("split", "--split"), ("split_by", "--split-by"), ("split_days", "--split-days"),
-                    ("split_seed", "--data-seed")):
+    diff = [f"{flag(k)} {show(k, old[k])} in the checkpoint, {show(k, new[k])} now" for k in old if old[k] != new[k]]
+    for k, field in (("split", "split"), ("split_by", "split_by"), ("split_days", "split_days"),
+                     ("split_seed", "data_seed")):  # split_seed: data_seed, else seed
         if getattr(saved_cfg, k) != getattr(cfg, k):
-            diff.append(f"{flag} {getattr(saved_cfg, k)} in the checkpoint, {getattr(cfg, k)} now")
+            diff.append(f"{flag(field)} {getattr(saved_cfg, k)} in the checkpoint, {getattr(cfg, k)} now")
     if diff:
         raise ValueError(f"--resume: {path} was trained on other trips or splits: " + "; ".join(diff))
 

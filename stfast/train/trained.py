@@ -20,7 +20,7 @@ from ..data.fingerprint import trips_fingerprint
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from . import checkpoint as ckpt
-from .config import DATA_FLAGS, TrainConfig
+from .config import TrainConfig, flag, show
 
 SPLITS = ("all", "train", "val", "test")
 _REQUIRED = ("model_config", "norm_stats", "drivers", "model_state")
@@ -77,9 +77,9 @@ class TrainedModel:
                 continue
             v = sorted(v) if k == "modes" else v
             if v != saved[k]:
-                flag, show = DATA_FLAGS[k]
-                raise ValueError(f"{flag} {show(v)} differs from {self.path}'s {show(saved[k])}: the model was "
-                                 f"trained on trips preprocessed with {flag} {show(saved[k])}; omit {flag} to use it")
+                f, was = flag(k), show(k, saved[k])
+                raise ValueError(f"{f} {show(k, v)} differs from {self.path}'s {was}: the model was "
+                                 f"trained on trips preprocessed with {f} {was}; omit {f} to use it")
         return saved
 
     def load_trips(self, data: str | os.PathLike | None = None, fmt: str | None = None, on_error: str = "raise",
