@@ -6,7 +6,8 @@ Declare a field with :func:`option`::
     @dataclass
     class Config:
         batch_size: int = option(64, "trips per optimizer step", ge=1)
-        gap_s: float = option(1200.0, "split at longer gaps", unit="s", gt=0, flag="--gap-min", cli=Scaled(60, "minutes"))
+        gap_s: float = option(1200.0, "split at longer gaps", unit="s", gt=0, flag="--gap-min",
+                              cli=Scaled(60, "minutes"))
 
 then :func:`add_arguments` adds ``--batch-size`` and ``--gap-min`` to an argparse parser (type from the
 annotation, choices, help, the default in the flag's unit), :func:`values_from_args` turns parsed

@@ -23,7 +23,8 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_chec
         help = {k: opt.help for k, opt in options(TrainConfig).items()}
         ck = " (default: the checkpoint's; a different value is refused)"
         over = {"data": {"help": "file or folder of trajectories (default: the data the checkpoint was trained on)"},
-                "format": {"default": None, "help": help["format"] + "; default: auto with --data, else the checkpoint's"},
+                "format": {"default": None,
+                           "help": help["format"] + "; default: auto with --data, else the checkpoint's"},
                 **{k: {"default": None, "help": help[k] + ck} for k in DATA_OPTIONS}}
     add_arguments(p, DATA_ARGS, over)
 

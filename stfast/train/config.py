@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from .. import _options
 from .._options import CommaList, Scaled, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
+from ..data.preprocess import PreprocessConfig
 from ..data.readers import FORMATS
 from ..models.deeptte import DeepTTEConfig
 
@@ -79,8 +80,8 @@ class TrainConfig:
                           unset="(all)")
     min_spacing_km: float = option(0.2, "raw traces: resample to points at least this far apart (0: keep every point)",
                                    unit="km", ge=0.0)
-    gap_s: float = option(1200.0, "raw traces: split trips at time gaps above this (minutes)", unit="s", gt=0.0,
-                          flag="--gap-min", cli=Scaled(60.0, "minutes"))
+    gap_s: float = option(PreprocessConfig.gap_s, "raw traces: split trips at time gaps above this (minutes)",
+                          unit="s", gt=0.0, flag="--gap-min", cli=Scaled(60.0, "minutes"))
     tz: str | None = option(None, "time zone of local time (time of day, weekday, date), an IANA name such as "
                                   "Europe/Lisbon; default: Asia/Shanghai for GeoLife, DeepTTE JSON and DiDi GAIA, "
                                   "and for a point CSV the UTC offset its timestamps carry, else UTC",
@@ -130,7 +131,8 @@ class TrainConfig:
     resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt)")
     overwrite: bool = option(False, "replace the run in a non-empty --out (its metrics, checkpoints, plots are "
                                     "deleted first)")
-    progress: bool | None = option(None, "no progress bars", flag="--no-progress", cli=SwitchTo(False))  # None: on a TTY, rank 0
+    # None: progress bars only on a TTY and rank 0
+    progress: bool | None = option(None, "no progress bars", flag="--no-progress", cli=SwitchTo(False))
     # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch
     accumulation: str | None = option(None, "micro-batches per optimizer step: K or fixed:K, goodput (Pollux-style) "
                                             "or rl (the agent); default rl when --nproc > 1, else 1. --batch-size is "
