@@ -54,16 +54,17 @@ def test_every_name_in_all_resolves_to_its_submodules_object(package):
 
 def test_import_stfast_reaches_the_subpackages_lazily():
     """``import stfast`` imports neither the slicer (scipy) nor the RL environments (gymnasium); the
-    subpackages are attributes all the same."""
+    subpackages (stfast.nn, stfast.ops, stfast.accum, stfast.parallel) are attributes all the same."""
     code = ("import sys, stfast\n"
             "heavy = [m for m in ('gymnasium', 'scipy.optimize', 'stfast.parallel.slicer') if m in sys.modules]\n"
             "assert not heavy, heavy\n"
             "from stfast.accum import WindowStats\n"
             "assert 'gymnasium' not in sys.modules  # the schedulers do not need the environments\n"
-            "assert stfast.nn.LSTM.__module__ == 'stfast.nn.lstm'\n"
+            "assert stfast.nn.LSTM.__module__ == 'stfast.nn.lstm' and stfast.nn.GeoConv\n"
+            "assert callable(stfast.ops.lstm_packed) and callable(stfast.ops.geo_conv_packed)  # the ops' faces\n"
             "assert stfast.accum.WindowStats is WindowStats\n"
             "assert stfast.parallel.BalancedBatchSampler is stfast.parallel.slicer.BalancedBatchSampler\n"
-            "assert {'nn', 'accum', 'parallel'} <= set(dir(stfast))\n")
+            "assert {'nn', 'ops', 'accum', 'parallel'} <= set(dir(stfast))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        check=False)
     assert r.returncode == 0, r.stderr
