@@ -360,7 +360,6 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(TrainConfig(n_synthetic=n_synthetic, batch_size=batch_size, seed=seed, out=tmp, progress=False,
                                  threads=1, accumulation=str(k), noise_scale=noise_scale))
-        tr.setup()
         ctl = tr.accum
         spent = [0.0]
 
@@ -374,7 +373,7 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
             return wrapper
 
         originals = {h: getattr(ctl, h) for h in STAT_HOOKS}
-        batches = epoch_batches(tr.train_ds.lengths, batch_size, seed, 0)
+        batches = epoch_batches(tr.data.train_ds.lengths, batch_size, seed, 0)
         times = {"on": [], "off": []}
         hooks_s = []
         for i in range(2 * steps + 2 * ADAM_WARMUP):  # warm-up steps first: Adam's v̂ and the caches

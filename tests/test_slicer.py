@@ -528,6 +528,5 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     # and training moved the parameters (the comparison is not between two untouched models)
     fresh = Trainer(TrainConfig(data=str(data), format="deeptte", dtype="float64", seed=5, out=str(tmp_path / "i"),
                                 progress=False, threads=1))
-    fresh.setup()
     init = fresh.model.state_dict()["entire.out.weight"]
     assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4
