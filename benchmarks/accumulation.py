@@ -53,6 +53,8 @@ from stfast.accum.env import SimConfig, SimulatedTrainingEnv, rollout
 from stfast.accum.noise import ADAM_WARMUP_STEPS as ADAM_WARMUP
 from stfast.accum.profile import ComputeProfile, NoiseCalibration
 from stfast.accum.schedulers import DEFAULT_CHOICES, GoodputScheduler
+from stfast.train import plots
+from stfast.train.run_log import read_rows
 
 FIXED = (1, 2, 4, 8, 16)
 TARGET_FACTOR = 1.1  # live target: 1.1 × the reference run's best validation MAPE
@@ -164,9 +166,8 @@ def live_command(dataset: str, mode: str, seed: int, budget_s: float, out: Path,
 
 
 def read_run(out: Path) -> dict:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    epochs = [r for r in rows if "val_mape" in r]  # epoch rows (the slicer's step rows also carry "epoch")
-    windows = [r for r in rows if "window" in r]
+    rows = read_rows(out)  # the run log by row type
+    epochs, windows = rows["epoch"], rows["window"]
     summ = json.loads((out / "summary.json").read_text())
     return {"curve": [(r["wall_s"], r["val_mape"]) for r in epochs],
             "epoch_curve": [(r["epoch"], r["val_mape"]) for r in epochs],
@@ -359,7 +360,6 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
     with tempfile.TemporaryDirectory() as tmp:
         tr = Trainer(TrainConfig(n_synthetic=n_synthetic, batch_size=batch_size, seed=seed, out=tmp, progress=False,
                                  threads=1, accumulation=str(k), noise_scale=noise_scale))
-        tr.setup()
         ctl = tr.accum
         spent = [0.0]
 
@@ -373,7 +373,7 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
             return wrapper
 
         originals = {h: getattr(ctl, h) for h in STAT_HOOKS}
-        batches = epoch_batches(tr.train_ds.lengths, batch_size, seed, 0)
+        batches = epoch_batches(tr.data.train_ds.lengths, batch_size, seed, 0)
         times = {"on": [], "off": []}
         hooks_s = []
         for i in range(2 * steps + 2 * ADAM_WARMUP):  # warm-up steps first: Adam's v̂ and the caches
@@ -395,39 +395,7 @@ def stats_overhead(steps: int = 30, k: int = 1, n_synthetic: int = 1500, batch_s
             "hooks_s": hooks, "hooks_over_step": hooks / off, "step_on_over_off": on / off}
 
 
-# ------------------------------------------------------------------------------ (c) plot
-def plot_k(sim: dict, live: dict | None, path: Path, best_fixed: dict | None = None) -> None:
-    """k over time: the simulated cluster's first seed (oracle, goodput, rl) and, per live data set, the
-    first seed's rl and goodput runs and the best fixed k (``best_fixed``: {data set: its mode})."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = 1 + (len(live) if live else 0)
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
-    ax = axes[0][0]
-    for name, style in (("oracle", ":"), ("goodput", "--"), ("rl", "-")):
-        r = sim[name][0]
-        ax.step(r["time_s"], r["k"], style, where="pre", label=name)
-    ax.set(xlabel="simulated wall time (s)", ylabel="accumulation steps k", yscale="log", title="simulated cluster")
-    ax.set_yticks(list(DEFAULT_CHOICES), [str(k) for k in DEFAULT_CHOICES])
-    ax.legend()
-    for ax, (name, runs) in zip(axes[0][1:], (live or {}).items()):
-        best = (best_fixed or {}).get(name)
-        for mode, style in (("goodput", "--"), ("rl", "-"), *([(best, ":")] if best else [])):
-            if mode in runs:
-                t, k = zip(*runs[mode][0]["k"])
-                ax.step(t, k, style, where="pre", label=f"k = {mode} (best fixed)" if mode == best else mode)
-        ax.set(xlabel="training wall time (s)", yscale="log", title=f"live, 2 Gloo ranks: {name}")
-        ax.set_yticks(list(DEFAULT_CHOICES), [str(k) for k in DEFAULT_CHOICES])
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------ main (the plot: stfast.train.plots)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/bench_accum")
@@ -541,7 +509,7 @@ def main(argv=None) -> int:
                   f"{100 * o['hooks_over_step']:.2f} % |")
     best = {name: s["tight_target"]["best_fixed"] for name, s in results.get("live", {}).items()
             if "best_fixed" in s["tight_target"]}
-    plot_k(sim, live, root / "k_over_time.png", best)
+    plots.accumulation_k(sim, live, root / "k_over_time.png", DEFAULT_CHOICES, best)
     (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
     print(f"\nwrote {root / 'results.json'}, {root / 'k_over_time.png'}")
     return 0

@@ -40,7 +40,7 @@ def _ensembles(run_dirs: list[Path], k: int, a) -> tuple[list[float], list[dict]
     from stfast.train.config import TrainConfig
     from stfast.train.ensemble import predict_ensemble
     from stfast.train.metrics import errors
-    from stfast.train.trainer import split_trips
+    from stfast.train.run_data import split_trips
 
     cfg = TrainConfig(data=a.data, split_days=a.split_days)
     _, val, test = split_trips(load_trips(a.data), cfg)

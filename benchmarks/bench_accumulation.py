@@ -9,9 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from accumulation import cluster_config, plot_k, run_sim, sim_table
+from accumulation import cluster_config, run_sim, sim_table
 
 from stfast.accum.agent import Agent
+from stfast.accum.schedulers import DEFAULT_CHOICES
+from stfast.train import plots
 
 
 def test_simulated_cluster_policies(benchmark, tmp_path):
@@ -24,7 +26,7 @@ def test_simulated_cluster_policies(benchmark, tmp_path):
     # the oracle makes the most progress and reaches the target before k = 1 does
     assert all(p <= 1 + 1e-9 for name in res for p in summ[name]["progress_over_optimal"])
     assert all(math.isfinite(t) and t < 1 for t in summ["oracle"]["ttt_over_k1"])
-    plot_k(res, None, tmp_path / "k.png")
+    plots.accumulation_k(res, None, tmp_path / "k.png", DEFAULT_CHOICES)
     assert (tmp_path / "k.png").stat().st_size > 0
     benchmark.extra_info["table"] = table
 
@@ -49,10 +51,11 @@ def test_live_table_reads_a_run_folder(tmp_path):
 
     from accumulation import live_table, read_run
 
-    rows = [{"epoch": 1, "wall_s": 2.0, "val_mape": 0.30}, {"epoch": 2, "wall_s": 4.0, "val_mape": 0.20},
-            {"window": 1, "k": 1, "steps": 4, "trips": 128, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 1.0,
+    rows = [{"type": "epoch", "epoch": 1, "wall_s": 2.0, "val_mape": 0.30},
+            {"type": "epoch", "epoch": 2, "wall_s": 4.0, "val_mape": 0.20},
+            {"type": "window", "window": 1, "k": 1, "steps": 4, "trips": 128, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 1.0,
              "wall_s": 1.0},
-            {"window": 2, "k": 2, "steps": 4, "trips": 256, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 3.0,
+            {"type": "window", "window": 2, "k": 2, "steps": 4, "trips": 256, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 3.0,
              "wall_s": 4.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 8, "epochs": 2, "test_mape": 0.21,

@@ -3,9 +3,11 @@
     python examples/accumulation_loop.py --scheduler goodput
     python examples/accumulation_loop.py --scheduler rl
 
-Every window of W optimizer steps the loop hands the scheduler what it measured (stfast.accum.WindowStats:
-k, trips, wall time, gradient noise scale) and gets the next k. The gradient noise scale comes from the
-micro-steps' gradients (stfast.accum.noise), without extra backward passes.
+The loop uses stfast's AccumulationController, the object stfast's own trainer uses: every window of W
+optimizer steps it hands the scheduler what it measured (stfast.accum.WindowStats: k, trips, wall time,
+gradient noise scale), takes the next k and sets the learning rate for the effective batch k·B (the sqrt
+rule for Adam). The gradient noise scale comes from the micro-steps' gradients (stfast.accum.noise),
+without extra backward passes; at k = 1 in one process from consecutive steps.
 """
 from __future__ import annotations
 
@@ -15,9 +17,8 @@ import time
 import torch
 from _sequences import SeqRegressor, make_sequences
 
-from stfast.accum.goodput import lr_scale
-from stfast.accum.noise import GradientNoiseScale, UnitGradients
-from stfast.accum.schedulers import WindowStats, make_scheduler
+from stfast.accum.controller import AccumulationController
+from stfast.accum.schedulers import make_scheduler
 
 
 def main(argv=None) -> dict:
@@ -30,51 +31,39 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     seqs, target = make_sequences(2000)
     model = SeqRegressor()
-    base_lr = 3e-3
-    opt = torch.optim.Adam(model.parameters(), lr=base_lr)
-    scheduler = make_scheduler(a.scheduler, seed=0)
-    units, noise = UnitGradients(model.parameters()), GradientNoiseScale()
-    k, pos, chosen = 1, 0, []
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    # one process: nothing to reduce over ranks (give reduce=, world_size=, rank= under torch.distributed);
+    # the plain noise scale B_simple, which needs no Adam warm-up
+    ctl = AccumulationController(make_scheduler(a.scheduler, seed=0), model.parameters(), a.micro_batch, a.window,
+                                 opt, noise_scale="plain", lr_scaling="sqrt")
     gen = torch.Generator().manual_seed(1)
-    for _ in range(a.windows):
-        t0, trips, loss_first, loss_last = time.perf_counter(), 0, None, None
-        for _ in range(a.window):
+    chosen, step_loss = [], float("nan")
+    ctl.start_clock()
+    for w in range(a.windows):
+        chosen.append(ctl.k)
+        while not ctl.window_due():
+            t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            units.begin()
-            n_total = k * a.micro_batch
-            step_loss = 0.0
-            for _ in range(k):  # micro-steps: sum of squared errors / all trips of the optimizer step
+            ctl.begin_step()
+            n_total, step_loss = ctl.k * a.micro_batch, 0.0
+            for j in range(ctl.k):  # micro-steps: sum of squared errors / all trips of the optimizer step
                 idx = torch.randint(0, len(seqs), (a.micro_batch,), generator=gen)
-                # each micro-batch backpropagated in two halves: two gradient "units" even at k = 1, so the
-                # noise scale (which compares unit gradients with the step's) is measurable from the start
-                for half in idx.chunk(2):
-                    loss = (model([seqs[i] for i in half]) - target[half]).square().sum() / n_total
-                    loss.backward()
-                    units.after_micro_step(len(half), n_total)
-                    step_loss += loss.item()
-            big_sq = float(sum(p.grad.double().square().sum() for p in model.parameters()))
-            noise.update(units.units.as_array(), big_sq, n_total)
+                loss = (model([seqs[i] for i in idx]) - target[idx]).square().sum() / n_total
+                loss.backward()
+                ctl.after_micro_step(len(idx), n_total, last=j == ctl.k - 1)
+                step_loss += loss.item()
+            reduced = ctl.extra(step_loss)  # what an all-reduce would sum with the gradients
             opt.step()
-            trips += n_total
-            pos += 1
-            loss_first = step_loss if loss_first is None else loss_first
-            loss_last = step_loss
-        stats = WindowStats(k=k, micro_batch=a.micro_batch, steps=a.window, trips=trips,
-                            wall_s=time.perf_counter() - t0, comm_s=0.0,
-                            loss_slope=(loss_last - loss_first) / abs(loss_first),
-                            # the scheduler steers by a lower confidence bound, as stfast's trainer does: the
-                            # point estimate jumps when the |G|² average passes near zero
-                            noise_scale=noise.lower_confidence(),
-                            budget_used=min(1.0, pos / (a.window * a.windows)))
-        chosen.append(k)
-        print(f"window: k={k:2d}  {stats.samples_per_s:7.1f} trips/s  loss {loss_last:8.3f}  "
-              f"noise scale {noise.value:9.1f} trips (lower bound {noise.lower_confidence():9.1f})", flush=True)
-        k = scheduler.observe(stats)
-        for group in opt.param_groups:  # effective batch k·B: the sqrt rule for Adam
-            group["lr"] = base_lr * lr_scale(k, "sqrt")
+            ctl.end_step(reduced, n_total, step_s=time.perf_counter() - t0, sync_s=0.0)
+        budget_used = (w + 1) / a.windows
+        stats = ctl.window_stats(budget_used)  # the scheduler steers by the noise scale's lower confidence bound
+        print(f"window: k={ctl.k:2d}  {stats.samples_per_s:7.1f} trips/s  loss {step_loss:8.3f}  "
+              f"noise scale {ctl.noise.value:9.1f} trips (lower bound {ctl.noise.lower_confidence():9.1f})", flush=True)
+        ctl.end_window(budget_used, out_of_time=False)  # the next k, and the learning rate for it
     print(f"k per window: {chosen}")
     # noise scale: nan while the |G|² estimate is not positive (the estimate's noise exceeds the signal)
-    return {"k": chosen, "final_loss": loss_last, "noise_scale": noise.value, "noise_updates": noise.n,
+    noise = ctl.noise
+    return {"k": chosen, "final_loss": step_loss, "noise_scale": noise.value, "noise_updates": noise.n,
             "g2": noise.g2, "trace": noise.trace, "noise_scale_bound": noise.lower_confidence()}
 
 

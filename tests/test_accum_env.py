@@ -5,7 +5,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import test_trainer
 import torch
 from gymnasium.utils.env_checker import check_env
 
@@ -16,7 +15,6 @@ from stfast.accum.agent import (
     pretrained_agent,
 )
 from stfast.accum.env import (
-    AccumulationEnv,
     SimConfig,
     SimulatedTrainingEnv,
     ring_allreduce_s,
@@ -36,9 +34,7 @@ from stfast.accum.schedulers import (
     observation,
     parse_spec,
 )
-from stfast.train.config import TrainConfig
 
-trips_file = test_trainer.trips_file  # the fixture: 120 random trips
 
 # best k grows from 1 to 8 during the budget: communication is 2/3 of a k = 1 step and the noise
 # scale grows from B/4 to about 25 B
@@ -188,17 +184,6 @@ def test_fixed_and_rl_schedulers_and_specs():
     assert all(k in rl.choices for k in ks) and math.isfinite(rl.last_reward)
     assert rl.agent.n_recorded == 0  # updated after every 3 recorded windows (6 so far) … then 0 left
     assert isinstance(make_scheduler("goodput"), GoodputScheduler)
-
-
-def test_live_accumulation_env_passes_check_env(trips_file, tmp_path):
-    cfg = TrainConfig(data=trips_file, format="deeptte", batch_size=8, out=str(tmp_path), progress=False, threads=1,
-                      accum_window=1)
-    env = AccumulationEnv(cfg, budget_s=0.5)
-    check_env(env, skip_render_check=True)
-    obs, _ = env.reset(seed=1)
-    obs, r, term, _, info = env.step(1)  # k = 2
-    assert env.observation_space.contains(obs) and info["k"] == 2 and info["trips"] == 16
-    assert math.isfinite(r) and not term
 
 
 def test_rl_scheduler_keeps_the_last_finite_noise_scale():

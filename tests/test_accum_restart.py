@@ -129,7 +129,6 @@ def test_resume_restores_the_whole_accumulation_state_and_runs_at_its_k(spec, tr
         g["lr"] *= 2
     ckpt.save_atomic(st, out / "last.pt")
     tr = Trainer(_cfg(trips_file, out, accumulation=spec, resume=True, max_steps=12))
-    tr.setup()
     got = copy.deepcopy(tr.accum.state_dict())
     assert got.pop("wall_before") >= acc.pop("wall_before")  # elapsed: the time before the stop, and on
     _same_state(got, acc)

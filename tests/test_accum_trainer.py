@@ -16,7 +16,6 @@ import torch
 
 from stfast.accum.controller import AccumulationController
 from stfast.accum.schedulers import FixedScheduler
-from stfast.parallel.data_parallel import DistInfo
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
 from stfast.train.trainer import Trainer
@@ -44,7 +43,6 @@ def micro_batches(step):
 
 def run_one_process(trips_file, out, accumulate: bool):
     tr = Trainer(cfg(trips_file, out))
-    tr.setup()
     for s in range(STEPS):
         mb = micro_batches(s)
         tr.train_step(mb if accumulate else np.concatenate(mb), use_local=True)
@@ -63,7 +61,6 @@ def test_k_micro_batches_equal_one_batch_of_their_union_one_process(trips_file, 
     assert_close(big, acc)
     # and the comparison is not between two untouched models, nor insensitive to the loss scaling
     tr = Trainer(cfg(trips_file, tmp_path / "c"))
-    tr.setup()
     init = tr.model.state_dict()["entire.out.weight"].clone()
     assert (big["entire.out.weight"] - init).abs().max().item() > 1e-4
 
@@ -80,7 +77,6 @@ WORKER = textwrap.dedent("""
         return real(tensor, *a, **kw)
     dist.all_reduce = counting
     tr = Trainer(t.cfg({data!r}, {out!r}, noise_scale="plain"))  # B_adam would wait for Adam's warm-up
-    tr.setup()
     tr.model.entire.out.weight.register_hook(lambda g: events.append("backward"))
     per_step = []
     for s in range(t.STEPS):
@@ -132,7 +128,6 @@ def test_k_micro_batches_on_two_gloo_ranks_equal_one_batch_and_sync_once_after_t
 def test_learning_rate_follows_the_effective_batch(trips_file, tmp_path):
     for rule, factor in (("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)):
         tr = Trainer(cfg(trips_file, tmp_path / rule, lr_scaling=rule, lr=1e-3, accumulation="fixed:4"))
-        tr.setup()
         assert tr.opt.param_groups[0]["lr"] == pytest.approx(1e-3 * factor)
 
 
@@ -187,12 +182,33 @@ def test_bad_accumulation_arguments(trips_file, tmp_path):
             cfg(trips_file, tmp_path, **kw).validate()
 
 
+def test_controller_owns_the_learning_rate_rule_for_k_and_reduces_its_decision():
+    """The controller sets lr · lr_scale(k) · the caller's schedule factor from construction on, after every
+    change of k (set_k, a window's decision), and sums the decision with the reduce function it was given."""
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    reduced = []
+    ctl = AccumulationController(FixedScheduler(4), [w], micro_batch=4, window=1, optimizer=opt, lr_scaling="linear",
+                                 reduce=lambda a: reduced.append(a.copy()) or a)
+    assert ctl.k == 4 and opt.param_groups[0]["lr"] == pytest.approx(0.4)
+    ctl.apply_lr(0.5)  # e.g. a cosine schedule's factor for this epoch
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    ctl.set_k(2)  # the factor stays
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    w.grad = torch.ones(3)
+    ctl.begin_step()
+    ctl.end_step(torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64), 8, step_s=0.01, sync_s=0.0)
+    stop, row = ctl.end_window(0.5, out_of_time=False)
+    assert not stop and row["k_next"] == 4 and ctl.k == 4 and opt.param_groups[0]["lr"] == pytest.approx(0.2)
+    assert len(reduced) == 1 and reduced[0].tolist() == [4.0, 0.0]
+
+
 def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end():
     """A window's wall time runs from the end of one step to the end of the next (the slicer's bookkeeping,
     metrics and stop checks happen between steps, once per step); its overhead is that wall time minus
     the forward + backward compute. restart_step_clock() leaves out an epoch's validation."""
     w = torch.nn.Parameter(torch.ones(3))
-    ctl = AccumulationController(FixedScheduler(1), [w], DistInfo(), micro_batch=4, window=3)
+    ctl = AccumulationController(FixedScheduler(1), [w], micro_batch=4, window=3)
     reduced = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     w.grad = torch.ones(3)
     ctl.begin_step()
@@ -231,10 +247,8 @@ def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, t
         assert st["noise_kind"] == kind and st["noise"]["n"] > 0
     assert last["adam"] is not None and last["plain"] is not None and last["adam"] != last["plain"]
     tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="adam", resume=True, **{**kw, "epochs": 4}))
-    tr.setup()
     assert tr.accum.noise.n == 0  # the checkpoint's estimate was of B_simple
     tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="plain", resume=True, **{**kw, "epochs": 4}))
-    tr.setup()
     assert tr.accum.noise.n > 0
 
 
@@ -246,7 +260,7 @@ def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner()
 
     w = torch.nn.Parameter(torch.randn(5))
     opt = torch.optim.Adam([w], lr=1e-2)
-    ctl = AccumulationController(FixedScheduler(2), [w], DistInfo(), micro_batch=4, window=100, optimizer=opt)
+    ctl = AccumulationController(FixedScheduler(2), [w], micro_batch=4, window=100, optimizer=opt)
     assert ctl.noise_kind == "adam"
     reads = []
     real = ctl_mod.adam_preconditioner

@@ -9,7 +9,7 @@ from stfast.data.readers import read_deeptte_jsonl
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig
 from stfast.train.config import TrainConfig
 from stfast.train.metrics import ConstantSpeedBaseline, errors
-from stfast.train.trainer import split_trips
+from stfast.train.run_data import split_trips
 
 
 def test_chengdu_date_split_is_1000_200_200(shared_data):

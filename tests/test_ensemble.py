@@ -11,7 +11,7 @@ from stfast.data.readers import read_deeptte_jsonl
 from stfast.train.config import TrainConfig
 from stfast.train.ensemble import load_model, predict_ensemble
 from stfast.train.metrics import errors
-from stfast.train.trainer import predict, split_trips
+from stfast.train.run_data import predict, split_trips
 
 
 def test_ensemble_trains_members_on_one_split_and_scores_their_mean(tmp_path):

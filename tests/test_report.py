@@ -5,20 +5,21 @@ import numpy as np
 import pytest
 
 from stfast.cli import main
-from stfast.train.report import read_rows, render
+from stfast.train.report import render
+from stfast.train.run_log import read_rows
 
 
 def _run_dir(tmp_path, windows=True, slicer=True):
     tmp_path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
-    rows = [{"epoch": e, "step": 10 * e, "train_loss": float(rng.uniform(0.1, 0.5)),
+    rows = [{"type": "epoch", "epoch": e, "step": 10 * e, "train_loss": float(rng.uniform(0.1, 0.5)),
              "val_mape": float(rng.uniform(0.1, 0.4)), "samples_per_s": float(rng.uniform(50, 90)),
              "wall_s": 5.0 * e} for e in range(1, 4)]
     if windows:
-        rows += [{"window": w, "k": int(2 ** (w % 3)), "noise_scale": float(rng.uniform(10, 500)),
+        rows += [{"type": "window", "window": w, "k": int(2 ** (w % 3)), "noise_scale": float(rng.uniform(10, 500)),
                   "wall_s": 2.0 * w, "step": 5 * w, "accumulation": "rl"} for w in range(1, 6)]
     if slicer:
-        rows += [{"slicer": "balanced", "step": s, "compute_s": rng.uniform(0.1, 0.2, 2).tolist(),
+        rows += [{"type": "step", "slicer": "balanced", "step": s, "compute_s": rng.uniform(0.1, 0.2, 2).tolist(),
                   "idle_s": rng.uniform(0, 0.02, 2).tolist(), "imbalance_measured": float(rng.uniform(1, 1.1)),
                   "imbalance_predicted": float(rng.uniform(1, 1.05)),
                   "cost_coef": rng.uniform(0, 1e-3, 4).tolist()} for s in range(1, 20)]
@@ -31,7 +32,7 @@ def _run_dir(tmp_path, windows=True, slicer=True):
 def test_render_writes_png_and_self_contained_html(tmp_path, windows, slicer):
     d = _run_dir(tmp_path, windows, slicer)
     kinds = read_rows(d)
-    assert [len(kinds[k]) for k in ("epochs", "windows", "slicer")] == [3, 5 if windows else 0, 19 if slicer else 0]
+    assert [len(kinds[k]) for k in ("epoch", "window", "step")] == [3, 5 if windows else 0, 19 if slicer else 0]
     png, page = render(d)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = page.read_text()
@@ -42,7 +43,7 @@ def test_render_writes_png_and_self_contained_html(tmp_path, windows, slicer):
 def test_bad_metrics_name_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         read_rows(tmp_path)
-    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "step": 1}\n{"epoch": 2,\n')
+    (tmp_path / "metrics.jsonl").write_text('{"type": "epoch", "epoch": 1, "step": 1}\n{"epoch": 2,\n')
     with pytest.raises(ValueError, match="line 2"):
         read_rows(tmp_path)
 

@@ -192,6 +192,35 @@ def _synthetic_shards(rng, n_shards, true, noise=0.01, outliers=0.05):
     return shards, t
 
 
+def test_sampler_calibrates_and_refits_its_cost_model_in_a_hand_written_loop():
+    """BalancedBatchSampler owns its calibration: a warm-up profile timed by the caller's function fits the
+    cost model (one process: no collectives given), every step's measured times are observed, and the model
+    is refitted every REFIT_EVERY steps; the step record carries the shards, imbalance and coefficients."""
+    from stfast.parallel.slicer import REFIT_EVERY
+
+    true = np.array([2e-3, 5e-5, 2e-5, 1e-6, 4e-5])
+    lengths = np.random.default_rng(3).integers(5, 200, 400)
+    sampler = BalancedBatchSampler(lengths, 32, 1, 0, seed=1)
+    timed = []
+
+    def time_shard(idx):
+        timed.append(len(idx))
+        return float(shard_features(lengths[idx]) @ true)
+
+    how = sampler.calibrate(time_shard)
+    assert how.startswith("fitted on a warm-up profile") and len(timed) == len(profile_shards(lengths, 32, 1, 1)) + 1
+    np.testing.assert_allclose(sampler.cost_model.coefficients, true, rtol=0.05, atol=1e-7)
+    sampler.cost_model.coefficients = np.array(LinearCostModel().coefficients)  # forget it: the refit must find it
+    n_obs = sampler.cost_model.n_obs
+    for step, gb in enumerate(sampler.global_batches()[:REFIT_EVERY], 1):
+        cut = [sampler.shards(gb)]
+        rec = sampler.observe_step(cut, [float(shard_features(lengths[cut[0][0]]) @ true)], step, 0.0)
+        assert rec["shard_trips"] == [len(gb)] and rec["compute_s"][0] > 0 and rec["idle_s"] == [0.0]
+    assert sampler.cost_model.n_obs == n_obs + REFIT_EVERY
+    np.testing.assert_allclose(sampler.cost_model.coefficients, true, rtol=0.05, atol=1e-7)  # refitted at step 5
+    assert rec["cost_coef"] == sampler.cost_model.coefficients.tolist()
+
+
 @pytest.mark.parametrize("true", [(2e-3, 5e-5, 2e-5, 1e-6, 4e-5), (1e-3, 0.0, 3e-5, 2e-6, 0.0)])
 def test_cost_model_recovers_known_coefficients(true):
     rng = np.random.default_rng(7)
@@ -499,6 +528,5 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     # and training moved the parameters (the comparison is not between two untouched models)
     fresh = Trainer(TrainConfig(data=str(data), format="deeptte", dtype="float64", seed=5, out=str(tmp_path / "i"),
                                 progress=False, threads=1))
-    fresh.setup()
     init = fresh.model.state_dict()["entire.out.weight"]
     assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4

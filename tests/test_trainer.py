@@ -131,10 +131,10 @@ def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_
         assert torch.equal(last["model_state"][n], after_step[-1][n]), n  # last.pt: the trained weights
     assert not all(torch.equal(best[n], after_step[-1][n]) for n in want)
     # what validation scored is the average: re-scoring checkpoint.pt gives the best validation MAPE
-    from stfast.train.trainer import evaluate
+    from stfast.train.run_data import evaluate
 
     tr.model.load_state_dict(best)
-    assert evaluate(tr.model, tr.val_ds)["mape"] == pytest.approx(last["best_val_mape"], rel=1e-12)
+    assert evaluate(tr.model, tr.data.val_ds)["mape"] == pytest.approx(last["best_val_mape"], rel=1e-12)
     with pytest.raises(ValueError, match="--ema-decay"):
         TrainConfig(ema_decay=1.0).validate()
 
@@ -161,7 +161,6 @@ def test_data_parallel_two_gloo_ranks_equal_one_process(trips_file, tmp_path):
         assert diff < 1e-9, (k, diff)
     # and training moved the parameters (the comparison is not between two untouched models)
     fresh = Trainer(cfg(trips_file, tmp_path / "init", dtype="float64", seed=5))
-    fresh.setup()
     init = fresh.model.state_dict()["entire.out.weight"]
     assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4
 

@@ -13,6 +13,6 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                    "WindowStats", "log_goodput_gain", "make_scheduler", "observation", "parse_spec", "reward"),
     "agent": ("Agent", "goodput_model_q", "pretrained_agent", "train_offline"),
     "controller": ("AccumulationController",),
-    "env": ("AccumulationEnv", "SimConfig", "SimulatedTrainingEnv", "randomized_config", "ring_allreduce_s", "rollout"),
+    "env": ("SimConfig", "SimulatedTrainingEnv", "randomized_config", "ring_allreduce_s", "rollout"),
     "profile": ("ComputeProfile", "NoiseCalibration"),
 })

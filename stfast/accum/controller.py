@@ -1,22 +1,24 @@
-"""The trainer's side of gradient accumulation: per-step statistics (noise-scale units, loss, time in
-the all-reduce), windows of W optimizer steps, and the scheduler's decision on k, made on rank 0 and
-broadcast so that every rank takes the same number of micro-steps (ranks that disagree would hang in
-the all-reduce).
+"""Gradient accumulation as a capability any training loop uses: per-step statistics (noise-scale
+units, loss, time in the all-reduce), windows of W optimizer steps, the scheduler's decision on k, made on
+rank 0 and summed over ranks by the caller's reduce function so that every rank takes the same number
+of micro-steps (ranks that disagree would hang in the all-reduce), and the learning rate for k.
 
-Kept apart from stfast.train.trainer so the trainer only calls it at four places: before the first
-micro-step, after each micro-step, around the gradient all-reduce, and after a window.
+A loop calls it at five places: before the first micro-step (begin_step), after each micro-step's
+backward (after_micro_step), around the gradient all-reduce (extra, end_step), and after a window
+(window_due, end_window); stfast's Trainer and examples/accumulation_loop.py do just that.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from ..parallel import data_parallel as dp
+from .goodput import lr_scale
 from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind
-from .schedulers import AccumulationScheduler, WindowStats
+from .schedulers import AccumulationScheduler, FixedScheduler, WindowStats, make_scheduler
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
 # optimizer steps between reads of Adam's preconditioner: v̂ (β₂ = 0.999) moves by well under 1 % in ten
@@ -25,24 +27,36 @@ PRECOND_REFRESH_STEPS = 10
 
 
 class AccumulationController:
-    """Holds the scheduler (rank 0 decides), the gradient noise scale and the current window.
+    """Holds the scheduler (rank 0 decides), the gradient noise scale, the current window and the
+    learning-rate rule for k.
 
     params: the model's parameters (for the micro-step gradient norms); micro_batch: global trips
     per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
     (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
     scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise) or "plain" (B_simple),
     None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
-    Only that one is estimated (its cost: benchmarks/accumulation.py --overhead)."""
+    Only that one is estimated (its cost: benchmarks/accumulation.py --overhead).
 
-    def __init__(self, scheduler: AccumulationScheduler, params, info: dp.DistInfo, micro_batch: int,
-                 window: int, optimizer=None, noise_scale: str | None = None):
+    Several ranks: ``reduce`` sums a float64 array over the ranks (every rank gets the sum; one small call
+    per window, in the same order on every rank), ``world_size`` and ``rank`` (0 decides). Learning rate:
+    after every change of k the optimizer's learning rate is ``lr`` · lr_scale(k, ``lr_scaling``) · the
+    caller's schedule factor, from construction on (see apply_lr; ``lr`` None: the optimizer's at
+    construction)."""
+
+    def __init__(self, scheduler: AccumulationScheduler, params, micro_batch: int, window: int, optimizer=None,
+                 noise_scale: str | None = None, *, reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+                 world_size: int = 1, rank: int = 0, lr: float | None = None, lr_scaling: str = "sqrt"):
         self.scheduler = scheduler
         self.params = list(params)
-        self.info = info
+        self.reduce = reduce or (lambda a: a)
+        self.distributed, self.is_main = world_size > 1, rank == 0
         self.micro_batch = micro_batch
         self.window = window
         self.k = scheduler.k
         self.optimizer = optimizer
+        self.lr = lr if lr is not None or optimizer is None else optimizer.param_groups[0]["lr"]
+        self.lr_scaling = lr_scaling
+        self.lr_factor = 1.0  # the caller's schedule (apply_lr)
         self.noise_kind = noise_kind(noise_scale, optimizer)
         self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind)
         self.units = UnitGradients(self.params)
@@ -54,6 +68,16 @@ class AccumulationController:
         self._t0 = time.perf_counter()
         self._last_end = None  # perf_counter at the end of the last optimizer step (None: not counting)
         self.reset_window()
+        self.apply_lr()  # the learning rate for the first k
+
+    @classmethod
+    def for_spec(cls, spec: str, seed: int, params, micro_batch: int, window: int, optimizer=None,
+                 noise_scale: str | None = None, *, world_size: int = 1, rank: int = 0, **kw) -> AccumulationController:
+        """The controller of accumulation ``spec`` (schedulers.parse_spec's: "fixed:K", "goodput" or "rl"),
+        its scheduler seeded with ``seed``. Under "rl" only rank 0 holds the agent (the others start at k = 1
+        like it and follow its broadcast k). ``kw``: the constructor's reduce, lr and lr_scaling."""
+        sched = make_scheduler(spec, seed=seed) if rank == 0 or spec != "rl" else FixedScheduler(1)
+        return cls(sched, params, micro_batch, window, optimizer, noise_scale, world_size=world_size, rank=rank, **kw)
 
     def start_clock(self) -> None:
         self._t0 = time.perf_counter()
@@ -87,7 +111,7 @@ class AccumulationController:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
         step's ``n_total``; ``last``: the step's last micro-step). Skipped for one micro-step on one rank,
         where no second batch size exists."""
-        if (self.k > 1 or self.info.distributed) and self.measuring:
+        if (self.k > 1 or self.distributed) and self.measuring:
             self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
@@ -124,7 +148,7 @@ class AccumulationController:
         """The noise scale from one step's reduced unit statistics [3] and the step's mean gradient in .grad
         (``grad_sq``: its plain |g|² when the caller has it); one process at k = 1 pairs the step with the
         previous one instead."""
-        if not self.info.distributed and self.k == 1:
+        if not self.distributed and self.k == 1:
             paired = self.units.pair_with_previous(n_trips)
             if paired is None:
                 return
@@ -143,10 +167,11 @@ class AccumulationController:
 
     def end_window(self, budget_used: float, out_of_time: bool, imbalance: float = 1.0) -> tuple[bool, dict | None]:
         """Close the window: rank 0 asks the scheduler for k; k and the stop flag are broadcast (one
-        small all-reduce per window). Returns (stop, the window's metrics row on rank 0 else None)."""
+        small reduce per window) and the learning rate set for the new k. Returns (stop, the window's
+        metrics row on rank 0 else None)."""
         row = None
         decision = np.zeros(2)
-        if self.info.is_main:
+        if self.is_main:
             stats = self.window_stats(budget_used, imbalance)
             k_next = self.scheduler.observe(stats)
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
@@ -157,11 +182,30 @@ class AccumulationController:
             if r is not None and math.isfinite(r):
                 row["reward"] = r
             decision[:] = (k_next, float(out_of_time))
-        decision = dp.all_reduce_sum(decision, self.info)
-        self.k = round(float(decision[0]))
+        decision = self.reduce(decision)
+        self.set_k(round(float(decision[0])))
         self.n_windows += 1
         self.reset_window()
         return bool(decision[1]), row
+
+    # ------------------------------------------------------------ k and the learning rate
+    def set_k(self, k: int) -> None:
+        """Take ``k`` micro-steps per optimizer step from now on, at the learning rate for k (the window's
+        decision, or a caller that chooses k itself, such as an RL environment)."""
+        self.k = k
+        self.apply_lr()
+
+    def apply_lr(self, factor: float | None = None) -> None:
+        """Set the optimizer's learning rate for the effective batch k·B: lr · lr_scale(k, lr_scaling) ·
+        factor (stfast.accum.goodput.lr_scale: sqrt for Adam, linear for SGD, none). ``factor``: the caller's
+        schedule (for example a cosine decay per epoch), kept for later changes of k; None: the last one.
+        Without an optimizer nothing is set."""
+        if factor is not None:
+            self.lr_factor = factor
+        if self.optimizer is None:
+            return
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr * lr_scale(self.k, self.lr_scaling) * self.lr_factor
 
     def window_stats(self, budget_used: float, imbalance: float = 1.0) -> WindowStats:
         """This rank's measurements of the current window (its times; the loss and noise scale are global).
@@ -190,7 +234,7 @@ class AccumulationController:
     def load_state_dict(self, s: dict) -> None:
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
         self.wall_before = s["wall_before"]
-        if self.info.is_main:
+        if self.is_main:
             self.scheduler.load_state_dict(s["scheduler"])
         # a checkpoint's estimate of the other kind (plain before 2026-12-01, or another --noise-scale) is not
         # this run's: then the estimate starts afresh

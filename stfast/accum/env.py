@@ -12,8 +12,8 @@ Both share the RL scheduler's spaces (stfast.accum.schedulers):
   k, and the episode is truncated when the budget is spent (no terminal state: training would go on).
   The return is then the progress made within the budget minus what k = 1 would have made.
 
-SimulatedTrainingEnv is an analytic model (seconds for thousands of windows); AccumulationEnv runs
-real training (a Trainer) so any gymnasium agent can drive it.
+SimulatedTrainingEnv is an analytic model (seconds for thousands of windows); the live environment,
+which runs real training, is stfast.train.live_env.AccumulationEnv (it drives a Trainer).
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.registration import EnvSpec
 
 from .goodput import statistical_efficiency
 from .profile import ComputeProfile, NoiseCalibration
@@ -31,9 +30,7 @@ from .schedulers import (
     DEFAULT_CHOICES,
     OBS_DIM,
     WindowStats,
-    log_goodput_gain,
     observation,
-    reward,
 )
 
 
@@ -250,67 +247,3 @@ def rollout(env: SimulatedTrainingEnv, policy, seed: int, until_target: bool = F
     return {"return": ret, "progress": progress, "k": ks, "time_s": times,
             "time_to_target_s": info["time_to_target_s"]}
 
-
-class AccumulationEnv(gym.Env):
-    """Live training as an environment: reset() builds a Trainer (seeded: model, batches) and returns
-    the observation before any window (k = 1, nothing measured yet); step(action) runs the next W
-    optimizer steps with k = choices[action] (batches continue across epochs) and returns the
-    measured window. One process (world size 1). Wall-clock throughput makes it nondeterministic,
-    which its spec declares (so check_env skips the step-determinism check).
-
-    cfg: the TrainConfig (its accumulation spec is ignored: the agent chooses k); budget_s: the
-    episode's budget of training wall time (s; evaluation excluded)."""
-
-    metadata: ClassVar[dict] = {"render_modes": []}
-
-    def __init__(self, cfg, choices=DEFAULT_CHOICES, budget_s: float = 60.0):
-        self.train_cfg = cfg
-        self.choices = tuple(choices)
-        self.budget_s = budget_s
-        self.action_space = gym.spaces.Discrete(len(self.choices))
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (OBS_DIM,), np.float32)
-        self.spec = EnvSpec("stfast/Accumulation-v0", entry_point="stfast.accum.env:AccumulationEnv",
-                            nondeterministic=True, kwargs={"cfg": cfg, "choices": self.choices, "budget_s": budget_s})
-        self.trainer = None
-
-    def _batches(self):
-        from ..train.trainer import epoch_batches
-
-        tr, epoch = self.trainer, 0
-        while True:
-            yield from epoch_batches(tr.train_ds.lengths, self.train_cfg.batch_size, self.seed, epoch)
-            epoch += 1
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        from ..train.trainer import Trainer
-
-        self.seed = int(self.np_random.integers(2**31)) if seed is None else seed
-        cfg = replace(self.train_cfg, seed=self.seed, accumulation="fixed:1", progress=False)
-        self.trainer = Trainer(cfg)
-        self.trainer.setup()
-        self.stream = self._batches()
-        self.time = 0.0
-        self.ref = None
-        blank = WindowStats(k=1, micro_batch=cfg.batch_size, steps=1, trips=1, wall_s=1.0, comm_s=0.0)
-        return observation(blank, 1.0, self.choices), {"k": 1}
-
-    def step(self, action):
-        if not self.action_space.contains(action):
-            raise ValueError(f"action must be in 0..{len(self.choices) - 1}, got {action!r}")
-        tr = self.trainer
-        k = self.choices[int(action)]
-        tr.accum.k = k
-        tr._set_lr()
-        tr.model.train()
-        for _ in range(self.train_cfg.accum_window):
-            group = [next(self.stream) for _ in range(k)]
-            tr.train_step(group[0] if k == 1 else group, use_local=True)
-        self.time += tr.accum.w_wall
-        stats = tr.accum.window_stats(self.time / self.budget_s)
-        tr.accum.reset_window()
-        if self.ref is None:
-            self.ref = stats.samples_per_s
-        obs = observation(stats, self.ref, self.choices)
-        info = {"k": k, **stats.to_dict(), "loss_ema": tr.accum.loss_ema, "log_goodput_gain": log_goodput_gain(stats, self.ref)}
-        return obs, float(reward(stats, self.ref)), False, self.time >= self.budget_s, info

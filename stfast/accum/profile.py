@@ -71,7 +71,7 @@ def measure(sizes=(4, 16, 64), repeats: int = 5, n_trips: int = 2000, seed: int 
 
     from ..data.dataset import DriverVocab, NormStats, TripDataset
     from ..data.synthetic import synthetic_trips
-    from ..models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
+    from ..models.deeptte import DeepTTE, DeepTTEConfig, local_count, training_loss
 
     torch.manual_seed(seed)
     trips = synthetic_trips(n_trips, seed=seed)
@@ -84,10 +84,10 @@ def measure(sizes=(4, 16, 64), repeats: int = 5, n_trips: int = 2000, seed: int 
     for b in sizes:
         times = []
         for r in range(repeats + 1):  # the first is a warm-up
-            batch = ds.batch(rng.choice(len(trips), b, replace=False))
+            idx = rng.choice(len(trips), b, replace=False)
+            batch = ds.batch(idx)
             t0 = time.perf_counter()
-            parts = loss_parts(model, model(batch), batch)
-            combine_loss(parts, model.cfg.alpha, b, max(parts.n_local, 1)).backward()
+            training_loss(model, model(batch), batch, b, local_count(ds.lengths[idx], model.cfg.kernel_size)).backward()
             if r:
                 times.append(time.perf_counter() - t0)
         raw[b] = float(np.median(times))

@@ -29,6 +29,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..train import plots
+from ..train.run_log import read_rows
+
 
 @dataclass
 class Mode:
@@ -120,11 +123,9 @@ def _run(mode: Mode, seed: int, a, out: Path) -> dict:
 
 def _measure(out: Path) -> dict:
     """The numbers of one finished run folder."""
-    from ..train.report import read_rows
-
     s = json.loads((out / "summary.json").read_text())
     rows = read_rows(out)
-    ep, win, sl = rows["epochs"], rows["windows"], rows["slicer"]
+    ep, win, sl = rows["epoch"], rows["window"], rows["step"]
     # throughput and communication share over the training steps only (validation excluded)
     busy = sum(r["window_s"] for r in win)
     sps = sum(r["trips"] for r in win) / busy if busy else None
@@ -218,32 +219,6 @@ def table(results: dict, target: float, cores: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, target: float, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ran = {n: r for n, r in results.items() if "runs" in r}
-    fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
-    names = list(ran)
-    sps = [statistics.median(x["samples_per_s"] for x in ran[n]["runs"] if x["samples_per_s"]) for n in names]
-    ax[0].barh(range(len(names)), sps)
-    ax[0].set_yticks(range(len(names)), names, fontsize=7)
-    ax[0].invert_yaxis()
-    ax[0].set(xlabel="training throughput (trips/s)", title="throughput per mode (median over seeds)")
-    for n in names:
-        c = ran[n]["runs"][0]["curve"]
-        ax[1].plot([t for t, _ in c], [100 * m for _, m in c], "o-", ms=3, label=n)
-    if target is not None:
-        ax[1].axhline(100 * target, color="k", ls="--", lw=0.8, label="target")
-    ax[1].set(xlabel="wall time (s)", ylabel="validation MAPE (%)", title="validation MAPE (first seed)")
-    ax[1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-
-
 def default_target(results: dict, baseline: str) -> float | None:
     """The target validation MAPE (fraction) when none is given: the median best validation MAPE of the
     ``baseline`` mode's runs; if the baseline failed or finished no epoch in the budget, the loosest
@@ -300,7 +275,7 @@ def run_modes(a) -> dict:
     (out / "modes.json").write_text(json.dumps({"target_mape": target, "budget_s": a.budget_s, "nproc": a.nproc,
                                                 "cores": cores, "seeds": a.seeds_list, "modes": results}, indent=1))
     (out / "modes.md").write_text(md + "\n")
-    plot(results, target, out / "modes.png")
+    plots.bench_modes(results, target, out / "modes.png")
     print(md)
     print(f"wrote modes.json, modes.md, modes.png in {out}")
     return results

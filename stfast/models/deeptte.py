@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -407,3 +409,17 @@ def combine_loss(p: LossParts, alpha: float, n_trips_global: int, n_local_global
     if not use_local:
         return ent
     return (1 - alpha) * ent + alpha * p.local_ape_sum / max(n_local_global, 1)
+
+
+def local_count(lengths, kernel_size: int) -> int:
+    """Local estimates (one per geo-conv window) of trips with these ``lengths`` [n] (points):
+    Σ max(len − kernel_size + 1, 0), the local loss's denominator when taken over these trips."""
+    return int(np.maximum(np.asarray(lengths) - kernel_size + 1, 0).sum())
+
+
+def training_loss(model: DeepTTE, out: DeepTTEOutput, b: TripBatch, n_trips: int, n_local: int,
+                  use_local: bool = True) -> torch.Tensor:
+    """The loss rule: shard ``b``'s part (its output ``out``) of the loss of a global batch of ``n_trips`` trips
+    and ``n_local`` local estimates (:func:`local_count` of all its trips, over every rank and micro-batch).
+    Summed over the shards, the gradients are the global batch's mean gradient whatever the shard sizes."""
+    return combine_loss(loss_parts(model, out, b), model.cfg.alpha, n_trips, n_local, use_local)

@@ -9,9 +9,10 @@ Cost model: a shard S of n trips with lengths l_i (points) takes
 (Σlen: geo-conv and projections on packed points; n·L_max: work on the padded [n, L_max] batch;
 L_max: the packed LSTM's sequential steps, each with a fixed cost). Coefficients are fitted by
 non-negative (scipy's Lawson–Hanson NNLS), Huber-weighted least squares (IRLS) on a window of
-observations; the prior before any fit is Σlen + n·L_max. The trainer fits it first on a warm-up
-profile (:func:`profile_shards`), since the on-line observations of balanced shards alone barely
-separate the terms. Any callable ``cost(lengths [n]) -> seconds`` can stand in for the model.
+observations; the prior before any fit is Σlen + n·L_max. :class:`BalancedBatchSampler` owns the
+calibration: it fits the model first on a warm-up profile (:func:`profile_shards`, ``calibrate``), since
+the on-line observations of balanced shards alone barely separate the terms, then refits it from the
+measured step times (``observe_step``). Any callable ``cost(lengths [n]) -> seconds`` can stand in for the model.
 
 Partitioners live in C++ (csrc/slicer/partition.{h,cpp}, module ``stfast._slicer``): LPT greedy,
 Karmarkar–Karp differencing, sorted contiguous split, local-search refinement under the full model.
@@ -21,6 +22,7 @@ loss SUM by the GLOBAL batch's count and gradients are summed (stfast.parallel.d
 """
 from __future__ import annotations
 
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +40,7 @@ COEFFICIENTS = ("a", "b", "c", "d", "e")  # intercept, per trip, per point, per 
 PRIOR = (0.0, 0.0, 1.0, 1.0, 0.0)  # Σlen + n·L_max (arbitrary units) until timings arrive
 METHODS = ("balanced", "equal", "sorted", "lpt", "kk", "contiguous")
 DEFAULT_MAX_ITERS = 2000  # local-search changes per partition (each lowers the slowest shard)
+REFIT_EVERY = 5  # optimizer steps between refits of the cost model from measured step times
 
 CostFunction = Callable[[np.ndarray], float]
 
@@ -487,13 +490,17 @@ class BalancedBatchSampler:
     Args: ``lengths`` [T] trip lengths (points); ``global_batch_size`` trips per step over all ranks;
     ``world_size``, ``rank``; ``seed``; ``cost_model`` (LinearCostModel or a callable of shard lengths;
     default: the prior model); ``method`` (see :func:`partition`); ``batches``: optional callable
-    epoch → list of global batches (index arrays) replacing the seeded random batching; ``drop_last``.
+    epoch → list of global batches (index arrays) replacing the seeded random batching; ``drop_last``;
+    ``all_gather`` (float64 [n] → [world_size, n], every rank's array) and ``broadcast`` (rank 0's float64
+    array to all), the collectives of the calibration (``calibrate``, ``observe_step``); None: one process.
     Raises ValueError on sizes < 1 or a rank outside [0, world_size).
     """
 
     def __init__(self, lengths: np.ndarray, global_batch_size: int, world_size: int, rank: int, seed: int = 0,
                  cost_model: LinearCostModel | CostFunction | None = None, method: str = "balanced",
-                 batches: Callable[[int], list[np.ndarray]] | None = None, drop_last: bool = False):
+                 batches: Callable[[int], list[np.ndarray]] | None = None, drop_last: bool = False,
+                 all_gather: Callable[[np.ndarray], np.ndarray] | None = None,
+                 broadcast: Callable[[np.ndarray], np.ndarray] | None = None):
         if global_batch_size < 1:
             raise ValueError(f"global_batch_size must be ≥ 1, got {global_batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -506,6 +513,8 @@ class BalancedBatchSampler:
         self.method, self._batches, self.drop_last = method, batches, drop_last
         self.epoch = 0
         self._last: tuple | None = None  # (global batch bytes, coefficients, shards) of the last partition
+        self._all_gather = all_gather or (lambda a: np.asarray(a, dtype=np.float64)[None])
+        self._broadcast = broadcast or (lambda a: a)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -538,3 +547,60 @@ class BalancedBatchSampler:
     def __iter__(self) -> Iterator[Shard]:
         for gb in self.global_batches():
             yield Shard(self.shard(gb).tolist(), len(gb))
+
+    # ------------------------------------------------------------ calibration of the cost model
+    def calibrate(self, time_shard: Callable[[np.ndarray], float]) -> str:
+        """Warm-up profile: every rank runs ``time_shard(idx)`` (forward + backward of trip indices ``idx``
+        [n] on this rank, its seconds) on its share of :func:`profile_shards` (sizes and length mixes that
+        separate the cost model's terms; the first shard once more before, as a warm-up), the times are
+        gathered, the model fitted on them and rank 0's coefficients broadcast. Returns how the model was
+        set (for the log). A cost model that is not a LinearCostModel is left as it is."""
+        if not isinstance(self.cost_model, LinearCostModel):
+            return "a given cost function (not calibrated)"
+        shards = profile_shards(self.lengths, self.global_batch_size, self.world_size, self.seed)
+        mine = shards[self.rank::self.world_size]
+        t0 = time.perf_counter()
+        seconds = [time_shard(idx) for idx in [mine[0]] + mine][1:]  # the first run warms up
+        gathered = self._all_gather(np.asarray(seconds, dtype=np.float64))  # [W, shards per rank]
+        # one observation group: the profile takes a second or two, too short for the machine's speed to
+        # drift, and its few shards must pin all five coefficients (per-round factors would absorb them)
+        w, n = self.world_size, gathered.shape[1]
+        model = self.cost_model
+        model.observe([self.lengths[shards[r + j * w]] for r in range(w) for j in range(n)], gathered.reshape(-1))
+        if model.fit():
+            model.coefficients = self._broadcast(model.coefficients)
+            return f"fitted on a warm-up profile of {len(shards)} shards ({time.perf_counter() - t0:.1f} s)"
+        return "the prior (the warm-up profile gave no fit)"
+
+    def observe_step(self, shards: list[list[np.ndarray]], compute_s: Sequence[float], step: int,
+                     started: float) -> dict:
+        """After an optimizer step whose micro-batches were cut into ``shards`` [micro-step][rank] (trip
+        indices; ``shards()`` of each) and took this rank ``compute_s`` [micro-step] seconds of forward +
+        backward: gather every rank's times, feed each micro-batch's shards and times to the cost model,
+        refit every REFIT_EVERY steps (``step``: optimizer steps taken; rank 0's coefficients broadcast, so
+        that every rank keeps cutting identically). ``started``: time.perf_counter() at the step's start.
+        Returns the step's record (per rank, sums over the micro-batches): shard sizes, predicted and
+        measured imbalance, compute and idle seconds, the step's seconds, the cost model."""
+        gathered = self._all_gather(np.asarray(compute_s, dtype=np.float64))  # [W, k]
+        step_s = time.perf_counter() - started
+        model = self.cost_model
+        linear = isinstance(model, LinearCostModel)
+        predicted = np.zeros(self.world_size)
+        lens_per_micro = [[self.lengths[sh] for sh in parts] for parts in shards]
+        for j, lens_j in enumerate(lens_per_micro):
+            predicted += [model.predict(ln) if linear else model(ln) for ln in lens_j]
+            if linear:
+                model.observe(lens_j, gathered[:, j])
+        times = gathered.sum(axis=1)
+        lens = [np.concatenate(per_rank) for per_rank in zip(*lens_per_micro)]
+        predicted = predicted.tolist()
+        if linear and step % REFIT_EVERY == 0:
+            model.fit()
+            model.coefficients = self._broadcast(model.coefficients)
+        return {"slicer": self.method, "shard_trips": [len(ln) for ln in lens],
+                "shard_points": [int(ln.sum()) for ln in lens],
+                "imbalance_predicted": imbalance(predicted) if max(predicted) > 0 else None,
+                "imbalance_measured": imbalance(times) if times.max() > 0 else None,
+                "compute_s": times.tolist(), "idle_s": (times.max() - times).tolist(), "step_s": step_s,
+                "cost_coef": model.coefficients.tolist() if linear else None,
+                "cost_fit_error": model.fit_error if linear else None}

@@ -36,9 +36,10 @@ def train_ensemble(cfg) -> dict:
     from dataclasses import replace
     from pathlib import Path
 
-    from . import guards
-    from .metrics import errors
-    from .trainer import format_summary, load_config_trips, split_trips, train
+    from . import guards, plots
+    from .metrics import errors, format_summary
+    from .run_log import read_rows
+    from .trainer import train
 
     out = Path(cfg.out)
     guards.check_out_dir(cfg)  # one ensemble per folder (its members' folders are checked as runs)
@@ -51,11 +52,11 @@ def train_ensemble(cfg) -> dict:
         print(f"ensemble member {k + 1}/{cfg.ensemble}: seed {seed} → {mcfg.out}", flush=True)
         members.append(json.loads(done.read_text()) if cfg.resume and done.is_file() else train(mcfg))
         dirs.append(Path(mcfg.out))
-    trips = load_config_trips(cfg)
-    _, val, test = split_trips(trips, cfg)
-    ckpts = [d / "checkpoint.pt" for d in dirs]
-    v = errors(predict_ensemble(ckpts, val, cfg.device), val.time)
-    t = errors(predict_ensemble(ckpts, test, cfg.device), test.time)
+    models = [load_model(d / "checkpoint.pt", cfg.device) for d in dirs]
+    trips = models[0].load_trips()  # the members' data (one split seed), read and split as they read it
+    val, test = models[0].split(trips, "val"), models[0].split(trips, "test")
+    v = errors(predict_ensemble(models, val), val.time)
+    t = errors(predict_ensemble(models, test), test.time)
     summary = {k: members[0][k] for k in members[0] if k.startswith(("baseline_", "n_"))}
     summary.update({"test_mape": t["mape"], "test_mae": t["mae"], "test_rmse": t["rmse"],
                     "val_mape": v["mape"], "val_mae": v["mae"], "val_rmse": v["rmse"],
@@ -66,32 +67,9 @@ def train_ensemble(cfg) -> dict:
     tmp = out / ".summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(out / "summary.json")
-    _plot_members(dirs, out / "learning_curves.png", summary)
+    plots.ensemble_curves({d.name: read_rows(d)["epoch"] for d in dirs}, summary, out / "learning_curves.png")
     print(f"\nensemble of {cfg.ensemble} models (seeds {summary['seeds'][0]}–{summary['seeds'][-1]}); "
           f"validation MAPE {100 * v['mape']:.2f} %\n" + format_summary(summary)
           + f"\nwrote summary.json, learning_curves.png in {out}", flush=True)
     return summary
 
-
-def _plot_members(dirs, png_path, summary: dict) -> None:
-    """Validation MAPE per epoch of every member, with the ensemble's and constant speed's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .report import read_rows
-
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    for d in dirs:
-        rows = read_rows(d)["epochs"]
-        ax.plot([r["epoch"] for r in rows], [100 * r["val_mape"] for r in rows], alpha=0.6, label=d.name)
-    ax.axhline(100 * summary["val_mape"], color="k", label="ensemble (best epochs)")
-    ax.axhline(100 * summary["baseline_const_speed_val_mape"], color="tab:orange", ls="--", label="constant speed")
-    ax.set(xlabel="epoch", ylabel="validation MAPE (%)", title=f"ensemble of {len(dirs)} seeds")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = png_path.with_name(".tmp_" + png_path.name)
-    fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    tmp.replace(png_path)

@@ -17,17 +17,23 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
+import numpy as np
 import torch
 
 from .. import __version__
+from ..parallel import data_parallel as dp
+
+log = logging.getLogger("stfast.train")
 
 
 class TrainingDiverged(RuntimeError):
@@ -227,3 +233,69 @@ def describe_collective_failure(err: BaseException, rank: int, world_size: int, 
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return (f"rank {rank} of {world_size}: a collective failed at step {step} (timeout {timeout_s:g} s); "
             f"rank(s) not responding: {who}; cause: {first}")
+
+
+@contextlib.contextmanager
+def naming_rank_failures(info, timeout_s: float, step: Callable[[], int]):
+    """Context manager: a failed collective of a distributed run (RuntimeError, OSError) is raised as
+    RankFailure naming the ranks that stopped responding (describe_collective_failure; ``step()``: the
+    optimizer step it happened at); TrainingDiverged, RankFailure and one-process errors pass unchanged."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        if not info.distributed or isinstance(e, (TrainingDiverged, RankFailure)):
+            raise
+        raise RankFailure(describe_collective_failure(e, info.rank, info.world_size, step(), timeout_s)) from e
+
+
+def agree_out_dir(cfg, info) -> None:
+    """One run per folder (check_out_dir), decided by rank 0 (which clears it under --overwrite) and agreed
+    by all ranks of ``info`` (a DistInfo), so that none starts while rank 0 refuses. Raises ValueError."""
+    err = None
+    if info.is_main:
+        try:
+            check_out_dir(cfg)
+        except ValueError as e:
+            err = e
+    if info.distributed:
+        refused = dp.all_reduce_sum(np.array([0.0 if err is None else 1.0]), info)[0] > 0
+        if refused and err is None:
+            err = ValueError(f"--out {cfg.out} was refused by rank 0 (see its error)")
+    if err is not None:
+        raise err
+
+
+class RunGuards:
+    """Reliability after each optimizer step of a run over the ranks of ``info`` (a DistInfo): a skipped
+    non-finite step is logged (a "bad_step" row in ``run_log``, a warning) and counted (BadStepGuard: stop
+    after ``max_bad`` in a row), and all ranks agree in one small all-reduce whether to stop: a stop signal
+    (``signals``, entered by the caller around the loop) on any rank, or ``time_budget_s`` spent by rank 0's
+    clock (checked every step, not only at window ends: a window of large k can run long)."""
+
+    def __init__(self, info, max_bad: int, time_budget_s: float | None, run_log):
+        self.info, self.time_budget_s, self.run_log = info, time_budget_s, run_log
+        self.signals, self.bad = StopSignals(), BadStepGuard(max_bad)
+        self.budget_spent = False  # agreed after each step
+
+    def after_step(self, skipped: str | None, loss: float, step: int, epoch: int, batch: int, elapsed_s: float) -> bool:
+        """After optimizer step ``step`` + 1 (``skipped``: why it was skipped, or None) at ``batch`` of
+        ``epoch`` (0-based), ``elapsed_s`` seconds of training. True: a stop signal arrived (stop now).
+        Raises TrainingDiverged after too many bad steps in a row."""
+        where = f"at epoch {epoch + 1}, batch {batch}"
+        if skipped is not None and self.info.is_main:
+            self.run_log.append("bad_step", {"bad_step": step + 1, "at_epoch": epoch, "at_batch": batch,
+                                             "reason": skipped, "loss": loss})
+            log.warning("skipped optimizer step %d %s: %s", step + 1, where, skipped)
+        self.bad.record(skipped, where)
+        spent = self.time_budget_s is not None and self.info.is_main and elapsed_s >= self.time_budget_s
+        stop, self.budget_spent = agree_stop(self.info, self.signals, spent)
+        return stop
+
+
+def agree_stop(info, signals: StopSignals, budget_spent: bool) -> tuple[bool, bool]:
+    """One small all-reduce over the ranks of ``info``: (a stop signal arrived on any rank, ``budget_spent``
+    on any rank: rank 0's clock decides --time-budget)."""
+    flag = np.array([1.0 if signals.received else 0.0, 1.0 if budget_spent else 0.0])
+    if info.distributed:
+        flag = dp.all_reduce_sum(flag, info)
+    return bool(flag[0] > 0), bool(flag[1] > 0)

@@ -1,4 +1,5 @@
-"""Travel-time error metrics over a whole split (not averaged per batch) and the two baselines."""
+"""Travel-time error metrics over a whole split (not averaged per batch), the two baselines, and the test
+summary's table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,3 +69,24 @@ class MeanTimeBaseline:
 
     def predict(self, dist: np.ndarray) -> np.ndarray:
         return np.full(len(dist), self.mean_s, dtype=np.float64)
+
+
+def baseline_errors(train, val, test) -> dict:
+    """Both baselines fitted on the ``train`` Trips: their test MAPE / MAE / RMSE and validation MAPE, as
+    summary.json's baseline_* fields (MAPE a fraction, MAE and RMSE in s)."""
+    fitted = {name: model.fit(train.dist, train.time)
+              for name, model in (("const_speed", ConstantSpeedBaseline()), ("mean_time", MeanTimeBaseline()))}
+    out = {f"baseline_{n}_{k}": v for n, f in fitted.items() for k, v in errors(f.predict(test.dist), test.time).items()}
+    out.update({f"baseline_{n}_val_mape": errors(f.predict(val.dist), val.time)["mape"] for n, f in fitted.items()})
+    return out
+
+def format_summary(s: dict) -> str:
+    """The test split's MAPE / MAE / RMSE of the model and both baselines, as a table for people."""
+    rows = [("DeepTTE (stfast)", s["test_mape"], s["test_mae"], s["test_rmse"]),
+            ("constant speed", s["baseline_const_speed_mape"], s["baseline_const_speed_mae"],
+             s["baseline_const_speed_rmse"]),
+            ("mean travel time", s["baseline_mean_time_mape"], s["baseline_mean_time_mae"],
+             s["baseline_mean_time_rmse"])]
+    lines = [f"test split ({s['n_test']} trips)      MAPE       MAE      RMSE"]
+    lines += [f"  {n:<24}{100 * a:7.2f} %{b:8.1f} s{c:8.1f} s" for n, a, b, c in rows]
+    return "\n".join(lines)

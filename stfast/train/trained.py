@@ -90,7 +90,7 @@ class TrainedModel:
         :meth:`resolve_data_options`). Raises ValueError (a differing setting; preprocessing dropped
         every trip), TrajectoryFormatError (bad input: file, line, field), FileNotFoundError."""
         from ..data.preprocess import PreprocessConfig
-        from .trainer import load_config_trips
+        from .run_data import load_config_trips
 
         self.resolve_data_options(**given)
         if data is None:
@@ -103,7 +103,7 @@ class TrainedModel:
     def split(self, trips: Trips, which: str) -> Trips:
         """The training run's ``which`` split (``train``, ``val``, ``test``; ``all``: ``trips`` as they are)
         of ``trips``, which must be the data the run read (same fingerprint). Raises ValueError otherwise."""
-        from .trainer import split_trips
+        from .run_data import split_trips
 
         if which not in SPLITS:
             raise ValueError(f"--split must be one of {', '.join(SPLITS)}, got {which!r}")
@@ -118,7 +118,7 @@ class TrainedModel:
 
     def predict(self, trips: Trips, batch_size: int = 256, progress: bool = False) -> np.ndarray:
         """Predicted travel times [T] (s, float64) of ``trips`` (preprocessed as :meth:`load_trips` does)."""
-        from .trainer import predict
+        from .run_data import predict
 
         ds = TripDataset(trips, self.drivers, self.dtype)
         return predict(self.model, ds, batch_size=batch_size, device=self.device, progress=progress)

@@ -1,0 +1,80 @@
+"""Continuing a run: which checkpoint it continues from (:func:`resume_checkpoint`: on ``--resume``, or
+after a torchrun restart), what last.pt and checkpoint.pt hold (:func:`trainer_state`; the keys are pinned
+by tests/test_training_curve.py) and putting a Trainer back where a checkpoint was (:func:`restore`).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import __version__
+from . import checkpoint as ckpt
+from . import guards
+from .config import TrainConfig
+
+
+def resume_checkpoint(cfg: TrainConfig) -> tuple[dict | None, Path | None]:
+    """The checkpoint a run continues from, and its path: on ``--resume``, or when torchrun restarted
+    the job (TORCHELASTIC_RESTART_COUNT > 0) and a checkpoint exists; else (None, None). The first
+    intact one of last.pt, last.prev.pt, checkpoint.pt in ``cfg.out`` (a corrupt one is skipped with a
+    warning naming it), checked against this version and model configuration (guards.check_resume).
+    Raises FileNotFoundError (--resume without a checkpoint) or ValueError (mismatch, all corrupt)."""
+    out = Path(cfg.out)
+    names = [out / "last.pt", ckpt.previous_path(out / "last.pt"), out / "checkpoint.pt"]
+    restarted = guards.restart_count() > 0 and any(p.is_file() for p in names)
+    if not (cfg.resume or restarted):
+        return None, None
+    try:
+        state, path = ckpt.load_first(names)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--resume: no last.pt or checkpoint.pt in {out}") from None
+    guards.check_resume(state, cfg, path)
+    return state, path
+
+
+def resume_state(cfg: TrainConfig, run_log, say) -> tuple[dict | None, Path | None]:
+    """:func:`resume_checkpoint`, and for a job restarted by torchrun: a fresh run log when it was restarted
+    before any checkpoint, else the message that it resumes (``say``: rank 0's print)."""
+    state, path = resume_checkpoint(cfg)
+    if state is None and guards.restart_count() > 0:
+        run_log.discard()
+    elif state is not None and not cfg.resume:
+        say(f"restarted by torchrun (restart {guards.restart_count()}): resuming")
+    return state, path
+
+
+def trainer_state(tr) -> dict:
+    """The checkpoint of Trainer ``tr``: version, the data's part (RunData.state_dict), the model's
+    configuration and weights, optimizer, moving average, RNG streams, position, configuration,
+    accumulation controller, the epoch's loss sums so far, the run log's length and the slicer's cost model."""
+    return {"stfast_version": __version__, **tr.data.state_dict(), "model_config": tr.model.cfg.to_dict(),
+            "model_state": tr.model.state_dict(), "optimizer_state": tr.opt.state_dict(),
+            "ema_state": tr.ema.state_dict() if tr.ema is not None else None, "rng": ckpt.rng_state(),
+            "epoch": tr.epoch, "epoch_batch": tr.epoch_batch, "step": tr.step, "best_val_mape": tr.best,
+            # --data absolute, so that `evaluate --split test` finds the run's data from any folder
+            "train_config": dict(tr.cfg.to_dict(), data=tr.cfg.data and os.path.abspath(tr.cfg.data)),
+            "accumulation": tr.accum.state_dict(),
+            # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and the run log's length
+            "epoch_progress": tr.epoch_progress, "metrics_bytes": tr.log.size(),
+            "slicer_cost_model": tr.steps.slicer_state()}  # rank 0's coefficients, restored on --resume
+
+
+def restore(tr, state: dict, path: Path) -> None:
+    """Trainer ``tr`` back to checkpoint ``state`` (read from ``path``): the accumulation controller, weights,
+    optimizer (its learning rate too), moving average, position and RNG streams; mid-epoch, the epoch's loss
+    sums so far (rank 0's sum is in the checkpoint; the epoch's loss is summed over ranks at its end); the run
+    log cut back to what it held when the checkpoint was written (rows written after it would be again).
+    The data and the slicer's cost model are restored where they are built (RunData.load, steps.prepare)."""
+    if "accumulation" in state:
+        tr.accum.load_state_dict(state["accumulation"])
+    tr.model.load_state_dict(state["model_state"])
+    tr.opt.load_state_dict(state["optimizer_state"])
+    if tr.ema is not None and state.get("ema_state") is not None:
+        tr.ema.load_state_dict(state["ema_state"])
+    tr.epoch, tr.step, tr.best = state["epoch"], state["step"], state["best_val_mape"]
+    tr.epoch_batch = state.get("epoch_batch", 0)
+    ckpt.set_rng_state(state["rng"])
+    loss_sum, n_done = state.get("epoch_progress", (0.0, 0)) if tr.epoch_batch else (0.0, 0)
+    tr.epoch_progress = (loss_sum if tr.info.is_main else 0.0, n_done)
+    tr.log.cut_back(state.get("metrics_bytes"))
+    tr.say(f"resumed from {path} at epoch {tr.epoch}, step {tr.step}")

@@ -1,0 +1,206 @@
+"""The data of a training run: its trips (file or synthetic city), the train/validation/test split, the
+datasets, driver vocabulary and normalization (from the checkpoint on ``--resume``), the epoch's global
+batches, and prediction / evaluation of a model on a split (summed over ranks under data parallelism).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..data.dataset import DriverVocab, NormStats, TripDataset
+from ..data.fingerprint import trips_fingerprint
+from ..data.load import load_trips
+from ..data.splits import (
+    default_date_split,
+    parse_days,
+    parse_fractions,
+    split_by_days,
+    split_random,
+)
+from ..data.trips import Trips
+from ..models.deeptte import DeepTTE, DeepTTEConfig
+from ..parallel import data_parallel as dp
+from . import guards
+from .config import TrainConfig
+from .metrics import baseline_errors, errors
+from .resume import resume_checkpoint
+
+log = logging.getLogger("stfast.train")
+MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
+LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
+
+
+def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
+    """The trips ``cfg`` names (file or synthetic city), read and preprocessed (with
+    ``preprocess_config``, a PreprocessConfig, when given: a checkpoint's). Raises ValueError when
+    preprocessing dropped every trip (see :func:`require_trips`)."""
+    trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
+                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
+                       seed=cfg.split_seed, preprocess_config=preprocess_config)
+    return require_trips(trips, cfg.data or "the synthetic city")
+
+
+def require_trips(trips: Trips, source: str) -> Trips:
+    """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
+    of ``source``, with the counts of what was dropped and why."""
+    if len(trips) == 0:
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing was dropped: no input trips"
+        raise ValueError(f"{source}: reading and preprocessing left no trip (dropped: {drops}); check --format, "
+                         "--modes, --min-spacing-km and --gap-min")
+    return trips
+
+
+def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
+    """Train/validation/test trips by the configured rule. Raises ValueError on an empty split."""
+    if cfg.split_days or cfg.split_by == "date":
+        days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
+        idx = split_by_days(trips.date_id, days)
+    else:
+        idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
+    parts = tuple(trips.subset(i) for i in idx)
+    for name, p in zip(("training", "validation", "test"), parts):
+        if len(p) == 0:
+            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split/--split-days")
+        if len(p) < MIN_SPLIT_WARN:
+            log.warning("the %s split has only %d trips: its metrics are noisy", name, len(p))
+    return parts  # type: ignore[return-value]
+
+
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Global batches of one epoch: a seeded shuffle, sorted by length inside chunks of
+    LENGTH_SORT_CHUNK batches (less padding), batch order shuffled. The same on every rank; the last
+    batch may be smaller."""
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(lengths))
+    chunk = batch_size * LENGTH_SORT_CHUNK
+    batches = []
+    for s in range(0, len(perm), chunk):
+        part = perm[s:s + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
+    order = rng.permutation(len(batches))
+    return [batches[i] for i in order]
+
+
+def progress_bar(iterable, enabled: bool, **kw):
+    """A tqdm progress bar over ``iterable`` (tqdm's keywords ``kw``), shown when ``enabled`` (rank 0 on a
+    terminal); disabled, it iterates, updates and closes silently."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, **kw)
+
+
+@torch.no_grad()
+def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.DistInfo = dp.DistInfo(),
+            device="cpu", progress: bool = False) -> np.ndarray:
+    """Predicted travel times [T] (s, float64) of every trip of ``ds``; under data parallelism each
+    rank predicts its share and the result is summed over ranks (every rank gets all T)."""
+    was = model.training
+    model.eval()
+    out = np.zeros(len(ds), dtype=np.float64)
+    order = np.argsort(ds.lengths, kind="stable")
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    mine = batches[info.rank::info.world_size]
+    for idx in progress_bar(mine, progress, desc="evaluate", leave=False, unit="batch"):
+        out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
+    model.train(was)
+    return dp.all_reduce_sum(out, info)
+
+
+def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dict:
+    """MAPE (fraction), MAE and RMSE (s) over the whole split."""
+    pred = predict(model, ds, info=info, device=device, progress=progress)
+    return errors(pred, ds.trips.time)
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """What the ranks would reject, checked once in the launching process (``stfast train --nproc``)
+    before any rank starts: the --out folder (one run per folder; cleared here under --overwrite), the
+    --resume checkpoint (version, model configuration, data), then more ranks than training trips (this
+    reads and splits the data once more). Raises ValueError / FileNotFoundError."""
+    cfg.validate()
+    guards.check_out_dir(cfg)
+    state, path = resume_checkpoint(cfg)
+    trips = load_config_trips(cfg)
+    if state is not None:
+        guards.check_resume_data(state, trips_fingerprint(trips), len(trips), cfg, path)
+    guards.check_world_size(len(split_trips(trips, cfg)[0]), cfg.nproc)
+
+
+@dataclass
+class RunData:
+    """A run's trips and what follows from them. ``train``/``val``/``test``: the splits' Trips, ``*_ds`` their
+    TripDatasets (in the run's dtype); ``vocab`` (drivers of the training split), ``stats`` (normalization of
+    the training split) and ``model_config``: from the checkpoint when resuming, else computed; ``n_trips``,
+    ``fingerprint`` (of all trips, what a resume or ``evaluate --split`` must match), ``dropped`` (counts by
+    reason), ``preprocess_config`` and ``tz`` as used."""
+
+    train: Trips
+    val: Trips
+    test: Trips
+    train_ds: TripDataset
+    val_ds: TripDataset
+    test_ds: TripDataset
+    vocab: DriverVocab
+    stats: NormStats
+    model_config: DeepTTEConfig
+    n_trips: int
+    fingerprint: str
+    dropped: dict
+    preprocess_config: object
+    tz: str | None
+
+    @classmethod
+    def load(cls, cfg: TrainConfig, dtype: torch.dtype, world_size: int = 1, resume: dict | None = None,
+             resume_path: Path | None = None) -> RunData:
+        """Read, preprocess and split the trips ``cfg`` names. Raises ValueError: no trip left, an empty split,
+        more ranks than training trips, or a ``resume`` checkpoint (read from ``resume_path``) of other data."""
+        trips = load_config_trips(cfg)
+        fingerprint = trips_fingerprint(trips)
+        if resume is not None:
+            guards.check_resume_data(resume, fingerprint, len(trips), cfg, resume_path)
+        train, val, test = split_trips(trips, cfg)
+        guards.check_world_size(len(train), world_size)
+        if resume is not None:
+            stats, vocab = NormStats.from_dict(resume["norm_stats"]), DriverVocab.from_list(resume["drivers"])
+            mcfg = DeepTTEConfig.from_dict(resume["model_config"])
+        else:
+            vocab = DriverVocab(train.driver)
+            mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
+            stats = NormStats.from_trips(train, mcfg.kernel_size)
+        train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (train, val, test))
+        return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
+                   dict(trips.dropped), trips.preprocess_config, trips.tz)
+
+    def describe(self) -> str:
+        """The split sizes, for the log."""
+        return f"{self.n_trips} trips → train {len(self.train)}, val {len(self.val)}, test {len(self.test)}"
+
+    def dropped_text(self) -> str:
+        """What preprocessing dropped, by reason ("" when nothing)."""
+        return ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items()))
+
+    def summary(self, test: dict, best_val_mape: float, epochs: int, steps: int, world_size: int) -> dict:
+        """summary.json of a run: the ``test`` errors (stfast.train.metrics.errors), both baselines', the best
+        validation MAPE (None when no epoch was validated), the run's length and the splits' sizes."""
+        return {"test_mape": test["mape"], "test_mae": test["mae"], "test_rmse": test["rmse"],
+                **baseline_errors(self.train, self.val, self.test),
+                "best_val_mape": best_val_mape if math.isfinite(best_val_mape) else None, "epochs": epochs,
+                "steps": steps, "n_train": len(self.train), "n_val": len(self.val), "n_test": len(self.test),
+                "dropped": self.dropped, "world_size": world_size, "stfast_version": __version__}
+
+    def state_dict(self) -> dict:
+        """The data's part of a checkpoint: what RunData.load reads back on --resume (normalization, drivers;
+        the model configuration is the model's) and what a resume or ``evaluate --split`` checks (fingerprint,
+        trip count, every preprocessing setting as used, None for DeepTTE records that are not preprocessed,
+        the time zone)."""
+        return {"norm_stats": self.stats.to_dict(), "drivers": self.vocab.to_list(),
+                "data_fingerprint": self.fingerprint, "n_trips": self.n_trips,
+                "preprocess_config": None if self.preprocess_config is None else self.preprocess_config.to_dict(),
+                "tz": self.tz}

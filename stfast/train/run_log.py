@@ -1,0 +1,100 @@
+"""The run's outputs: the run log ``metrics.jsonl`` in a run folder, one JSON object per line, written by its
+one owner (:class:`RunLog`, rank 0 of a run) and read by ``"type"`` (:func:`read_rows`); at the end of a run
+also summary.json, learning_curve.png and report.png / report.html (:meth:`RunLog.write_outputs`).
+
+Row types and their keys:
+- ``epoch``: epoch, step, train_loss, val_mape (fraction), val_mae and val_rmse (s), samples_per_s, lr,
+  wall_s (s since the run's start);
+- ``window``: an accumulation window (stfast.accum.controller): window, k, steps, trips, wall times, noise
+  scale, k_next, …, step, wall_s, accumulation (the spec);
+- ``step``: under data parallelism with the slicer, per optimizer step: shard sizes, predicted and measured
+  imbalance, compute and idle seconds per rank, the cost model (BalancedBatchSampler.observe_step);
+- ``bad_step``: a skipped optimizer step with a non-finite loss or gradient: bad_step (its number),
+  at_epoch, at_batch, reason, loss.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("stfast.train")
+
+TYPES = ("epoch", "window", "step", "bad_step")
+FILE = "metrics.jsonl"
+
+
+class RunLog:
+    """Appends typed rows to ``run_dir/metrics.jsonl``. ``enabled`` False (ranks other than 0): writes
+    nothing, its size is 0. On ``--resume`` the log is cut back to the size recorded in the checkpoint
+    (rows written after it would be written again)."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool = True):
+        self.path = Path(run_dir) / FILE
+        self.enabled = enabled
+
+    def append(self, type: str, row: dict) -> None:  # noqa: A002 - the rows' own key
+        """Write ``{"type": type, **row}`` as one line. Raises ValueError for an unknown type."""
+        if type not in TYPES:
+            raise ValueError(f"unknown metrics row type {type!r} (one of {', '.join(TYPES)})")
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"type": type, **row}) + "\n")
+
+    def size(self) -> int:
+        """Bytes written so far (what a checkpoint records, to cut back to on resume)."""
+        return self.path.stat().st_size if self.path.is_file() else 0
+
+    def cut_back(self, size: int | None) -> None:
+        """Drop what was written after the log held ``size`` bytes (None: keep all)."""
+        if self.enabled and size is not None and self.size() > size:
+            with open(self.path, "r+b") as f:
+                f.truncate(size)
+
+    def discard(self) -> None:
+        """Start afresh (a job restarted before its first checkpoint)."""
+        if self.enabled:
+            self.path.unlink(missing_ok=True)
+
+    def write_outputs(self, summary: dict) -> list[str]:
+        """At the end of a run: summary.json (atomically), learning_curve.png (the epoch rows and the
+        baselines) and report.png + report.html (stfast.train.report; a plotting failure is logged, never
+        fatal to a finished run). Returns the names of the run's files now in the folder."""
+        from . import plots
+        from .report import render
+
+        out = self.path.parent
+        tmp = out / ".summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, out / "summary.json")
+        if self.path.is_file():
+            plots.learning_curve(read_rows(out)["epoch"], summary, out / "learning_curve.png")
+        try:
+            render(out)
+        except (ValueError, OSError, RuntimeError) as e:
+            log.warning("could not write the report in %s: %s", out, e)
+        return [n for n in ("summary.json", FILE, "learning_curve.png", "report.html", "checkpoint.pt", "last.pt")
+                if (out / n).exists()]
+
+
+def read_rows(run_dir: str | Path) -> dict[str, list[dict]]:
+    """The rows of ``run_dir/metrics.jsonl`` by ``"type"``: {type: [row, ...]} for every type in TYPES (empty
+    lists for none; rows of other types are left out). Raises FileNotFoundError naming the file, ValueError
+    naming the line of a row that is not a JSON object."""
+    path = Path(run_dir) / FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a training run folder?)")
+    rows: dict[str, list[dict]] = {t: [] for t in TYPES}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {n}: not a JSON object ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {n}: not a JSON object")
+        if row.get("type") in rows:
+            rows[row["type"]].append(row)
+    return rows
