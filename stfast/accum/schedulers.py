@@ -115,7 +115,7 @@ class GoodputScheduler(AccumulationScheduler):
     with samples_per_s(k) from a step-time model fitted to the measured windows (k·t_micro + t_fixed)
     and E from the measured noise scale. Switches only when the predicted goodput gain over the
     current k exceeds ``min_gain`` (5 %), so measurement noise does not make k oscillate. Until a noise
-    scale is measured it moves at most one choice up per window."""
+    scale is measured (Adam's warm-up, the estimate's first steps) it keeps k."""
 
     def __init__(self, choices=DEFAULT_CHOICES, k0: int = 1, min_gain: float = SWITCH_GAIN):
         super().__init__(choices, k0)
@@ -131,13 +131,12 @@ class GoodputScheduler(AccumulationScheduler):
         self.times.observe(stats.k, stats.wall_s / stats.steps, stats.fixed_s / stats.steps)
         if math.isfinite(stats.noise_scale):
             self.noise_scale = stats.noise_scale
-        g = {k: self.predicted_goodput(k, stats.micro_batch) for k in self.choices}
         if math.isnan(self.noise_scale):
-            # no noise scale yet (one process at k = 1 has no second batch size to measure it from): E = 1 at
-            # every k, so throughput alone would jump to the largest k for a window; step one choice up, where
-            # it becomes measurable
-            up = sorted(k for k in self.choices if k > self.k)[:1]
-            g = {k: v for k, v in g.items() if k == self.k or k in up}
+            # no noise scale yet: E = 1 at every k would make throughput alone decide, and it would run the
+            # warm-up at the largest k, where large batches cost the most (early in training); every
+            # configuration measures one now (one process at k = 1 by the differenced estimator)
+            return self.k
+        g = {k: self.predicted_goodput(k, stats.micro_batch) for k in self.choices}
         best = max(g, key=g.get)
         if g[best] > (1 + self.min_gain) * g[self.k]:
             self.k = best

@@ -22,7 +22,7 @@ from torch.optim.swa_utils import AveragedModel
 from .. import __version__
 from ..accum.controller import AccumulationController
 from ..accum.goodput import lr_scale
-from ..accum.noise import squared_norm
+from ..accum.noise import noise_parameters, squared_norm
 from ..accum.schedulers import FixedScheduler, make_scheduler, parse_spec
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.fingerprint import trips_fingerprint
@@ -378,7 +378,7 @@ class Trainer:
         else:
             sched = FixedScheduler(1)  # rank 0's agent decides; k0 = 1 like the RL scheduler's
         self.accum_spec = spec
-        self.accum = AccumulationController(sched, self.model.parameters(), self.info, self.cfg.batch_size,
+        self.accum = AccumulationController(sched, noise_parameters(self.model), self.info, self.cfg.batch_size,
                                             self.cfg.accum_window, self.opt, self.cfg.noise_scale)
         if resume is not None and "accumulation" in resume:
             self.accum.load_state_dict(resume["accumulation"])
@@ -522,7 +522,7 @@ class Trainer:
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
         t_sync = time.perf_counter() - t_sync
         # a non-finite loss or gradient (the same on every rank after the sync): no update (guards)
-        grad_sq = squared_norm(p.grad for p in self.model.parameters())  # also the noise scale's |g_big|²
+        grad_sq = squared_norm(p.grad for p in self.model.parameters())
         self.bad_step = guards.BadStepGuard.problem(float(reduced[-1]), grad_sq)
         if self.bad_step is not None:
             self.opt.zero_grad(set_to_none=True)
@@ -531,7 +531,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
-        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute), grad_sq)
+        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute))
         if self.slicer is not None:
             self._slicer_step(cut, compute, t0)
         return loss_val
