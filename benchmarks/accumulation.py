@@ -52,7 +52,8 @@ import numpy as np
 from stfast.accum.env import SimConfig, SimulatedTrainingEnv, rollout
 from stfast.accum.noise import ADAM_WARMUP_STEPS as ADAM_WARMUP
 from stfast.accum.profile import ComputeProfile, NoiseCalibration
-from stfast.accum.schedulers import DEFAULT_CHOICES, GoodputScheduler
+from stfast.accum.schedulers import GoodputScheduler
+from stfast.accum.window import DEFAULT_CHOICES
 
 FIXED = (1, 2, 4, 8, 16)
 TARGET_FACTOR = 1.1  # live target: 1.1 × the reference run's best validation MAPE

@@ -17,7 +17,8 @@ from _sequences import SeqRegressor, make_sequences
 
 from stfast.accum.goodput import lr_scale
 from stfast.accum.noise import GradientNoiseScale, UnitGradients
-from stfast.accum.schedulers import WindowStats, make_scheduler
+from stfast.accum.schedulers import make_scheduler
+from stfast.accum.window import WindowStats
 
 
 def main(argv=None) -> dict:

@@ -16,7 +16,9 @@ import torch
 from conftest import random_trips
 from test_reliability import _env, _kill_tree, _rank_pid, _torchrun, _wait_for_checkpoint
 
-from stfast.accum.schedulers import GoodputScheduler, RLScheduler, WindowStats, make_scheduler
+from stfast.accum.agent import RLScheduler
+from stfast.accum.schedulers import GoodputScheduler, make_scheduler
+from stfast.accum.window import WindowStats
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
 from stfast.train.trainer import Trainer

@@ -16,7 +16,7 @@ import torch
 
 from ..parallel import data_parallel as dp
 from .noise import GradientNoiseScale, UnitGradients, adam_k_normalization, adam_preconditioner, noise_kind
-from .schedulers import AccumulationScheduler, WindowStats
+from .window import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
 # optimizer steps between reads of Adam's preconditioner: v̂ (β₂ = 0.999) moves by well under 1 % in ten
