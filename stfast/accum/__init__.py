@@ -15,12 +15,12 @@ import sys
 from .._lazy import lazy_exports
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
-    "noise": ("GradientNoiseScale", "UnitGradients", "UnitNorms", "adam_k_normalization", "adam_preconditioner",
+    "noise": ("GradientNoiseScale", "UnitGradients", "UnitNorms", "adam_preconditioner", "adam_trace_scale",
               "noise_estimates", "noise_kind", "noise_parameters", "squared_norm"),
     "goodput": ("StepTimeModel", "lr_scale", "statistical_efficiency"),
     "window": ("AccumulationScheduler", "WindowStats", "log_goodput_gain", "observation", "reward"),
     "schedulers": ("FixedScheduler", "GoodputScheduler", "make_scheduler", "parse_spec"),
-    "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "train_offline"),
+    "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "residual_agent", "train_offline"),
     "controller": ("AccumulationController",),
     "env": ("AccumulationEnv", "SimConfig", "SimulatedTrainingEnv", "default_sim_config",
             "randomized_config", "register_environments", "ring_allreduce_s", "rollout"),

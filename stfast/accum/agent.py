@@ -266,7 +266,8 @@ def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_fro
     return returns
 
 
-def _residual_agent(choices: tuple, seed: int) -> Agent:
+def residual_agent(choices: tuple, seed: int) -> Agent:
+    """An untrained agent whose Q is goodput_model_q for ``choices`` plus a residual network starting at 0."""
     return Agent(len(choices), seed=seed, base_q=functools.partial(goodput_model_q, choices=choices))
 
 
@@ -278,7 +279,7 @@ def _pretrained_state(choices: tuple, seed: int, steps: int) -> dict:
     base = default_sim_config()
     calibration = NoiseCalibration.load()  # the live estimate's measured bias (None: unbiased)
     envs = [SimulatedTrainingEnv(base, choices, randomize=True, calibration=calibration) for _ in range(PARALLEL_ENVS)]
-    agent = _residual_agent(choices, seed)
+    agent = residual_agent(choices, seed)
     train_offline(agent, envs, steps, seed=seed)
     # the pre-training transitions become the anchor of online updates; the replay holds only live ones
     agent.prior = _stack(agent.replay)
@@ -292,7 +293,7 @@ def pretrained_agent(choices=DEFAULT_CHOICES, seed: int = 0, steps: int = PRETRA
     and its growth, and the live noise-scale estimate's bias at k = 1 and its growth with k over the ranges
     measured live (randomized_config with the profile's NoiseCalibration), seeded; cached per process."""
     choices = tuple(int(k) for k in choices)
-    agent = _residual_agent(choices, seed)
+    agent = residual_agent(choices, seed)
     agent.load_state_dict(copy.deepcopy(_pretrained_state(choices, seed, steps)))
     return agent
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..parallel import data_parallel as dp
-from .noise import GradientNoiseScale, UnitGradients, adam_k_normalization, adam_preconditioner, noise_kind
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, adam_trace_scale, noise_kind
 from .window import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
@@ -31,7 +31,7 @@ class AccumulationController:
     per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
     (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
     scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise, normalized to its k = 1
-    value per step: noise.adam_k_normalization) or "plain" (B_simple),
+    value and calibrated per step: noise.adam_trace_scale) or "plain" (B_simple),
     None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
     Only that one is estimated (its cost: benchmarks/accumulation.py --overhead)."""
 
@@ -132,7 +132,7 @@ class AccumulationController:
         else:
             self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
             big_sq = self.units.norm([p.grad for p in self.params])
-        self.noise.update(units, big_sq, n_trips, adam_k_normalization(self.k) if self._precond is not None else 1.0)
+        self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k) if self._precond is not None else 1.0)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:

@@ -80,14 +80,17 @@ def parse_spec(spec: str | None, nproc: int) -> str:
     return f"fixed:{int(num)}"
 
 
-def make_scheduler(spec: str, choices=DEFAULT_CHOICES, seed: int = 0, online: bool = True) -> AccumulationScheduler:
+def make_scheduler(spec: str, choices=DEFAULT_CHOICES, seed: int = 0, online: bool = True,
+                   pretrained: bool = True) -> AccumulationScheduler:
     """A scheduler from a normalized spec (see parse_spec). "rl" loads the agent pretrained on
-    SimulatedTrainingEnv (trained on first use and cached, seconds)."""
+    SimulatedTrainingEnv (trained on first use and cached per process, ~20 s on one core); pretrained=False
+    builds it untrained, for a caller that loads a trained agent's state next (a resumed run)."""
     spec = parse_spec(spec, 1)
     if spec.startswith("fixed:"):
         return FixedScheduler(int(spec[6:]))
     if spec == "goodput":
         return GoodputScheduler(choices)
-    from .agent import RLScheduler, pretrained_agent
+    from .agent import RLScheduler, pretrained_agent, residual_agent
 
-    return RLScheduler(pretrained_agent(choices, seed=seed), choices, online=online)
+    agent = pretrained_agent(choices, seed=seed) if pretrained else residual_agent(tuple(choices), seed)
+    return RLScheduler(agent, choices, online=online)

@@ -374,7 +374,8 @@ class Trainer:
         controller of windows and noise statistics; restored from the checkpoint on --resume."""
         spec = parse_spec(self.cfg.accumulation, self.info.world_size)
         if self.info.is_main or spec != "rl":
-            sched = make_scheduler(spec, seed=self.cfg.seed)
+            # a resumed agent's state (its pre-training transitions too) is in the checkpoint: no pre-training
+            sched = make_scheduler(spec, seed=self.cfg.seed, pretrained=resume is None or "accumulation" not in resume)
         else:
             sched = FixedScheduler(1)  # rank 0's agent decides; k0 = 1 like the RL scheduler's
         self.accum_spec = spec
