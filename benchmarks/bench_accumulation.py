@@ -12,7 +12,7 @@ import pytest
 from accumulation import cluster_config, run_sim, sim_table
 
 from stfast.accum.agent import Agent
-from stfast.accum.schedulers import DEFAULT_CHOICES
+from stfast.accum.window import DEFAULT_CHOICES
 from stfast.train import plots
 
 
@@ -37,12 +37,14 @@ def test_live_time_to_target_interpolates_and_pairs_seeds():
     curve = [(2.0, 0.30), (4.0, 0.20), (6.0, 0.10)]
     assert time_to(curve, 0.15) == 5.0  # halfway between the validations at 4 s and 6 s
     assert time_to(curve, 0.35) == 2.0 and time_to(curve, 0.05) == math.inf
-    summ = {"1": {"ttt_s": [10.0, 12.0, math.inf]}, "2": {"ttt_s": [11.0, 13.0, 14.0]},
-            "goodput": {"ttt_s": [10.0, 12.0, 15.0]}, "rl": {"ttt_s": [11.0, 12.0, 16.0]}}
+    summ = {"1": {"ttt_s": [10.0, 12.0, math.inf, 13.0]}, "2": {"ttt_s": [11.0, 13.0, 14.0, 20.0]},
+            "goodput": {"ttt_s": [10.0, 12.0, 15.0, math.inf]}, "rl": {"ttt_s": [11.0, 12.0, 16.0, math.inf]}}
     lines = paired_ratios(summ)
-    assert summ["best_fixed"] == "1"  # median 12 s against 13 s
-    assert summ["rl"]["ttt_over_1"][:2] == [1.1, 1.0] and math.isnan(summ["rl"]["ttt_over_1"][2])
-    assert summ["rl"]["ttt_over_goodput"] == [1.1, 1.0, 16 / 15] and len(lines) == 3
+    assert summ["best_fixed"] == "1"  # median 12.5 s against 13.5 s
+    # reached where k = 1 did not: 0; not reached where it did: ∞ (not left out); neither: left out (nan)
+    assert summ["rl"]["ttt_over_1"] == [1.1, 1.0, 0.0, math.inf]
+    assert summ["rl"]["ttt_over_goodput"][:3] == [1.1, 1.0, 16 / 15] and math.isnan(summ["rl"]["ttt_over_goodput"][3])
+    assert len(lines) == 3
 
 
 def test_live_table_reads_a_run_folder(tmp_path):
@@ -62,7 +64,7 @@ def test_live_table_reads_a_run_folder(tmp_path):
                                                        "best_val_mape": 0.20}))
     run = read_run(tmp_path)
     table, summ = live_table({"1": [run], "rl": [run]}, factor=1.25)  # target 0.25: crossed at 3 s
-    assert summ["target_val_mape"] == 0.25 and summ["rl"]["ttt_s"] == [3.0] and summ["rl"]["epochs_to_target"] == [1.5]
+    assert summ["target_val_mape"] == [0.25] and summ["rl"]["ttt_s"] == [3.0] and summ["rl"]["epochs_to_target"] == [1.5]
     assert summ["rl"]["trips_per_s"] == 384 / 4.0 and summ["rl"]["overhead_ms_per_step"] == 1e3 * 0.4 / 8
     assert summ["rl"]["comm_share"] == 0.2 / 4.0 and summ["rl"]["comm_share_k1"] == 0.1
     assert "| rl | 3 | 3.0 | 2 |" in table and "| 96 | 50 |" in table

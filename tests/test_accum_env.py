@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 from stfast.accum.agent import (
     ONLINE_STEPS_PER_WINDOW,
     Agent,
+    RLScheduler,
     goodput_model_q,
     pretrained_agent,
 )
@@ -21,19 +22,9 @@ from stfast.accum.env import (
     rollout,
 )
 from stfast.accum.profile import ComputeProfile
-from stfast.accum.schedulers import (
-    DEFAULT_CHOICES,
-    OBS_DIM,
-    OBS_NAMES,
-    FixedScheduler,
-    GoodputScheduler,
-    RLScheduler,
-    WindowStats,
-    log_goodput_gain,
-    make_scheduler,
-    observation,
-    parse_spec,
-)
+from stfast.accum.schedulers import FixedScheduler, GoodputScheduler, make_scheduler, parse_spec
+from stfast.accum.window import DEFAULT_CHOICES, OBS_DIM, OBS_NAMES, WindowStats, log_goodput_gain, observation
+from stfast.train.config import TrainConfig
 
 
 # best k grows from 1 to 8 during the budget: communication is 2/3 of a k = 1 step and the noise
@@ -99,8 +90,8 @@ def test_agent_state_round_trips_and_is_seeded():
     obs = np.random.default_rng(0).uniform(-1, 1, (32, OBS_DIM)).astype(np.float32)
     assert (a.act_batch(obs)[0] == b.act_batch(obs)[0]).all()
     for i in range(40):
-        act, lp, v = a.act(obs[i % 32])
-        a.record(obs[i % 32], act, lp, v, float(act == 2), obs[(i + 1) % 32], False, i == 39)
+        act = a.act(obs[i % 32])[0]
+        a.record(obs[i % 32], act, float(act == 2))
     a.update()
     c = Agent(5, seed=9)
     c.load_state_dict(a.state_dict())
@@ -108,7 +99,7 @@ def test_agent_state_round_trips_and_is_seeded():
     with pytest.raises(ValueError, match="actions"):
         Agent(4).load_state_dict(a.state_dict())
     with pytest.raises(ValueError, match="action"):
-        a.record(obs[0], 5, 0.0, 0.0, 1.0)
+        a.record(obs[0], 5, 1.0)
 
 
 def test_agent_learns_a_state_dependent_choice_and_keeps_its_own_copy_of_observations():
@@ -120,8 +111,8 @@ def test_agent_learns_a_state_dependent_choice_and_keeps_its_own_copy_of_observa
     buf = np.zeros(OBS_DIM, np.float32)  # one array reused, as train_offline does
     for i in range(600):
         buf[:] = rng.uniform(-1, 1, OBS_DIM)
-        a, lp, v = agent.act(buf)
-        agent.record(buf, a, lp, v, float(a == (0 if buf[0] < 0 else 3)))
+        a = agent.act(buf)[0]
+        agent.record(buf, a, float(a == (0 if buf[0] < 0 else 3)))
         if (i + 1) % 50 == 0:
             agent.update()
     assert len({float(o[0]) for o, _, _ in agent.replay}) == 600  # not 600 views of one array
@@ -164,10 +155,10 @@ def test_goodput_scheduler_follows_the_noise_scale_and_holds_below_5_percent():
     # communication 0.3 s vs 0.1 s compute per micro-step: large k pays when the noise scale is large
     assert g.observe(_stats(1, 0.3, noise=1e4)) == 16
     assert g.observe(_stats(16, 0.3, noise=1.0)) == 1
-    # no noise scale yet (one process at k = 1): one choice up per window, not straight to the largest k
+    # no noise scale yet (Adam's warm-up): k stays, not straight to the largest k; measured: the model decides
     u = GoodputScheduler()
-    assert [u.observe(_stats(u.k, 0.3, noise=math.nan)) for _ in range(2)] == [2, 4]
-    assert u.observe(_stats(4, 0.3, noise=1e4)) == 16  # measured: the model decides
+    assert [u.observe(_stats(u.k, 0.3, noise=math.nan)) for _ in range(3)] == [1, 1, 1]
+    assert u.observe(_stats(1, 0.3, noise=1e4)) == 16
     # a gain under 5 %: stay
     h = GoodputScheduler()
     h.observe(_stats(1, 0.0, noise=1e9))
@@ -253,8 +244,8 @@ def test_fine_tuning_on_a_few_live_windows_keeps_what_pre_training_learned():
         live = states[rng.integers(0, len(states))]
         for _ in range(48):
             o = np.clip(live + rng.normal(0, 0.02, live.shape), -1, 1).astype(np.float32)
-            a, lp, v = agent.act(o)
-            agent.record(o, a, lp, v, float(rng.normal(0, 0.3)))
+            a = agent.act(o)[0]
+            agent.record(o, a, float(rng.normal(0, 0.3)))
             if agent.n_recorded >= 8:
                 agent.update(ONLINE_STEPS_PER_WINDOW * agent.n_recorded)  # as RLScheduler does
         after = agent.act_batch(states, deterministic=True)[0]
@@ -309,3 +300,21 @@ def test_simulated_estimate_is_biased_as_calibrated_and_randomized_within_the_me
     assert plain.obs_bias == 1.0 and plain.obs_bias_k_exponent == 0.0
     (tmp_path / "none.json").write_text("{}")
     assert NoiseCalibration.load(tmp_path / "none.json") is None
+
+
+def test_importing_stfast_accum_registers_both_environments_with_gymnasium(trips_file, tmp_path):
+    """gymnasium.make creates the simulator and the live environment by their documented ids (registered when
+    stfast.accum.env is imported, as it is here, or stfast.accum after gymnasium: test_exports)."""
+    import gymnasium
+
+    import stfast.accum
+    from stfast.train.live_env import AccumulationEnv
+
+    sim = gymnasium.make("stfast/AccumulationSim-v0")
+    assert isinstance(sim.unwrapped, SimulatedTrainingEnv)
+    check_env(sim.unwrapped, skip_render_check=True)
+    cfg = TrainConfig(data=trips_file, format="deeptte", batch_size=8, out=str(tmp_path), progress=False, threads=1,
+                      accum_window=1)
+    live = gymnasium.make("stfast/AccumulationLive-v0", cfg=cfg, budget_s=0.5)
+    assert isinstance(live.unwrapped, AccumulationEnv) and live.unwrapped.budget_s == 0.5
+    stfast.accum.register_environments()  # again: a no-op, no duplicate-registration warning

@@ -16,7 +16,9 @@ import torch
 from conftest import random_trips
 from test_reliability import _env, _kill_tree, _rank_pid, _torchrun, _wait_for_checkpoint
 
-from stfast.accum.schedulers import GoodputScheduler, RLScheduler, WindowStats, make_scheduler
+from stfast.accum.agent import RLScheduler
+from stfast.accum.schedulers import GoodputScheduler, make_scheduler
+from stfast.accum.window import WindowStats
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
 from stfast.train.trainer import Trainer
@@ -114,11 +116,12 @@ def _windows(out) -> list[dict]:
 
 
 @pytest.mark.parametrize("spec", ["rl", "goodput"])
-def test_resume_restores_the_whole_accumulation_state_and_runs_at_its_k(spec, trips_file, tmp_path):
+def test_resume_restores_the_whole_accumulation_state_and_runs_at_its_k(spec, trips_file, tmp_path, monkeypatch):
     """A run stopped mid-window (--max-steps 7, windows of 3 steps): the resumed trainer holds exactly the
     checkpoint's accumulation state — scheduler, noise statistics, window counters — and runs its first
     window at the checkpoint's k. The checkpoint is given k = 4 (as if the scheduler had chosen it; on
-    this tiny run it stays at 1 or 2), so a resume that fell back to the first k (1) is seen."""
+    this tiny run it stays at 1 or 2), so a resume that fell back to the first k (1) is seen. The resumed RL
+    agent comes from the checkpoint alone: no pre-training (~20 s) on resume."""
     out = tmp_path / "run"
     Trainer(_cfg(trips_file, out, accumulation=spec, max_steps=7)).fit()
     st = ckpt.load(out / "last.pt")
@@ -128,6 +131,9 @@ def test_resume_restores_the_whole_accumulation_state_and_runs_at_its_k(spec, tr
     for g in st["optimizer_state"]["param_groups"]:  # and the learning rate of k = 4 (lr_scaling sqrt)
         g["lr"] *= 2
     ckpt.save_atomic(st, out / "last.pt")
+    from stfast.accum import agent as agent_mod
+
+    monkeypatch.setattr(agent_mod, "_pretrained_state", lambda *a: pytest.fail("the agent was pre-trained on resume"))
     tr = Trainer(_cfg(trips_file, out, accumulation=spec, resume=True, max_steps=12))
     got = copy.deepcopy(tr.accum.state_dict())
     assert got.pop("wall_before") >= acc.pop("wall_before")  # elapsed: the time before the stop, and on

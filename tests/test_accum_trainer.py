@@ -132,7 +132,8 @@ def test_learning_rate_follows_the_effective_batch(trips_file, tmp_path):
 
 
 def test_fit_with_accumulation_writes_windows_and_resumes(trips_file, tmp_path):
-    kw = {"epochs": 3, "batch_size": 8, "accumulation": "2", "accum_window": 2}
+    # plain: B_adam waits for ADAM_WARMUP_STEPS of Adam, more than these 18 steps
+    kw = {"epochs": 3, "batch_size": 8, "accumulation": "2", "accum_window": 2, "noise_scale": "plain"}
     Trainer(cfg(trips_file, tmp_path / "full", **kw)).fit()
     with open(tmp_path / "full" / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
@@ -234,7 +235,8 @@ def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, t
     the noise scale once Adam has warmed up — B_adam by default (Adam), B_simple under --noise-scale plain,
     on the same batches and weights, different values; the kind travels in the checkpoint, and a resume under
     the other kind starts its estimate afresh."""
-    kw = {"epochs": 3, "batch_size": 8, "accumulation": "1", "accum_window": 3}
+    # 7 epochs of 11 steps: past Adam's warm-up (ADAM_WARMUP_STEPS) and the estimate's first min_updates steps
+    kw = {"epochs": 7, "batch_size": 8, "accumulation": "1", "accum_window": 3}
     last = {}
     for noise in (None, "plain"):
         out = tmp_path / str(noise)
@@ -246,9 +248,9 @@ def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, t
         st = ckpt.load(out / "last.pt")["accumulation"]
         assert st["noise_kind"] == kind and st["noise"]["n"] > 0
     assert last["adam"] is not None and last["plain"] is not None and last["adam"] != last["plain"]
-    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="adam", resume=True, **{**kw, "epochs": 4}))
+    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="adam", resume=True, **{**kw, "epochs": 8}))
     assert tr.accum.noise.n == 0  # the checkpoint's estimate was of B_simple
-    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="plain", resume=True, **{**kw, "epochs": 4}))
+    tr = Trainer(cfg(trips_file, tmp_path / "plain", noise_scale="plain", resume=True, **{**kw, "epochs": 8}))
     assert tr.accum.noise.n > 0
 
 
@@ -284,14 +286,14 @@ def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner()
 @pytest.mark.slow
 def test_two_ranks_estimate_b_adam_from_their_shards(trips_file, tmp_path):
     """Two Gloo ranks at k = 1: the units are the ranks' shards (their preconditioned norms summed in the
-    gradient all-reduce); B_adam is estimated."""
+    gradient all-reduce); B_adam is estimated (7 epochs: past Adam's warm-up)."""
     out = tmp_path / "run"
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import test_accum_trainer as t
         from stfast.train.trainer import Trainer
-        Trainer(t.cfg({str(trips_file)!r}, {str(out)!r}, epochs=2, batch_size=8, accum_window=3)).fit()
+        Trainer(t.cfg({str(trips_file)!r}, {str(out)!r}, epochs=7, batch_size=8, accum_window=3)).fit()
     """)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},

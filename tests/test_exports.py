@@ -17,7 +17,7 @@ import stfast
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {  # package → its submodules
     "stfast.parallel": ("slicer", "comm", "data_parallel", "components"),
-    "stfast.accum": ("noise", "goodput", "schedulers", "agent", "controller", "env", "profile"),
+    "stfast.accum": ("noise", "goodput", "window", "schedulers", "agent", "controller", "env", "profile"),
 }
 # public but not package API: the `stfast train --nproc` launcher and the profile module's command line
 NOT_EXPORTED = {"stfast.parallel.data_parallel": {"launch"}, "stfast.accum.profile": {"main", "measure"}}
@@ -67,6 +67,11 @@ def test_import_stfast_reaches_the_subpackages_lazily():
             "assert {'nn', 'ops', 'accum', 'parallel'} <= set(dir(stfast))\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        check=False)
+    assert r.returncode == 0, r.stderr
+    # the acceptance line of issue 23: importing stfast.accum after gymnasium registers the environments
+    code = ("import stfast, gymnasium as g; stfast.nn.LSTM; import stfast.accum; g.make('stfast/AccumulationSim-v0');"
+            "g.spec('stfast/AccumulationLive-v0')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         stfast.not_a_name  # noqa: B018

@@ -3,7 +3,7 @@ Q-network regressing each k's reward (one-step DQN, Mnih et al. 2015, with the d
 ε-greedy exploration, a replay memory) in plain PyTorch, one file in the manner of CleanRL: every
 hyper-parameter named at the top, seeded end to end.
 
-Why a bandit: the reward of a window is its log goodput gain (schedulers.log_goodput_gain: ln of
+Why a bandit: the reward of a window is its log goodput gain (window.log_goodput_gain: ln of
 the goodput over the k = 1 pace), and progress follows dP/dt = goodput(k, P), so taking the k of the
 largest goodput at every moment maximizes the progress made by any time (the comparison principle
 for a scalar ODE); what a window's k changes later — more progress, hence a larger noise scale —
@@ -36,12 +36,23 @@ from __future__ import annotations
 import copy
 import functools
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
 from torch import nn
 
-from .schedulers import DEFAULT_CHOICES, NOISE_OBS_SCALE, OBS_DIM, OVERHEAD_OBS_SCALE
+from .window import (
+    DEFAULT_CHOICES,
+    NOISE_OBS_SCALE,
+    OBS_DIM,
+    OVERHEAD_OBS_SCALE,
+    SWITCH_GAIN,
+    AccumulationScheduler,
+    WindowStats,
+    log_goodput_gain,
+    observation,
+)
 
 HIDDEN = 64  # units of both hidden layers of the Q-network
 LR = 1e-3  # Adam step size
@@ -80,7 +91,7 @@ def _mlp(n_in: int, n_out: int, zero_output: bool = False) -> nn.Sequential:
 
 def goodput_model_q(obs: torch.Tensor, choices=DEFAULT_CHOICES) -> torch.Tensor:
     """Pollux's predicted log goodput gain ln(goodput(k) / goodput(1)) [N, len(choices)] for observations
-    obs [N, OBS_DIM] (schedulers.observation), from their first two entries alone: the noise scale over
+    obs [N, OBS_DIM] (window.observation), from their first two entries alone: the noise scale over
     the micro-batch, φ/B = 2^(8·o₀), and the per-step overhead over a micro-step's compute,
     r = t_fixed/t_micro = 2^(6·o₁). With step time k·t_micro + t_fixed and E(kB) = (φ + B)/(φ + kB):
 
@@ -171,11 +182,10 @@ class Agent:
         a, lp, v = self.act_batch(obs, deterministic, None if current is None else [current], margin)
         return int(a[0]), float(lp[0]), float(v[0])
 
-    def record(self, obs, action: int, logp: float, value: float, reward: float, next_obs=None,
-               terminated: bool = False, truncated: bool = False) -> None:
-        """One transition: the window after ``obs`` ran ``action`` and earned ``reward``. The
-        remaining arguments keep the general RL signature (act's outputs, the next observation,
-        episode ends) and are not needed by a bandit (γ = 0)."""
+    def record(self, obs, action: int, reward: float) -> None:
+        """One transition: the window after ``obs`` [obs_dim] ran ``action`` and earned ``reward``. A bandit
+        (γ = 0) needs no next observation or episode end. Raises ValueError for an action out of range or a
+        non-finite reward."""
         if not 0 <= int(action) < self.n_actions:
             raise ValueError(f"action must be in 0..{self.n_actions - 1}, got {action!r}")
         if not math.isfinite(reward):
@@ -238,12 +248,11 @@ def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_fro
     since = 0
     for done in range(0, steps, len(envs)):
         agent.epsilon = EPSILON_OFFLINE[0] + (EPSILON_OFFLINE[1] - EPSILON_OFFLINE[0]) * done / steps
-        acts, logps, vals = agent.act_batch(obs)
+        acts = agent.act_batch(obs)[0]
         for i, e in enumerate(envs):
             nxt, r, term, trunc, info = e.step(int(acts[i]))
             ep_ret[i] += r
-            agent.record(obs[i], int(acts[i]), float(logps[i]), float(vals[i]),
-                         r if learn_from is None else info[learn_from], nxt, term, trunc)
+            agent.record(obs[i], int(acts[i]), r if learn_from is None else info[learn_from])
             if term or trunc:
                 returns.append(ep_ret[i])
                 ep_ret[i] = 0.0
@@ -257,19 +266,20 @@ def train_offline(agent: Agent, envs: list, steps: int, seed: int = 0, learn_fro
     return returns
 
 
-def _residual_agent(choices: tuple, seed: int) -> Agent:
+def residual_agent(choices: tuple, seed: int) -> Agent:
+    """An untrained agent whose Q is goodput_model_q for ``choices`` plus a residual network starting at 0."""
     return Agent(len(choices), seed=seed, base_q=functools.partial(goodput_model_q, choices=choices))
 
 
 @functools.lru_cache(maxsize=4)
 def _pretrained_state(choices: tuple, seed: int, steps: int) -> dict:
-    from .env import SimConfig, SimulatedTrainingEnv
-    from .profile import ComputeProfile, NoiseCalibration
+    from .env import SimulatedTrainingEnv, default_sim_config
+    from .profile import NoiseCalibration
 
-    base = SimConfig.from_profile(ComputeProfile.load(), ranks=2, micro_batch=64)
+    base = default_sim_config()
     calibration = NoiseCalibration.load()  # the live estimate's measured bias (None: unbiased)
     envs = [SimulatedTrainingEnv(base, choices, randomize=True, calibration=calibration) for _ in range(PARALLEL_ENVS)]
-    agent = _residual_agent(choices, seed)
+    agent = residual_agent(choices, seed)
     train_offline(agent, envs, steps, seed=seed)
     # the pre-training transitions become the anchor of online updates; the replay holds only live ones
     agent.prior = _stack(agent.replay)
@@ -283,6 +293,57 @@ def pretrained_agent(choices=DEFAULT_CHOICES, seed: int = 0, steps: int = PRETRA
     and its growth, and the live noise-scale estimate's bias at k = 1 and its growth with k over the ranges
     measured live (randomized_config with the profile's NoiseCalibration), seeded; cached per process."""
     choices = tuple(int(k) for k in choices)
-    agent = _residual_agent(choices, seed)
+    agent = residual_agent(choices, seed)
     agent.load_state_dict(copy.deepcopy(_pretrained_state(choices, seed, steps)))
     return agent
+
+
+class RLScheduler(AccumulationScheduler):
+    """A policy network (stfast.accum.agent) picks k from ``choices`` every window; the reward of
+    each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
+    ``update_every`` windows, one minibatch step per window (agent.ONLINE_STEPS_PER_WINDOW; ``online=False``:
+    act only). Like GoodputScheduler it keeps the current k
+    unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
+    so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k."""
+
+    def __init__(self, agent, choices=DEFAULT_CHOICES, k0: int = 1, online: bool = True, update_every: int = 8):
+        super().__init__(choices, k0)
+        if agent.n_actions != len(self.choices):
+            raise ValueError(f"agent has {agent.n_actions} actions, choices are {self.choices}")
+        self.agent = agent
+        self.online = online
+        self.update_every = update_every
+        self.ref = math.nan  # samples/s of the first window
+        self._pending = None  # (obs, action) of the decision whose window just ran
+        self.last_reward = math.nan
+        self.noise_scale = math.nan  # the last finite noise-scale estimate
+
+    def observe(self, stats: WindowStats) -> int:
+        if not math.isfinite(self.ref):
+            self.ref = stats.samples_per_s
+        # a window without a finite estimate keeps the last one, for the observation and the reward alike
+        # (as GoodputScheduler does): an unknown noise scale must not read as "large batches are free"
+        if math.isfinite(stats.noise_scale):
+            self.noise_scale = stats.noise_scale
+        elif math.isfinite(self.noise_scale):
+            stats = replace(stats, noise_scale=self.noise_scale)
+        obs = observation(stats, self.ref, self.choices)
+        if self._pending is not None and self.online:
+            self.last_reward = log_goodput_gain(stats, self.ref)
+            self.agent.record(*self._pending, self.last_reward)
+            if self.agent.n_recorded >= self.update_every:
+                self.agent.update(ONLINE_STEPS_PER_WINDOW * self.agent.n_recorded)
+        action = self.agent.act(obs, current=self.choices.index(self.k), margin=math.log1p(SWITCH_GAIN))[0]
+        self._pending = (obs, action)
+        self.k = self.choices[action]
+        return self.k
+
+    def state_dict(self) -> dict:
+        return {"k": self.k, "ref": self.ref, "agent": self.agent.state_dict(), "pending": self._pending,
+                "noise_scale": self.noise_scale}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.k, self.ref, self.noise_scale = s["k"], s["ref"], s["noise_scale"]
+        # (obs, action); checkpoints before 2026-12-01 held the removed PPO agent's log-probability and value too
+        self._pending = None if s["pending"] is None else tuple(s["pending"][:2])
+        self.agent.load_state_dict(s["agent"])

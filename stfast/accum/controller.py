@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from .goodput import lr_scale
-from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, noise_kind
-from .schedulers import AccumulationScheduler, FixedScheduler, WindowStats, make_scheduler
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, adam_trace_scale, noise_kind
+from .schedulers import FixedScheduler, make_scheduler
+from .window import AccumulationScheduler, WindowStats
 
 LOSS_EMA_DECAY = 0.9  # per optimizer step
 # optimizer steps between reads of Adam's preconditioner: v̂ (β₂ = 0.999) moves by well under 1 % in ten
@@ -33,7 +34,8 @@ class AccumulationController:
     params: the model's parameters (for the micro-step gradient norms); micro_batch: global trips
     per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
     (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
-    scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise) or "plain" (B_simple),
+    scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise, normalized to its k = 1
+    value and calibrated per step: noise.adam_trace_scale) or "plain" (B_simple),
     None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
     Only that one is estimated (its cost: benchmarks/accumulation.py --overhead).
 
@@ -72,11 +74,14 @@ class AccumulationController:
 
     @classmethod
     def for_spec(cls, spec: str, seed: int, params, micro_batch: int, window: int, optimizer=None,
-                 noise_scale: str | None = None, *, world_size: int = 1, rank: int = 0, **kw) -> AccumulationController:
+                 noise_scale: str | None = None, *, world_size: int = 1, rank: int = 0, pretrained: bool = True,
+                 **kw) -> AccumulationController:
         """The controller of accumulation ``spec`` (schedulers.parse_spec's: "fixed:K", "goodput" or "rl"),
         its scheduler seeded with ``seed``. Under "rl" only rank 0 holds the agent (the others start at k = 1
-        like it and follow its broadcast k). ``kw``: the constructor's reduce, lr and lr_scaling."""
-        sched = make_scheduler(spec, seed=seed) if rank == 0 or spec != "rl" else FixedScheduler(1)
+        like it and follow its broadcast k); pretrained=False: its agent untrained, for a resume that loads the
+        checkpoint's (schedulers.make_scheduler). ``kw``: the constructor's reduce, lr and lr_scaling."""
+        sched = (make_scheduler(spec, seed=seed, pretrained=pretrained) if rank == 0 or spec != "rl"
+                 else FixedScheduler(1))
         return cls(sched, params, micro_batch, window, optimizer, noise_scale, world_size=world_size, rank=rank, **kw)
 
     def start_clock(self) -> None:
@@ -119,13 +124,12 @@ class AccumulationController:
         return torch.tensor([*self.units.units.as_array(), local_loss], dtype=torch.float64)
 
     def end_step(self, reduced: torch.Tensor, n_trips: int, step_s: float, sync_s: float,
-                 compute_s: float = math.nan, grad_sq: float | None = None) -> None:
+                 compute_s: float = math.nan) -> None:
         """After the optimizer step: update the noise scale from the reduced statistics and |g|² of the
         reduced (mean over ``n_trips``) gradient, the loss EMA, and the window's counters.
 
         step_s: the step's own time (s); sync_s: its time in the all-reduce; compute_s: this rank's
-        forward + backward time summed over its micro-steps (nan: not measured); grad_sq: |g|² of the
-        reduced gradient when the caller has it (None: computed here). The window counts each
+        forward + backward time summed over its micro-steps (nan: not measured). The window counts each
         step's wall time from the end of the previous one, so the work between steps (the slicer's
         bookkeeping, metrics, collectives agreeing on stops) is charged to the steps, as it is per step."""
         now = time.perf_counter()
@@ -133,7 +137,7 @@ class AccumulationController:
         self._last_end = now
         red = reduced.double().numpy()
         if self.measuring:
-            self._update_noise(red[:3], n_trips, grad_sq)
+            self._update_noise(red[:3], n_trips)
         loss = float(red[-1])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
         if math.isnan(self.w_loss_start):
@@ -144,10 +148,10 @@ class AccumulationController:
         self.w_comm += sync_s
         self.w_compute += compute_s
 
-    def _update_noise(self, units: np.ndarray, n_trips: int, grad_sq: float | None) -> None:
+    def _update_noise(self, units: np.ndarray, n_trips: int) -> None:
         """The noise scale from one step's reduced unit statistics [3] and the step's mean gradient in .grad
-        (``grad_sq``: its plain |g|² when the caller has it); one process at k = 1 pairs the step with the
-        previous one instead."""
+        (its norm over this controller's parameters, which need not be all of the model's:
+        noise.noise_parameters); one process at k = 1 pairs the step with the previous one instead."""
         if not self.distributed and self.k == 1:
             paired = self.units.pair_with_previous(n_trips)
             if paired is None:
@@ -155,11 +159,8 @@ class AccumulationController:
             units, big_sq, n_trips = paired
         else:
             self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
-            if self._precond is not None or grad_sq is None:
-                big_sq = self.units.norm([p.grad for p in self.params])
-            else:
-                big_sq = grad_sq
-        self.noise.update(units, big_sq, n_trips)
+            big_sq = self.units.norm([p.grad for p in self.params])
+        self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k) if self._precond is not None else 1.0)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:

@@ -2,12 +2,12 @@
 
 Both share the RL scheduler's spaces (stfast.accum.schedulers):
 - action: Discrete(len(choices)), index into ``choices`` (default k ∈ {1, 2, 4, 8, 16});
-- observation: Box(-1, 1, (OBS_DIM,), float32), see ``schedulers.observation``/OBS_NAMES: log2(noise
+- observation: Box(-1, 1, (OBS_DIM,), float32), see ``window.observation``/OBS_NAMES: log2(noise
   scale / B)/8, log2(t_fixed / t_micro)/6, log2 k / log2 k_max, communication share, budget used,
   10·loss slope, log2(samples_per_s / reference)/4, imbalance − 1;
 - reward: the window's progress beyond the k = 1 pace, in base-batch trips over W·B
-  (``schedulers.reward``): 0 for a window at k = 1. info["log_goodput_gain"] is ln of the window's
-  goodput over the k = 1 pace (``schedulers.log_goodput_gain``), what the agent learns from;
+  (``window.reward``): 0 for a window at k = 1. info["log_goodput_gain"] is ln of the window's
+  goodput over the k = 1 pace (``window.log_goodput_gain``), what the agent learns from;
 - an episode: a wall-clock budget; each decision runs a window of W optimizer steps with the chosen
   k, and the episode is truncated when the budget is spent (no terminal state: training would go on).
   The return is then the progress made within the budget minus what k = 1 would have made.
@@ -26,12 +26,22 @@ import numpy as np
 
 from .goodput import statistical_efficiency
 from .profile import ComputeProfile, NoiseCalibration
-from .schedulers import (
-    DEFAULT_CHOICES,
-    OBS_DIM,
-    WindowStats,
-    observation,
-)
+from .window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
+
+
+SIM_ENV_ID = "stfast/AccumulationSim-v0"  # gymnasium.make(SIM_ENV_ID, **SimulatedTrainingEnv's arguments)
+LIVE_ENV_ID = "stfast/AccumulationLive-v0"  # gymnasium.make(LIVE_ENV_ID, cfg=TrainConfig(...), budget_s=...)
+
+
+def register_environments() -> None:
+    """Register SimulatedTrainingEnv as ``stfast/AccumulationSim-v0`` and the live AccumulationEnv as
+    ``stfast/AccumulationLive-v0`` with gymnasium (done on ``import stfast.accum``; again is a no-op)."""
+    # the live environment lives with the trainer (stfast.train.live_env); a string entry point imports it only
+    # when gymnasium.make asks for it, so this layer does not import the one above it
+    for env_id, entry, nondeterministic in ((SIM_ENV_ID, f"{__name__}:SimulatedTrainingEnv", False),
+                                            (LIVE_ENV_ID, "stfast.train.live_env:AccumulationEnv", True)):
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=entry, nondeterministic=nondeterministic)
 
 
 def ring_allreduce_s(n_bytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
@@ -116,12 +126,18 @@ class SimConfig:
         return m * statistical_efficiency(self.noise_scale(progress), m, self.micro_batch) / self.step_s(k)
 
 
+def default_sim_config() -> SimConfig:
+    """The simulated run the RL agent pre-trains around (randomized_config varies it): two ranks, micro-batch
+    64, the measured CPU compute profile (stfast/accum/profile_deeptte_cpu.json)."""
+    return SimConfig.from_profile(ComputeProfile.load(), ranks=2, micro_batch=64)
+
+
 def randomized_config(rng: np.random.Generator, base: SimConfig, calibration: NoiseCalibration | None = None) -> SimConfig:
     """Domain randomization for pre-training: the k = 1 communication share uniform in [0.01, 0.9],
     the initial noise scale 0.05–``phi0_max`` micro-batches and its growth over the episode ×1–×300 (both
     log-uniform), imbalance 1–1.3, and the live estimate's bias (SimConfig.obs_bias log-uniform and
     obs_bias_k_exponent uniform over ``calibration``'s measured ranges; None: unbiased, φ0 ≤ 4 batches).
-    The policy sees only scale-free inputs (see schedulers.observation), so the base's absolute times and
+    The policy sees only scale-free inputs (see window.observation), so the base's absolute times and
     batch size do not matter."""
     share = rng.uniform(0.01, 0.9)
     t_comm = share * (base.t_micro_s + base.t_opt_s) / (1 - share)
@@ -153,8 +169,9 @@ class SimulatedTrainingEnv(gym.Env):
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
-    def __init__(self, config: SimConfig, choices=DEFAULT_CHOICES, randomize: bool = False,
+    def __init__(self, config: SimConfig | None = None, choices=DEFAULT_CHOICES, randomize: bool = False,
                  calibration: NoiseCalibration | None = None):
+        config = config if config is not None else default_sim_config()
         self.base = config
         self.calibration = calibration
         self.cfg = config
@@ -247,3 +264,5 @@ def rollout(env: SimulatedTrainingEnv, policy, seed: int, until_target: bool = F
     return {"return": ret, "progress": progress, "k": ks, "time_s": times,
             "time_to_target_s": info["time_to_target_s"]}
 
+
+register_environments()

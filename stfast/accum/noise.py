@@ -57,8 +57,49 @@ def noise_estimates(small_sq: float, b_small: float, big_sq: float, b_big: float
 
 
 NOISE_KINDS = ("adam", "plain")
-# Adam steps before B_adam is estimated: v̂ from a handful of gradients is itself noise (AdaptDL also waits)
-ADAM_WARMUP_STEPS = 5
+# Adam steps before B_adam is estimated. v̂ from a handful of gradients is itself noise, and its smallest
+# elements are the ones that dominate: units that rarely activate (√v̂ within a few ε, P ≈ 1/ε ≈ 1e8) turn any
+# gradient they get into |P g|² of 1e10 or more. Measured live (synthetic city, k = 2, two ranks; docs/
+# accumulation.md): reading P from the 5th step, Σ P² was 1.3e17 and the bound read 29,104 trips, decaying
+# over 100 steps to the ~30 it settles at; reading it from the 50th, it read 6–41 from its first window.
+ADAM_WARMUP_STEPS = 50
+
+
+def noise_parameters(model) -> list:
+    """The parameters the noise scale is estimated over: every parameter of ``model`` (a torch.nn.Module)
+    except the weights of its torch.nn.Embedding layers, in module order.
+
+    An embedding row has a gradient only on the steps whose trips hold its index (a driver, a time bin), so
+    Adam's v̂ of a row met n times in t steps is about g²·n/t and the row's next gradient reads
+    |P g| ≈ √(t/n): the rows of drivers seen once or twice swamp tr(PΣPᵀ). Measured live (Chengdu sample,
+    two ranks, rl, after Adam's warm-up): the first B_adam bound read 2,148 trips with the embeddings and
+    85 without, settling at 30–100 either way; the synthetic city read 237 and 7. The dense layers carry the
+    noise that a larger batch averages."""
+    import torch
+
+    return [p for m in model.modules() if not isinstance(m, torch.nn.Embedding)
+            for p in m.parameters(recurse=False)]
+
+
+# What the Pollux efficiency model needs is the noise scale the runs' statistical efficiency shows, φ_eff (E(kB)
+# = (φ + B)/(φ + kB) fitted to the epochs to a target at fixed k = 1, 2, 4, 8). The B_adam bound, normalized to
+# k = 1, reads it low by the same order on both data sets measured (benchmarks/accumulation.py --live --calibrate,
+# seeds 1–3, docs/accumulation.md §6): bound/φ_eff = 0.17 on the synthetic city, 0.068 on Chengdu; the schedulers
+# read the bound × 1/√(0.17 · 0.068) = 9.3, their geometric mean (within 2.5× of either). Before the warm-up,
+# the normalization and the embeddings' exclusion the two data sets' biases differed 15×, and no one factor fitted.
+ADAM_BOUND_CALIBRATION = 9.3
+
+
+def adam_trace_scale(k: int) -> float:
+    """The factor on a step's tr(PΣPᵀ) estimate at k accumulation steps: ADAM_BOUND_CALIBRATION / k.
+
+    1/k turns B_adam measured at k into its k = 1 value, what the goodput model E(kB) = (φ + B)/(φ + kB)
+    takes. Adam's v̂ holds the noise of the step's own batch, so for an element whose gradient is mostly
+    noise P² ≈ kB/σ² and its share of tr(PΣPᵀ) grows ∝ k, while the elements that carry |PG|² do not change:
+    B_adam ∝ k. Measured live (fixed k = 1, 2, 4, 8): the bound grew ∝ k^0.8 on the synthetic city and
+    ∝ k^1.03 on Chengdu; unnormalized, a move to a larger k raised the estimate and invited the next move up
+    (goodput and rl climbed 2 → 4 → 16). ADAM_BOUND_CALIBRATION: see there."""
+    return ADAM_BOUND_CALIBRATION / k
 
 
 @dataclass
@@ -91,16 +132,20 @@ class GradientNoiseScale:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay
+        # updates before lower_confidence reports: the EMA's horizon 1/(1 − decay); a bound from two or three
+        # steps read 1,435 trips on Chengdu before settling at 100–230 (docs/accumulation.md)
+        self.min_updates = max(2, math.ceil(1.0 / (1.0 - decay) - 1e-9))
         self.g2_ema = 0.0
         self.g2_sq_ema = 0.0  # of the per-step |G|² estimates squared: their spread, for g2_stderr
         self.trace_ema = 0.0
         self.n = 0
 
-    def update(self, units: np.ndarray, big_sq: float, b_big: float) -> bool:
+    def update(self, units: np.ndarray, big_sq: float, b_big: float, trace_scale: float = 1.0) -> bool:
         """units: the all-reduced [Σ|g_u|², Σ1/b_u, U] (float64 [3]; for B_adam the preconditioned
         Σ|P g_u|² in place of Σ|g_u|², and |P g|² for big_sq); big_sq: |g|² of the step's mean
-        gradient over its ``b_big`` trips. Returns False (and changes nothing) when the step has fewer
-        than two units, where the two batch sizes coincide."""
+        gradient over its ``b_big`` trips; trace_scale: a factor on this step's tr(Σ) estimate (the
+        controller's adam_trace_scale(k) for B_adam). Returns False (and changes nothing) when the
+        step has fewer than two units, where the two batch sizes coincide."""
         sq_sum, inv_sum, count = (float(x) for x in units)
         if count < 2:
             return False
@@ -108,6 +153,7 @@ class GradientNoiseScale:
         if not b_small < b_big:
             return False
         g2, trace = noise_estimates(sq_sum / count, b_small, big_sq, b_big)
+        trace *= trace_scale
         self.g2_ema = self.decay * self.g2_ema + (1 - self.decay) * g2
         self.g2_sq_ema = self.decay * self.g2_sq_ema + (1 - self.decay) * g2 * g2
         self.trace_ema = self.decay * self.trace_ema + (1 - self.decay) * trace
@@ -151,8 +197,9 @@ class GradientNoiseScale:
         return math.sqrt(spread / (1 - w2) * w2)
 
     def lower_confidence(self, z: float = 2.0) -> float:
-        """A conservative B_simple: tr(Σ) / (|G|² + z·stderr(|G|²)), in trips; nan before two updates or while
-        that denominator is ≤ 0. What the trainer's schedulers steer by.
+        """A conservative B_simple: tr(Σ) / (|G|² + z·stderr(|G|²)), in trips; nan before ``min_updates``
+        updates (the EMA's horizon, 10 at decay 0.9) or while that denominator is ≤ 0. What the trainer's
+        schedulers steer by.
 
         With two units per step (two ranks, k = 1) the per-step |G|² estimate is noisier than |G|² itself
         once B_simple exceeds the batch, and the point estimate ``value`` then jumps by orders of magnitude
@@ -162,7 +209,7 @@ class GradientNoiseScale:
         smaller noise scale — smaller k — when |G|² is uncertain. z = 2 is a one-sided ~98 % bound for a
         normal EMA."""
         se = self.g2_stderr
-        if math.isnan(se):
+        if math.isnan(se) or self.n < self.min_updates:
             return math.nan
         denom = self.g2 + z * se
         return self.trace / denom if denom > 0 else math.nan

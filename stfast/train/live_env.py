@@ -2,9 +2,9 @@
 drives a :class:`~stfast.train.trainer.Trainer` through its public hooks (the accumulation controller's
 ``set_k`` — k and the learning rate for it — then ``Trainer.train_step`` per optimizer step).
 
-Spaces, reward and episodes as the simulator's (stfast.accum.env, the RL vocabulary of
-stfast.accum.schedulers): action Discrete(len(choices)), an index into ``choices``; observation
-Box(-1, 1, (OBS_DIM,)); reward the window's progress beyond the k = 1 pace; an episode ends (truncated)
+Registered with gymnasium as "stfast/AccumulationLive-v0" (stfast.accum.env.register_environments). Spaces,
+reward and episodes as the simulator's (stfast.accum.env, the RL vocabulary of stfast.accum.window): action
+Discrete(len(choices)), an index into ``choices``; observation Box(-1, 1, (OBS_DIM,)); reward the window's progress beyond the k = 1 pace; an episode ends (truncated)
 when its budget of training wall time is spent.
 """
 from __future__ import annotations
@@ -16,12 +16,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from ..accum.schedulers import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
+from ..accum.env import LIVE_ENV_ID
+from ..accum.window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
 from .run_data import epoch_batches
 from .trainer import Trainer
-
-ENV_ID = "stfast/Accumulation-v0"
-
 
 class AccumulationEnv(gym.Env):
     """Live training as an environment: reset() builds a Trainer (seeded: model, batches) and returns
@@ -41,7 +39,7 @@ class AccumulationEnv(gym.Env):
         self.budget_s = budget_s
         self.action_space = gym.spaces.Discrete(len(self.choices))
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (OBS_DIM,), np.float32)
-        self.spec = EnvSpec(ENV_ID, entry_point="stfast.train.live_env:AccumulationEnv", nondeterministic=True,
+        self.spec = EnvSpec(LIVE_ENV_ID, entry_point=f"{__name__}:AccumulationEnv", nondeterministic=True,
                             kwargs={"cfg": cfg, "choices": self.choices, "budget_s": budget_s})
         self.trainer: Trainer | None = None
         self.seed: int | None = None

@@ -21,7 +21,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from .. import __version__
 from ..accum.controller import AccumulationController
-from ..accum.noise import squared_norm
+from ..accum.noise import noise_parameters, squared_norm
 from ..accum.schedulers import parse_spec
 from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
@@ -84,9 +84,10 @@ class Trainer:
                 self.say(line)
             self.accum_spec = parse_spec(cfg.accumulation, self.info.world_size)
             self.accum = AccumulationController.for_spec(
-                self.accum_spec, cfg.seed, self.model.parameters(), cfg.batch_size, cfg.accum_window, self.opt,
+                self.accum_spec, cfg.seed, noise_parameters(self.model), cfg.batch_size, cfg.accum_window, self.opt,
                 cfg.noise_scale, reduce=lambda a: dp.all_reduce_sum(a, self.info), world_size=self.info.world_size,
-                rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling)
+                rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling,
+                pretrained=resume is None or "accumulation" not in resume)  # a resumed agent is in the checkpoint
             self.accum.apply_lr(self._lr_decay())
             if resume is not None:
                 restore(self, resume, resume_path)
@@ -142,7 +143,7 @@ class Trainer:
         extra = self.steps.statistics(self.accum.extra(loss))
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
         t_sync = time.perf_counter() - t_sync
-        grad_sq = squared_norm(p.grad for p in self.model.parameters())  # also the noise scale's |g_big|²
+        grad_sq = squared_norm(p.grad for p in self.model.parameters())
         skipped = guards.BadStepGuard.problem(float(reduced[-1]), grad_sq)
         if skipped is not None:
             self.opt.zero_grad(set_to_none=True)
@@ -151,7 +152,7 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         self.step += 1
-        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute), grad_sq)
+        self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute))
         if (row := self.steps.end_step(self.step, compute, t0)) is not None:
             self.log.append("step", {"step": self.step, "epoch": self.epoch, **row})
         return StepLoss(loss)
