@@ -43,6 +43,7 @@ demo: setup
 	$(VENV)/bin/stfast train --epochs 6 --out runs/demo
 
 test: setup-test
+	$(TEST_VENV)/bin/lint-imports  # the layer contract in pyproject.toml: no import circles
 	$(TEST_PY) -m pytest -q tests
 	$(TEST_PY) -m pytest -q benchmarks --benchmark-disable
 

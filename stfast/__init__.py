@@ -28,9 +28,11 @@ _C = _load_extension()
 
 from . import _lazy  # noqa: E402
 
-# stfast.nn, stfast.accum and stfast.parallel without an import of their own, each imported on first use
-# (import stfast stays as cheap as before)
-__getattr__, __dir__ = _lazy.lazy_exports(__name__, {"nn": (), "accum": (), "parallel": ()})[1:]
+# stfast.nn, stfast.accum and stfast.parallel without an import of their own, each imported on first use, and
+# stfast.load_model / TrainedModel (the public way to load a trained model) from stfast.train.trained: import
+# stfast stays cheap, and the layers below train (which import the root for _C) do not import train through it
+__getattr__, __dir__ = _lazy.lazy_exports(__name__, {"nn": (), "accum": (), "parallel": (),
+                                                    "train.trained": ("TrainedModel", "load_model")})[1:]
 
 
 def build_info() -> dict:
@@ -50,4 +52,3 @@ def build_info() -> dict:
 
 
 from . import ops  # noqa: F401  (fake kernels and autograd of torch.ops.stfast.*)
-from .train.trained import TrainedModel, load_model  # noqa: E402,F401  (the public way to load a trained model)

@@ -303,8 +303,8 @@ def test_simulated_estimate_is_biased_as_calibrated_and_randomized_within_the_me
 
 
 def test_importing_stfast_accum_registers_both_environments_with_gymnasium(trips_file, tmp_path):
-    """gymnasium.make creates the simulator and the live environment by their documented ids (registered when
-    stfast.accum.env is imported, as it is here, or stfast.accum after gymnasium: test_exports)."""
+    """gymnasium.make creates the simulator and the live environment by their documented ids (registered on
+    import of stfast.accum, whatever was imported before: test_exports runs the issue's line)."""
     import gymnasium
 
     import stfast.accum

@@ -17,7 +17,7 @@ import stfast
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {  # package → its submodules
     "stfast.parallel": ("slicer", "comm", "data_parallel", "components"),
-    "stfast.accum": ("noise", "goodput", "window", "schedulers", "agent", "controller", "env", "profile"),
+    "stfast.accum": ("noise", "goodput", "window", "schedulers", "agent", "controller", "env", "profile", "registration"),
 }
 # public but not package API: the `stfast train --nproc` launcher and the profile module's command line
 NOT_EXPORTED = {"stfast.parallel.data_parallel": {"launch"}, "stfast.accum.profile": {"main", "measure"}}
@@ -53,13 +53,13 @@ def test_every_name_in_all_resolves_to_its_submodules_object(package):
 
 
 def test_import_stfast_reaches_the_subpackages_lazily():
-    """``import stfast`` imports neither the slicer (scipy) nor the RL environments (gymnasium); the
+    """``import stfast`` imports neither the slicer (scipy) nor the RL environments (only gymnasium's registry); the
     subpackages (stfast.nn, stfast.ops, stfast.accum, stfast.parallel) are attributes all the same."""
     code = ("import sys, stfast\n"
-            "heavy = [m for m in ('gymnasium', 'scipy.optimize', 'stfast.parallel.slicer') if m in sys.modules]\n"
+            "heavy = [m for m in ('stfast.accum.env', 'scipy.optimize', 'stfast.parallel.slicer') if m in sys.modules]\n"
             "assert not heavy, heavy\n"
             "from stfast.accum import WindowStats\n"
-            "assert 'gymnasium' not in sys.modules  # the schedulers do not need the environments\n"
+            "assert 'stfast.accum.env' not in sys.modules  # the schedulers do not need the environments\n"
             "assert stfast.nn.LSTM.__module__ == 'stfast.nn.lstm' and stfast.nn.GeoConv\n"
             "assert callable(stfast.ops.lstm_packed) and callable(stfast.ops.geo_conv_packed)  # the ops' faces\n"
             "assert stfast.accum.WindowStats is WindowStats\n"

@@ -5,14 +5,10 @@ trainer-side controller (controller) and the simulator's compute profile (profil
 importable from here (``from stfast.accum import WindowStats``); a submodule is imported when one of its
 names is first used.
 
-The gymnasium environments are registered as ``stfast/AccumulationSim-v0`` (the simulated cluster,
-SimulatedTrainingEnv) and ``stfast/AccumulationLive-v0`` (live training, AccumulationEnv:
-``gymnasium.make("stfast/AccumulationLive-v0", cfg=TrainConfig(...), budget_s=60)``) when stfast.accum is
-imported after gymnasium, or when stfast.accum.env is imported; a training run that never touches
-gymnasium does not pay for importing it."""
-import sys
-
+Importing it registers the gymnasium environments (``gymnasium.make("stfast/AccumulationSim-v0")``, the
+simulated cluster; ``"stfast/AccumulationLive-v0"``, live training; see registration)."""
 from .._lazy import lazy_exports
+from .registration import register_environments
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "noise": ("GradientNoiseScale", "UnitGradients", "UnitNorms", "adam_preconditioner", "adam_trace_scale",
@@ -22,12 +18,10 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "schedulers": ("FixedScheduler", "GoodputScheduler", "make_scheduler", "parse_spec"),
     "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "residual_agent", "train_offline"),
     "controller": ("AccumulationController",),
-    "env": ("SimConfig", "SimulatedTrainingEnv", "default_sim_config", "randomized_config", "register_environments",
-            "ring_allreduce_s", "rollout"),
+    "env": ("SimConfig", "SimulatedTrainingEnv", "default_sim_config", "randomized_config", "ring_allreduce_s",
+            "rollout"),
+    "registration": ("register_environments",),
     "profile": ("ComputeProfile", "NoiseCalibration"),
 })
 
-if "gymnasium" in sys.modules:  # gymnasium.make(...) may follow: the environments must be in its registry
-    from .env import register_environments
-
-    register_environments()
+register_environments()

@@ -29,21 +29,6 @@ from .profile import ComputeProfile, NoiseCalibration
 from .window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
 
 
-SIM_ENV_ID = "stfast/AccumulationSim-v0"  # gymnasium.make(SIM_ENV_ID, **SimulatedTrainingEnv's arguments)
-LIVE_ENV_ID = "stfast/AccumulationLive-v0"  # gymnasium.make(LIVE_ENV_ID, cfg=TrainConfig(...), budget_s=...)
-
-
-def register_environments() -> None:
-    """Register SimulatedTrainingEnv as ``stfast/AccumulationSim-v0`` and the live AccumulationEnv as
-    ``stfast/AccumulationLive-v0`` with gymnasium (done on ``import stfast.accum``; again is a no-op)."""
-    # the live environment lives with the trainer (stfast.train.live_env); a string entry point imports it only
-    # when gymnasium.make asks for it, so this layer does not import the one above it
-    for env_id, entry, nondeterministic in ((SIM_ENV_ID, f"{__name__}:SimulatedTrainingEnv", False),
-                                            (LIVE_ENV_ID, "stfast.train.live_env:AccumulationEnv", True)):
-        if env_id not in gym.registry:
-            gym.register(env_id, entry_point=entry, nondeterministic=nondeterministic)
-
-
 def ring_allreduce_s(n_bytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
     """Time of a ring all-reduce (s): 2(R−1) steps, each moving n_bytes/R over a link of
     ``bandwidth_gbps`` Gbit/s after ``latency_s`` (Patarasuk & Yuan 2009; the NCCL/Gloo ring)."""
@@ -263,6 +248,3 @@ def rollout(env: SimulatedTrainingEnv, policy, seed: int, until_target: bool = F
             break
     return {"return": ret, "progress": progress, "k": ks, "time_s": times,
             "time_to_target_s": info["time_to_target_s"]}
-
-
-register_environments()

@@ -26,7 +26,7 @@ import re
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..train import plots
@@ -41,7 +41,6 @@ class Mode:
     flags: list[str]
     nproc: int = 0
     group: str = ""  # rows of one group (fixed k) are also summarised by the best in hindsight
-    requires: list[str] = field(default_factory=list)  # train options the mode needs
     threads: int = 0  # torch threads per process; 0: equal hardware (the bench's cores over the processes)
 
     @property
@@ -62,29 +61,20 @@ def default_modes(fixed_k=(2, 4)) -> list[Mode]:
         # what the extra threads give one process, and labelled, since it has fewer cores than every other row
         Mode("single process, fused kernels, one thread (unequal hardware)", ["--kernels", "fused", *acc1],
              nproc=1, threads=1),
-        Mode("data parallel, equal shards", ["--slicer", "equal", *acc1], requires=["--slicer"]),
-        Mode("data parallel, balanced slicer", ["--slicer", "balanced", *acc1], requires=["--slicer"]),
-        Mode("component parallel", ["--parallel", "cp", *acc1], requires=["--parallel"]),
-        Mode("component parallel, cut between the LSTM layers", ["--parallel", "cp", "--cp-plan", "layers", *acc1],
-             requires=["--cp-plan"]),
-        Mode("data parallel + component parallel", ["--parallel", "dp+cp", *acc1], requires=["--parallel"]),
+        Mode("data parallel, equal shards", ["--slicer", "equal", *acc1]),
+        Mode("data parallel, balanced slicer", ["--slicer", "balanced", *acc1]),
+        Mode("component parallel", ["--parallel", "cp", *acc1]),
+        Mode("component parallel, cut between the LSTM layers", ["--parallel", "cp", "--cp-plan", "layers", *acc1]),
+        Mode("data parallel + component parallel", ["--parallel", "dp+cp", *acc1]),
     ]
     modes += [Mode(f"data parallel + accumulation k={k}", ["--accumulation", f"fixed:{k}"], group="fixed")
               for k in fixed_k]
     modes += [
         Mode("data parallel + goodput accumulation", ["--accumulation", "goodput"]),
         Mode("data parallel + RL accumulation", ["--accumulation", "rl"]),
-        Mode(DEFAULT_MODE, ["--kernels", "fused", "--slicer", "balanced", "--accumulation", "rl"],
-             requires=["--slicer"]),
+        Mode(DEFAULT_MODE, ["--kernels", "fused", "--slicer", "balanced", "--accumulation", "rl"]),
     ]
     return modes
-
-
-def _train_options() -> set[str]:
-    from ..cli import build_parser
-
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    return set(sub.choices["train"]._option_string_actions)
 
 
 def bench_cores(a) -> int:
@@ -246,17 +236,12 @@ def run_modes(a) -> dict:
         raise ValueError(f"--threads must be ≥ 1, got {a.threads}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    options = _train_options()
     results: dict = {}
     modes = [m for m in default_modes() if not a.only or any(o in m.name for o in a.only)]
     if not modes:
         raise ValueError(f"--only {a.only}: no mode matches; modes: {[m.name for m in default_modes()]}")
     baseline = modes[0].name  # the reference for the default target: the first mode that runs
     for i, mode in enumerate(modes):
-        missing = [o for o in mode.requires if o not in options]
-        if missing:
-            results[mode.name] = {"skipped": f"not in this build ({', '.join(missing)})"}
-            continue
         runs = []
         try:
             for seed in a.seeds_list:

@@ -2,7 +2,7 @@
 drives a :class:`~stfast.train.trainer.Trainer` through its public hooks (the accumulation controller's
 ``set_k`` — k and the learning rate for it — then ``Trainer.train_step`` per optimizer step).
 
-Registered with gymnasium as "stfast/AccumulationLive-v0" (stfast.accum.env.register_environments). Spaces,
+Registered with gymnasium as "stfast/AccumulationLive-v0" (stfast.accum.registration). Spaces,
 reward and episodes as the simulator's (stfast.accum.env, the RL vocabulary of stfast.accum.window): action
 Discrete(len(choices)), an index into ``choices``; observation Box(-1, 1, (OBS_DIM,)); reward the window's progress beyond the k = 1 pace; an episode ends (truncated)
 when its budget of training wall time is spent.
@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from ..accum.env import LIVE_ENV_ID
+from ..accum.registration import LIVE_ENV_ID
 from ..accum.window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
 from .run_data import epoch_batches
 from .trainer import Trainer
