@@ -24,7 +24,6 @@ from stfast.accum.env import (
 from stfast.accum.profile import ComputeProfile
 from stfast.accum.schedulers import FixedScheduler, GoodputScheduler, make_scheduler, parse_spec
 from stfast.accum.window import DEFAULT_CHOICES, OBS_DIM, OBS_NAMES, WindowStats, log_goodput_gain, observation
-from stfast.train.config import TrainConfig
 
 
 # best k grows from 1 to 8 during the budget: communication is 2/3 of a k = 1 step and the noise
@@ -301,20 +300,3 @@ def test_simulated_estimate_is_biased_as_calibrated_and_randomized_within_the_me
     (tmp_path / "none.json").write_text("{}")
     assert NoiseCalibration.load(tmp_path / "none.json") is None
 
-
-def test_importing_stfast_accum_registers_both_environments_with_gymnasium(trips_file, tmp_path):
-    """gymnasium.make creates the simulator and the live environment by their documented ids (registered on
-    import of stfast.accum, whatever was imported before: test_exports runs the issue's line)."""
-    import gymnasium
-
-    import stfast.accum
-    from stfast.train.live_env import AccumulationEnv
-
-    sim = gymnasium.make("stfast/AccumulationSim-v0")
-    assert isinstance(sim.unwrapped, SimulatedTrainingEnv)
-    check_env(sim.unwrapped, skip_render_check=True)
-    cfg = TrainConfig(data=trips_file, format="deeptte", batch_size=8, out=str(tmp_path), progress=False, threads=1,
-                      accum_window=1)
-    live = gymnasium.make("stfast/AccumulationLive-v0", cfg=cfg, budget_s=0.5)
-    assert isinstance(live.unwrapped, AccumulationEnv) and live.unwrapped.budget_s == 0.5
-    stfast.accum.register_environments()  # again: a no-op, no duplicate-registration warning
