@@ -87,7 +87,7 @@ def test_reuse_measures_a_finished_run_without_running_it(tmp_path, monkeypatch)
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"test_mape": 0.2, "test_mae": 30.0, "test_rmse": 40.0,
                                                   "best_val_mape": 0.19, "steps": 7}))
-    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "step": 7, "train_loss": 0.3, "val_mape": 0.19,
+    (run / "metrics.jsonl").write_text(json.dumps({"type": "epoch", "epoch": 1, "step": 7, "train_loss": 0.3, "val_mape": 0.19,
                                                    "val_mae": 1.0, "val_rmse": 1.0, "samples_per_s": 50.0,
                                                    "wall_s": 3.0}) + "\n")
 

@@ -16,8 +16,8 @@ from conftest import one_line_error as _one_line_error
 from conftest import random_trips
 
 from stfast.cli import main
+from stfast.models import deeptte as deeptte_mod
 from stfast.train import checkpoint as ckpt
-from stfast.train import trainer as trainer_mod
 from stfast.train.config import TrainConfig
 from stfast.train.guards import TrainingDiverged
 from stfast.train.trainer import Trainer
@@ -211,10 +211,10 @@ def test_stop_signal_finishes_the_step_writes_last_pt_and_exits_0(trips_file, tm
 
 # ---------------------------------------------------------------- non-finite loss or gradient
 def _poison(monkeypatch, bad_calls, kind="loss"):
-    """Make combine_loss's n-th call (1-based, in bad_calls) give a NaN loss, or a finite loss whose
+    """Make models.deeptte.combine_loss's n-th call (1-based, in bad_calls) give a NaN loss, or a finite loss whose
     gradient is NaN (sqrt|u| at u = 0: value 0, derivative 0·inf)."""
     calls = {"n": 0}
-    orig = trainer_mod.combine_loss
+    orig = deeptte_mod.combine_loss
 
     def poisoned(*a, **k):
         calls["n"] += 1
@@ -223,7 +223,7 @@ def _poison(monkeypatch, bad_calls, kind="loss"):
             return loss
         return loss * float("nan") if kind == "loss" else loss + (loss - loss.detach()).abs().sqrt()
 
-    monkeypatch.setattr(trainer_mod, "combine_loss", poisoned)
+    monkeypatch.setattr(deeptte_mod, "combine_loss", poisoned)  # what models.deeptte.training_loss calls
 
 
 @pytest.mark.parametrize("kind", ["loss", "gradient"])
