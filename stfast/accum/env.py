@@ -26,7 +26,7 @@ import numpy as np
 
 from .goodput import statistical_efficiency
 from .profile import ComputeProfile, NoiseCalibration
-from .window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
+from .window import DEFAULT_CHOICES, OBS_DIM, WindowStats, observation
 
 
 def ring_allreduce_s(n_bytes: float, ranks: int, bandwidth_gbps: float, latency_s: float) -> float:
