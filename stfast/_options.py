@@ -14,7 +14,10 @@ annotation, choices, help, the default in the flag's unit), :func:`values_from_a
 arguments back into field values (minutes × 60 → seconds) and :func:`check_options` raises ValueError
 naming the flag (``--batch-size must be ≥ 1, got 0``) or, for a Python API config, the field. A field
 that repeats another config's option (a model option of the training config) takes its declaration
-with :func:`same_option`. Adding an option is one such field; nothing else needs to change.
+with :func:`same_option` (``default=None`` where the config fills the value in itself, as TrainConfig does
+from its preset). The flag's text can differ from the field's value: :class:`Scaled` (another unit),
+:class:`CommaList`, :class:`SwitchTo`, :class:`OrWord` (a number or one word, ``--swa-start none``).
+Adding an option is one such field; nothing else needs to change.
 """
 from __future__ import annotations
 
