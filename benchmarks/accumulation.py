@@ -152,7 +152,9 @@ def sim_table(res: dict, with_return: bool = True) -> tuple[str, dict]:
 # ------------------------------------------------------------------------------ (a) live
 def live_command(dataset: str, mode: str, seed: int, budget_s: float, out: Path, n_synthetic: int,
                  batch_size: int, window: int, ema_decay: float | None, noise_scale: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "stfast.cli", "train", "--nproc", "2", "--threads", "1", "--accumulation", mode,
+    # --preset paper: accumulation is compared on the paper's model, on the synthetic city as on a file
+    cmd = [sys.executable, "-m", "stfast.cli", "train", "--preset", "paper", "--nproc", "2", "--threads", "1",
+           "--accumulation", mode,
            "--time-budget", str(budget_s), "--epochs", "1000", "--batch-size", str(batch_size),
            "--accum-window", str(window), "--seed", str(seed), "--data-seed", "0", "--no-progress", "--out", str(out)]
     if ema_decay is not None:

@@ -2,14 +2,17 @@
 
     python benchmarks/accuracy.py --data ../shared/data/chengdu_deeptte_sample/test \
         --split-days 24-28/29/30 --seeds 0 1 2 3 4 \
-        --variant paper="--head paper --loss mape" --variant prior="--head prior --loss log" --out runs/acc
+        --variant paper="--preset paper" --variant real="--preset real" --plot runs/acc/curves.png --out runs/acc
 
 Each run is `stfast train` with the variant's flags (``--reuse`` keeps runs whose summary.json exists);
 the table reports, per variant, the median (min–max) over seeds of the best validation MAPE and of test
 MAPE / MAE / RMSE. ``--ensemble K`` adds a row per variant for seed ensembles: consecutive groups of K
 seeds (seeds 0–4, 5–9, ... with K = 5), each group's mean prediction scored on validation and test,
 median (min–max) over groups. Select variants on validation columns only; the test columns are for the
-candidates you would ship.
+candidates you would ship. ``--plot PNG`` draws each variant's validation MAPE per epoch (median over seeds,
+the seeds' range shaded) beside constant speed's. Under ``stfast train``'s default ``--preset auto`` a file's
+runs take the real-data defaults for every flag a variant does not give: start a variant with
+``--preset paper`` to vary the paper's configuration.
 """
 from __future__ import annotations
 
@@ -52,18 +55,50 @@ def _ensembles(run_dirs: list[Path], k: int, a) -> tuple[list[float], list[dict]
     return vals, tests
 
 
+def _epoch_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r.get("type") == "epoch"]
+
+
+def plot_curves(curves: dict[str, list[list[dict]]], const_speed_val_mape: float, png: str) -> None:
+    """Validation MAPE (%) per epoch of each variant: the median over its seeds, their min–max shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, runs in curves.items():
+        n = max(len(r) for r in runs)
+        v = np.full((len(runs), n), np.nan)
+        for i, r in enumerate(runs):
+            v[i, :len(r)] = [100 * e["val_mape"] for e in r]
+        ep = np.arange(1, n + 1)
+        line, = ax.plot(ep, np.nanmedian(v, 0), "o-", ms=3, label=name)
+        ax.fill_between(ep, np.nanmin(v, 0), np.nanmax(v, 0), color=line.get_color(), alpha=0.12)
+    ax.axhline(100 * const_speed_val_mape, color="k", ls="--", label="constant speed")
+    ax.set(xlabel="epoch", ylabel="validation MAPE (%)", title="validation MAPE per epoch (median, min–max over seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--variant", action="append", required=True, help='NAME="stfast train flags"')
     ap.add_argument("--out", default="runs/accuracy")
-    ap.add_argument("--common", default="--epochs 40 --patience 10", help="flags for every run")
+    ap.add_argument("--common", default="", help="flags for every run (e.g. --threads 1; the paper's early stopping: "
+                                                 "--preset paper --epochs 40 --patience 10)")
     ap.add_argument("--split-days", default=None)
     ap.add_argument("--reuse", action="store_true", help="keep finished runs (OUT/NAME/seedS/summary.json)")
     ap.add_argument("--ensemble", type=int, default=0, help="also score seed ensembles of this size")
+    ap.add_argument("--plot", default=None, help="PNG of the validation learning curves (median over seeds)")
     a = ap.parse_args(argv)
-    rows, base = [], None
+    rows, base, curves = [], None, {}
     for spec in a.variant:
         name, flags = spec.split("=", 1)
         res, dirs = [], []
@@ -80,6 +115,7 @@ def main(argv=None) -> int:
             res.append(json.loads((out / "summary.json").read_text()))
             dirs.append(out)
         base = res[0]
+        curves[name] = [_epoch_rows(d / "metrics.jsonl") for d in dirs]
         rows.append(_row(name, flags, [r["best_val_mape"] for r in res],
                          [{m: r[f"test_{m}"] for m in ("mape", "mae", "rmse")} for r in res]))
         if a.ensemble > 1 and len(dirs) >= a.ensemble:
@@ -91,6 +127,8 @@ def main(argv=None) -> int:
     lines.append(f"| mean travel time | fitted on train | | {100 * base['baseline_mean_time_mape']:.1f} % | "
                  f"{base['baseline_mean_time_mae']:.1f} s | {base['baseline_mean_time_rmse']:.1f} s |")
     table = "\n".join(lines)
+    if a.plot:
+        plot_curves(curves, base["baseline_const_speed_val_mape"], a.plot)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "table.md").write_text(table + "\n")
     print(table)

@@ -14,7 +14,10 @@ annotation, choices, help, the default in the flag's unit), :func:`values_from_a
 arguments back into field values (minutes × 60 → seconds) and :func:`check_options` raises ValueError
 naming the flag (``--batch-size must be ≥ 1, got 0``) or, for a Python API config, the field. A field
 that repeats another config's option (a model option of the training config) takes its declaration
-with :func:`same_option`. Adding an option is one such field; nothing else needs to change.
+with :func:`same_option` (``default=None`` where the config fills the value in itself, as TrainConfig does
+from its preset). The flag's text can differ from the field's value: :class:`Scaled` (another unit),
+:class:`CommaList`, :class:`SwitchTo`, :class:`OrWord` (a number or one word, ``--swa-start none``).
+Adding an option is one such field; nothing else needs to change.
 """
 from __future__ import annotations
 
@@ -64,6 +67,28 @@ class SwitchTo:
 
 
 @dataclass(frozen=True)
+class OrWord:
+    """A number flag that also takes one word, kept as the field's value (``--swa-start none`` →
+    ``swa_start="none"``; ``--swa-start 0.5`` → 0.5). The declared range applies to numbers only."""
+
+    word: str
+
+    def parse(self, typ: type) -> Callable[[str], Any]:
+        """The argparse ``type`` of the flag: the word as it is, else ``typ`` (int or float) of the text."""
+        def parse(text: str):
+            return text if text == self.word else typ(text)
+
+        parse.__name__ = f"{typ.__name__} or {self.word!r}"  # argparse's "invalid float or 'none' value"
+        return parse
+
+    def to_field(self, v):
+        return v
+
+    def to_flag(self, v):
+        return v
+
+
+@dataclass(frozen=True)
 class Option:
     """One option's declaration (the metadata of its dataclass field). ``ge``/``gt``/``le``/``lt``: bounds
     of the field's value (in the field's unit); ``check``: a further rule on the value alone, raising
@@ -80,7 +105,7 @@ class Option:
     lt: float | None = None
     check: Callable[[Any], None] | None = None
     unset: str | None = None
-    cli: Scaled | CommaList | SwitchTo | None = None
+    cli: Scaled | CommaList | SwitchTo | OrWord | None = None
 
 
 def option(default, help: str, **declaration) -> Any:
@@ -88,12 +113,14 @@ def option(default, help: str, **declaration) -> Any:
     return dataclasses.field(default=default, metadata={_KEY: Option(help, **declaration)})
 
 
-def same_option(cls: type, name: str, **changes) -> Any:
-    """A dataclass field declared as field ``name`` of dataclass ``cls`` (its default and :class:`Option`,
-    with ``changes``), marked as coming from ``cls`` (see :func:`names_from`)."""
+def same_option(cls: type, name: str, *, default=dataclasses.MISSING, **changes) -> Any:
+    """A dataclass field declared as field ``name`` of dataclass ``cls`` (its default, unless ``default`` is
+    given, and its :class:`Option`, with ``changes``), marked as coming from ``cls`` (see :func:`names_from`).
+    ``default=None``: "not given", for a config that fills the value in itself (a preset)."""
     f = _field(cls, name)
     opt = dataclasses.replace(declaration(f), **changes) if changes else declaration(f)
-    return dataclasses.field(default=f.default, metadata={_KEY: opt, "from": cls})
+    return dataclasses.field(default=f.default if default is dataclasses.MISSING else default,
+                             metadata={_KEY: opt, "from": cls})
 
 
 def declaration(f: dataclasses.Field) -> Option | None:
@@ -168,7 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, names: Iterable[str] | N
             kw["action"] = "store_true"
         else:
             kw["default"] = f.default if f.default is None or opt.cli is None else opt.cli.to_flag(f.default)
-            if typ in (int, float):
+            if isinstance(opt.cli, OrWord):
+                kw["type"] = opt.cli.parse(typ)
+            elif typ in (int, float):
                 kw["type"] = typ
             if opt.choices:
                 kw["choices"] = opt.choices
@@ -228,6 +257,10 @@ def check_value(cls, name: str, value, by_flag: bool = True) -> None:
         if optional:
             return
         raise ValueError(f"{who} must be given")
+    if isinstance(opt.cli, OrWord) and isinstance(value, str):
+        if value == opt.cli.word:
+            return
+        raise ValueError(f"{who} must be a number or {opt.cli.word}, got {value!r}")
     if opt.choices is not None and value not in opt.choices:
         raise ValueError(f"{who} must be {_choices_text(opt.choices)}, got {value!r}")
     scaled = opt.cli if by_flag and isinstance(opt.cli, Scaled) else None

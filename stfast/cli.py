@@ -40,6 +40,16 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _preset_help() -> dict:
+    """add_arguments overrides of `stfast train`: each option a --preset fills shows both presets' values."""
+    from ._options import options
+    from .train.config import TrainConfig, show
+    from .train.presets import FIELDS, help_suffix
+
+    decl = options(TrainConfig)
+    return {k: {"help": decl[k].help + help_suffix(k, lambda v, k=k: show(k, v))} for k in FIELDS}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .train.config import add_arguments
     from .train.trained import SPLITS
@@ -50,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)", formatter_class=fmt)
-    add_arguments(t)  # every TrainConfig field is a flag
+    add_arguments(t, overrides=_preset_help())  # every TrainConfig field is a flag
 
     for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
         e = sub.add_parser(name, help=hlp, formatter_class=fmt)

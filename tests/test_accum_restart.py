@@ -25,8 +25,8 @@ from stfast.train.trainer import Trainer
 
 SPECS = ["rl", "goodput", "fixed:4"]
 WINDOW = 2  # --accum-window of the runs below: checkpoints every 3 steps fall mid-window
-CLI = ["--format", "deeptte", "--epochs", "10", "--batch-size", "4", "--seed", "3", "--threads", "1", "--no-progress",
-       "--accum-window", str(WINDOW), "--checkpoint-every", "3"]
+CLI = ["--preset", "paper", "--format", "deeptte", "--epochs", "10", "--batch-size", "4", "--seed", "3", "--threads", "1",
+       "--no-progress", "--accum-window", str(WINDOW), "--checkpoint-every", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_scheduler_restored_from_a_checkpoint_decides_as_the_original(spec, tm
 
 def _cfg(trips_file, out, **kw):
     base = {"data": trips_file, "format": "deeptte", "epochs": 4, "batch_size": 8, "seed": 3, "out": str(out),
-            "progress": False, "threads": 1, "accum_window": 3}
+            "progress": False, "threads": 1, "accum_window": 3, "preset": "paper"}
     base.update(kw)
     return TrainConfig(**base)
 

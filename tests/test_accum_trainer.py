@@ -29,7 +29,8 @@ STEPS = 3
 
 def cfg(trips_file, out, **kw):
     base = {"data": trips_file, "format": "deeptte", "epochs": 1, "batch_size": 16, "seed": 3, "out": str(out),
-                "progress": False, "threads": 1, "dtype": "float64", "lr_scaling": "none", "accumulation": "1"}
+                "progress": False, "threads": 1, "dtype": "float64", "lr_scaling": "none", "accumulation": "1",
+            "preset": "paper"}
     base.update(kw)
     return TrainConfig(**base)
 

@@ -391,8 +391,8 @@ def _state(path):
 def test_train_parallel_cp_on_two_processes_and_one_equals_dp(trips_file, tmp_path):
     """float64, 2 accumulation micro-steps per optimizer step, 4 steps: --parallel cp on 1 process (threads)
     and on 2 Gloo processes (2 stages, 4 pipeline micro-batches) end where --parallel dp on 1 process ends."""
-    common = ["train", "--data", trips_file, "--format", "deeptte", "--dtype", "float64", "--batch-size", "9",
-              "--max-steps", "4", "--epochs", "3", "--seed", "5", "--threads", "1", "--no-progress",
+    common = ["train", "--preset", "paper", "--data", trips_file, "--format", "deeptte", "--dtype", "float64",
+              "--batch-size", "9", "--max-steps", "4", "--epochs", "3", "--seed", "5", "--threads", "1", "--no-progress",
               "--accumulation", "2"]
     runs = {"dp1": ["--parallel", "dp"], "cp2": ["--parallel", "cp", "--nproc", "2"],
             "cp2-layers": ["--parallel", "cp", "--nproc", "2", "--cp-plan", "layers", "--micro-batches", "3"]}
@@ -407,7 +407,7 @@ def test_train_parallel_cp_on_two_processes_and_one_equals_dp(trips_file, tmp_pa
     from stfast.train.config import TrainConfig
     from stfast.train.trainer import Trainer
 
-    Trainer(TrainConfig(data=trips_file, format="deeptte", dtype="float64", batch_size=9, max_steps=4, epochs=3,
+    Trainer(TrainConfig(preset="paper", data=trips_file, format="deeptte", dtype="float64", batch_size=9, max_steps=4, epochs=3,
                         seed=5, threads=1, progress=False, accumulation="2", parallel="cp",
                         out=str(tmp_path / "cp1"))).fit()
     states["cp1"] = _state(tmp_path / "cp1" / "last.pt")

@@ -1,7 +1,13 @@
 """The command line's options and TrainConfig's defaults, pinned: recorded from main (84bcac9) before
 the options were declared once (stfast.train.config), so that deriving the parser from the
 declarations changes no flag, default, choice or destination, and the flags reach the same
-TrainConfig fields as the hand-written mapping did."""
+TrainConfig fields as the hand-written mapping did.
+
+Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIELDS: --epochs, --lr,
+--weight-decay, --head, --loss, --dropout, --driver-dim, --time-bin-min and the new --week, --swa-start,
+--select) have the flag default None, "not given", and TrainConfig fills them when it is built; the
+synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
+--preset, --swa-start, --select, --week."""
 import argparse
 import dataclasses
 import shlex
@@ -22,19 +28,23 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'gap_min': (('--gap-min',), 20.0, None, 'float', 'StoreAction', False, None),
         'tz': (('--tz',), None, None, None, 'StoreAction', False, None),
         'n_synthetic': (('--n-synthetic',), 20000, None, 'int', 'StoreAction', False, None),
-        'epochs': (('--epochs',), 10, None, 'int', 'StoreAction', False, None),
+        'preset': (('--preset',), 'auto', ('auto', 'real', 'paper'), None, 'StoreAction', False, None),
+        'epochs': (('--epochs',), None, None, 'int', 'StoreAction', False, None),
         'batch_size': (('--batch-size',), 64, None, 'int', 'StoreAction', False, None),
-        'lr': (('--lr',), 0.001, None, 'float', 'StoreAction', False, None),
-        'weight_decay': (('--weight-decay',), 0.0, None, 'float', 'StoreAction', False, None),
+        'lr': (('--lr',), None, None, 'float', 'StoreAction', False, None),
+        'weight_decay': (('--weight-decay',), None, None, 'float', 'StoreAction', False, None),
         'lr_schedule': (('--lr-schedule',), 'constant', ('constant', 'cosine'), None, 'StoreAction', False, None),
         'ema_decay': (('--ema-decay',), None, None, 'float', 'StoreAction', False, None),
+        'swa_start': (('--swa-start',), None, None, "float or 'none'", 'StoreAction', False, None),
+        'select': (('--select',), None, ('best', 'last'), None, 'StoreAction', False, None),
         'alpha': (('--alpha',), 0.3, None, 'float', 'StoreAction', False, None),
         'compat': (('--compat',), 'fixed', ('fixed', 'original'), None, 'StoreAction', False, None),
-        'head': (('--head',), 'paper', ('paper', 'prior'), None, 'StoreAction', False, None),
-        'loss': (('--loss',), 'mape', ('mape', 'log', 'mae'), None, 'StoreAction', False, None),
-        'dropout': (('--dropout',), 0.0, None, 'float', 'StoreAction', False, None),
-        'driver_dim': (('--driver-dim',), 16, None, 'int', 'StoreAction', False, None),
-        'time_bin_min': (('--time-bin-min',), 1, None, 'int', 'StoreAction', False, None),
+        'head': (('--head',), None, ('paper', 'prior'), None, 'StoreAction', False, None),
+        'loss': (('--loss',), None, ('mape', 'log', 'mae'), None, 'StoreAction', False, None),
+        'dropout': (('--dropout',), None, None, 'float', 'StoreAction', False, None),
+        'driver_dim': (('--driver-dim',), None, None, 'int', 'StoreAction', False, None),
+        'time_bin_min': (('--time-bin-min',), None, None, 'int', 'StoreAction', False, None),
+        'week': (('--week',), None, ('day', 'weekend'), None, 'StoreAction', False, None),
         'kernels': (('--kernels',), 'fused', ('fused', 'reference'), None, 'StoreAction', False, None),
         'patience': (('--patience',), None, None, 'int', 'StoreAction', False, None),
         'nproc': (('--nproc',), 1, None, 'int', 'StoreAction', False, None),
@@ -113,12 +123,15 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'min_spacing_km': 0.2,
     'gap_s': 1200.0,
     'tz': None,
+    'preset': 'paper',  # resolved: auto is paper on the synthetic city
     'epochs': 10,
     'batch_size': 64,
     'lr': 0.001,
     'weight_decay': 0.0,
     'lr_schedule': 'constant',
     'ema_decay': None,
+    'swa_start': 'none',
+    'select': 'best',
     'alpha': 0.3,
     'compat': 'fixed',
     'head': 'paper',
@@ -126,6 +139,7 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'dropout': 0.0,
     'driver_dim': 16,
     'time_bin_min': 1,
+    'week': 'day',
     'kernels': 'fused',
     'patience': None,
     'seed': 0,
@@ -166,7 +180,8 @@ EVERY_FLAG = shlex.split(
     "--device cuda --dtype float64 --seed 3 --data-seed 4 --ensemble 2 --split 0.8/0.1/0.1 --split-by date "
     "--split-days 1-2/3/4 --max-steps 5 --out o --resume --overwrite --no-progress --accumulation 4 "
     "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
-    "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers")
+    "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
+    "--preset real --select best --week day")  # --swa-start: not with --ema-decay (filled: none)
 EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
     "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "modes": ["car", "bus"],
     "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
@@ -177,7 +192,7 @@ EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.t
     "threads": 2, "max_steps": 5, "out": "o", "resume": True, "overwrite": True, "progress": False,
     "accumulation": "4", "accum_window": 3, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
     "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
-    "cp_plan": "layers"}
+    "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none"}
 
 
 def _subparsers(p: argparse.ArgumentParser, prefix: tuple = ()):
@@ -242,7 +257,8 @@ def test_every_train_config_field_is_declared_once_with_its_help():
     for name in set(decl) - {"split", "out"}:  # evaluate's --split (which split) and --out (where) are others
         assert f'add_argument("{flag(name)}"' not in cli_src, name
     model = {f.name: f for f in dataclasses.fields(DeepTTEConfig)}
-    assert set(MODEL_OPTIONS) == {"alpha", "compat", "head", "loss", "dropout", "driver_dim", "time_bin_min", "kernels"}
+    assert set(MODEL_OPTIONS) == {"alpha", "compat", "head", "loss", "dropout", "driver_dim", "time_bin_min", "week",
+                                  "kernels"}
     for name in MODEL_OPTIONS:
         assert decl[name] is _options.declaration(model[name]) and TRAIN_CONFIG[name] == model[name].default
 
@@ -255,7 +271,8 @@ def test_every_train_config_field_is_declared_once_with_its_help():
     ({"time_bin_min": 0}, "--time-bin-min must be in 1..1440 minutes, got 0"),
     ({"head": "nope"}, "--head must be paper or prior, got 'nope'"),
     ({"parallel": "pp"}, "--parallel must be one of dp, cp, dp+cp, got 'pp'"),
-    ({"epochs": None}, "--epochs must be given"),
+    ({"batch_size": None}, "--batch-size must be given"),  # --epochs None: not given, the preset's
+    ({"swa_start": 1.0}, "--swa-start must be in [0, 1), got 1"),
     ({"slicer": None, "threads": 0}, "--threads must be ≥ 1, got 0"),  # None where the field allows it
 ])
 def test_single_field_rules_come_from_the_declaration_and_name_the_flag(kw, message):

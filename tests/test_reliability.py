@@ -22,9 +22,9 @@ from stfast.train.config import TrainConfig
 from stfast.train.guards import TrainingDiverged
 from stfast.train.trainer import Trainer
 
-ARGS = {"format": "deeptte", "epochs": 2, "batch_size": 4, "seed": 3, "dtype": "float64", "progress": False,
+ARGS = {"preset": "paper", "format": "deeptte", "epochs": 2, "batch_size": 4, "seed": 3, "dtype": "float64", "progress": False,
         "threads": 1}
-CLI_ARGS = ["--format", "deeptte", "--epochs", "2", "--batch-size", "4", "--seed", "3", "--dtype", "float64",
+CLI_ARGS = ["--preset", "paper", "--format", "deeptte", "--epochs", "2", "--batch-size", "4", "--seed", "3", "--dtype", "float64",
             "--threads", "1", "--no-progress"]
 N_STEPS = 2 * 21  # 120 trips → 84 training trips → 21 batches of 4 per epoch
 

@@ -493,8 +493,8 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     data = tmp_path / "trips.jsonl"
     trips = random_trips(100, seed=4, min_len=3, max_len=60)  # 20x spread: the slicer cuts unequal counts
     trips.to_jsonl(data)
-    common = ["train", "--data", str(data), "--format", "deeptte", "--dtype", "float64", "--batch-size", "16",
-              "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress"]
+    common = ["train", "--preset", "paper", "--data", str(data), "--format", "deeptte", "--dtype", "float64",
+              "--batch-size", "16", "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress"]
     r1 = _cli(common + ["--out", str(tmp_path / "one")])
     assert r1.returncode == 0, r1.stderr
     r2 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2", "--slicer", "balanced"])
@@ -526,7 +526,7 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     assert "cost model restored from the checkpoint" in r3.stdout + r3.stderr
     assert "warm-up profile" not in r3.stdout + r3.stderr
     # and training moved the parameters (the comparison is not between two untouched models)
-    fresh = Trainer(TrainConfig(data=str(data), format="deeptte", dtype="float64", seed=5, out=str(tmp_path / "i"),
+    fresh = Trainer(TrainConfig(preset="paper", data=str(data), format="deeptte", dtype="float64", seed=5, out=str(tmp_path / "i"),
                                 progress=False, threads=1))
     init = fresh.model.state_dict()["entire.out.weight"]
     assert (a["model_state"]["entire.out.weight"] - init).abs().max().item() > 1e-4

@@ -60,6 +60,8 @@ class DeepTTEConfig:
     loss: str = option("mape", "loss of the entire estimate", choices=("mape", "log", "mae"))
     dropout: float = option(0.0, "dropout probability in the estimators", ge=0.0, lt=1.0)  # input and hidden layers
     time_bin_min: int = option(1, "departure-time embedding bin in minutes", unit="minutes", ge=1, le=1440)
+    week: str = option("day", "weekday embedding: one row per day (the paper), or two: Monday-Friday, "
+                              "Saturday-Sunday", choices=("day", "weekend"))
     kernels: str = option("fused", "fused: stfast's native ops; reference: plain PyTorch (same parameters)",
                           choices=("fused", "reference"))
 
@@ -96,14 +98,19 @@ class AttrEmbedding(nn.Module):
         super().__init__()
         # driver_dim = 0 drops the driver id (useful when most test drivers are unseen)
         self.driver = nn.Embedding(cfg.n_drivers, cfg.driver_dim) if cfg.driver_dim > 0 else None
-        self.week = nn.Embedding(7, cfg.week_dim)
+        # "weekend": Monday-Friday share one row, Saturday-Sunday the other. On a few days of data most
+        # weekdays are absent from training, and the row of an absent day keeps its random initial value
+        # (the Chengdu date split trains on Sun-Thu, validates on a Friday and tests on a Saturday)
+        self.weekend = cfg.week == "weekend"
+        self.week = nn.Embedding(2 if self.weekend else 7, cfg.week_dim)
         # coarser bins share rows: 1,440 per-minute rows are mostly unseen in a thousand trips
         self.time_bin = cfg.time_bin_min
         self.time = nn.Embedding(-(-1440 // cfg.time_bin_min), cfg.time_dim)
 
     def forward(self, driver, week_id, time_id, dist_norm):
-        """driver, week_id, time_id: [B] int64; dist_norm: [B] float (already normalized once)."""
-        parts = [self.week(week_id), self.time(time_id // self.time_bin), dist_norm.unsqueeze(-1)]
+        """driver, week_id (0 = Monday), time_id: [B] int64; dist_norm: [B] float (already normalized once)."""
+        week = (week_id >= 5).long() if self.weekend else week_id
+        parts = [self.week(week), self.time(time_id // self.time_bin), dist_norm.unsqueeze(-1)]
         if self.driver is not None:
             parts.insert(0, self.driver(driver))
         return torch.cat(parts, dim=-1)

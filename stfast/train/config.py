@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from .. import _options
-from .._options import CommaList, Scaled, SwitchTo, option, same_option
+from .._options import CommaList, OrWord, Scaled, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
 from ..data.preprocess import PreprocessConfig
 from ..data.readers import FORMATS
 from ..models.deeptte import DeepTTEConfig
+from . import presets, swa
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
@@ -86,25 +87,39 @@ class TrainConfig:
                                   "Europe/Lisbon; default: Asia/Shanghai for GeoLife, DeepTTE JSON and DiDi GAIA, "
                                   "and for a point CSV the UTC offset its timestamps carry, else UTC",
                             check=_check_tz, unset="(the format's default)")
+    # ---- defaults by data (stfast.train.presets): the fields of presets.FIELDS default to None (not given) and
+    # take the preset's values when the config is built (__post_init__)
+    preset: str = option("auto", "the values of the options marked [preset] that are not given: paper (the faithful "
+                                 "DeepTTE reproduction), real (chosen on real data: prior head, log loss, weight "
+                                 "averaging; docs/real_data.md), auto (the default: paper on the synthetic city, "
+                                 "real on --data)", choices=presets.CHOICES)
     # ---- optimization
-    epochs: int = option(10, "passes over the training split", ge=1)
+    epochs: int | None = option(None, "passes over the training split", ge=1)
     batch_size: int = option(64, "global batch: trips per optimizer step", ge=1)  # over all ranks
-    lr: float = option(1e-3, "Adam learning rate per optimizer step", gt=0.0)
-    weight_decay: float = option(0.0, "Adam weight decay (L2)", ge=0.0)
+    lr: float | None = option(None, "Adam learning rate per optimizer step", gt=0.0)
+    weight_decay: float | None = option(None, "Adam weight decay (L2)", ge=0.0)
     lr_schedule: str = option("constant", "cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch "
                                           "(Loshchilov & Hutter 2017)", choices=("constant", "cosine"))
     ema_decay: float | None = option(None, "validate, checkpoint and test an exponential moving average of the "
                                            "weights, updated after every optimizer step with this decay per "
                                            "micro-batch (decay^k at k accumulation steps; Polyak & Juditsky "
-                                           "1992), e.g. 0.9", gt=0.0, lt=1.0)
-    # ---- the model (DeepTTEConfig's options: MODEL_OPTIONS)
+                                           "1992), e.g. 0.9; replaces the preset's --swa-start", gt=0.0, lt=1.0)
+    # "none" (swa.OFF): no average
+    swa_start: float | str | None = option(None, "validate, checkpoint and test the mean of the weights after every "
+                                                 "optimizer step from this fraction of --epochs on (stochastic "
+                                                 "weight averaging, Izmailov et al. 2018; stfast.train.swa); none: off",
+                                           ge=0.0, lt=1.0, cli=OrWord(swa.OFF))
+    select: str | None = option(None, "checkpoint.pt (what is tested): the epoch of the best validation MAPE, or the "
+                                      "last epoch", choices=swa.SELECT)
+    # ---- the model (DeepTTEConfig's options: MODEL_OPTIONS; None: the preset's)
     alpha: float = same_option(DeepTTEConfig, "alpha")
     compat: str = same_option(DeepTTEConfig, "compat")
-    head: str = same_option(DeepTTEConfig, "head")
-    loss: str = same_option(DeepTTEConfig, "loss")
-    dropout: float = same_option(DeepTTEConfig, "dropout")
-    driver_dim: int = same_option(DeepTTEConfig, "driver_dim")
-    time_bin_min: int = same_option(DeepTTEConfig, "time_bin_min")
+    head: str | None = same_option(DeepTTEConfig, "head", default=None)
+    loss: str | None = same_option(DeepTTEConfig, "loss", default=None)
+    dropout: float | None = same_option(DeepTTEConfig, "dropout", default=None)
+    driver_dim: int | None = same_option(DeepTTEConfig, "driver_dim", default=None)
+    time_bin_min: int | None = same_option(DeepTTEConfig, "time_bin_min", default=None)
+    week: str | None = same_option(DeepTTEConfig, "week", default=None)
     kernels: str = same_option(DeepTTEConfig, "kernels")
     # ---- the run
     patience: int | None = option(None, "early stop after N epochs without improvement", ge=1)  # in validation MAPE
@@ -162,6 +177,12 @@ class TrainConfig:
                                         "estimators) or layers (the LSTM per layer: attr + geo-conv + layer 0 | "
                                         "layer 1 + estimators)", choices=CP_PLANS)
 
+    def __post_init__(self):
+        """Fill the options not given (None) from the preset (stfast.train.presets.fill): the Python API
+        resolves as `stfast train` does. Raises ValueError naming --preset for an unknown preset."""
+        _options.check_value(type(self), "preset", self.preset)
+        presets.fill(self)
+
     @property
     def split_seed(self) -> int:
         """Seed of the data (synthetic city) and of the random split: ``data_seed``, else ``seed``."""
@@ -179,6 +200,7 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["modes"] = tuple(kw.get("modes", ()))
+        kw.setdefault("preset", "paper")  # written before presets: the paper's defaults were the only ones
         return cls(**kw)
 
     @classmethod
@@ -213,6 +235,7 @@ class TrainConfig:
         if self.parallel == "dp+cp" and self.nproc % CP_STAGES:
             raise ValueError(f"--parallel dp+cp needs --nproc a multiple of {CP_STAGES} (replicas × {CP_STAGES} "
                              f"stages), got {self.nproc}")
+        swa.check(self)  # the averaging options together
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
 

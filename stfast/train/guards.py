@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -57,8 +58,11 @@ def check_resume(state: dict, cfg, path) -> None:
     ver = state.get("stfast_version")
     if ver != __version__:
         raise ValueError(f"--resume: {path} was written by stfast {ver}, this is stfast {__version__}")
-    saved = dict(state.get("model_config", {}))
+    from ..models.deeptte import DeepTTEConfig
+
     want = model_options(cfg)
+    # an option added since the checkpoint was written (e.g. week) had its default then
+    saved = {f.name: f.default for f in dataclasses.fields(DeepTTEConfig) if f.name in want} | state.get("model_config", {})
     diff = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} now" for k, v in want.items() if saved.get(k) != v]
     saved_dtype = state.get("train_config", {}).get("dtype", cfg.dtype)
     if saved_dtype != cfg.dtype:

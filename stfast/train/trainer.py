@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.optim.swa_utils import AveragedModel
 
 from .. import __version__
 from ..accum.controller import AccumulationController
@@ -27,7 +26,7 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import guards, steps
+from . import guards, steps, swa
 from .config import TrainConfig
 from .metrics import format_summary
 from .resume import restore, resume_state, trainer_state
@@ -70,10 +69,9 @@ class Trainer:
             self.model = DeepTTE(self.data.model_config, self.data.stats).to(self.device, self.dtype)
             # fused: one kernel for all parameters (0.45 ms a step, not 3.5 ms, on this 2-core CPU); same update
             self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-            # --ema-decay: the weights' moving average (Polyak & Juditsky 1992), validated, checkpointed and
-            # tested; decay^k per step of k micro-batches spans the same stretch of an epoch whatever k
-            self.ema = (AveragedModel(self.model, multi_avg_fn=lambda avg, new, n: torch._foreach_lerp_(
-                avg, new, 1.0 - cfg.ema_decay ** self.accum.k)) if cfg.ema_decay is not None else None)
+            # --swa-start / --ema-decay: an average of the weights (stfast.train.swa), what validation,
+            # checkpoint.pt and the test score use; updated after every optimizer step
+            self.ema = swa.build(cfg, self.model, k=lambda: self.accum.k, epoch=lambda: self.epoch)
             self.grad_sync = (GradientSync(self.model.parameters(), make_communicator(cfg.comm, self.device))
                               if self.info.distributed else None)
             ds = self.data.train_ds
@@ -104,8 +102,9 @@ class Trainer:
 
     @property
     def eval_model(self) -> DeepTTE:
-        """What validation, checkpoint.pt and the test score use: the moving average under --ema-decay."""
-        return self.model if self.ema is None else self.ema.module
+        """What validation, checkpoint.pt and the test score use: the weights' average under --swa-start (once
+        it holds a step) or --ema-decay, else the trained model (swa.eval_model)."""
+        return swa.eval_model(self.model, self.ema)
 
     def state(self) -> dict:
         """What last.pt and checkpoint.pt hold (stfast.train.resume.trainer_state)."""
@@ -222,7 +221,8 @@ class Trainer:
         return False, out_of_time, self._end_epoch(loss_sum, n_done, trips_done / (time.perf_counter() - t0))
 
     def _end_epoch(self, loss_sum: float, n_done: int, samples_per_s: float) -> bool:
-        """Validation, the epoch's row, checkpoint.pt when it improved and last.pt. True: it improved."""
+        """Validation, the epoch's row, checkpoint.pt when it is kept (--select: the best validation MAPE so far,
+        or every epoch) and last.pt. True: kept (best_val_mape is the kept weights' validation MAPE)."""
         train_loss = float(dp.all_reduce_sum(np.array([loss_sum]), self.info)[0]) / max(n_done, 1)
         val = evaluate(self.eval_model, self.data.val_ds, self.info, self.device, self.show)
         self.model.train()
@@ -231,8 +231,8 @@ class Trainer:
                                   "val_mape": val["mape"], "val_mae": val["mae"], "val_rmse": val["rmse"],
                                   "samples_per_s": samples_per_s, "lr": self.opt.param_groups[0]["lr"],
                                   "wall_s": time.perf_counter() - self.t_start})
-        improved = val["mape"] < self.best
-        self.best = min(self.best, val["mape"])
+        improved = swa.keeps(self.cfg.select, val["mape"], self.best)
+        self.best = val["mape"] if improved else self.best
         self._save_last(best=improved)
         self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
                  f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {samples_per_s:.0f} trips/s" + ("  *" if improved else ""))
@@ -262,7 +262,7 @@ class Trainer:
 
     def _save_last(self, best: bool = False) -> None:
         """last.pt (rank 0; keeping the previous one) and with ``best`` checkpoint.pt, whose weights are the
-        validated ones: the moving average under --ema-decay."""
+        validated ones: the weights' average under --swa-start or --ema-decay."""
         if self.info.is_main:
             st = self.state()
             if best:
