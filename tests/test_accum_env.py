@@ -166,7 +166,7 @@ def test_goodput_scheduler_follows_the_noise_scale_and_holds_below_5_percent():
 
 def test_fixed_and_rl_schedulers_and_specs():
     assert FixedScheduler(4).observe(_stats(4, 0.1, 100.0)) == 4
-    assert parse_spec(None, 1) == "fixed:1" and parse_spec(None, 2) == "rl" and parse_spec("8", 1) == "fixed:8"
+    assert parse_spec(None, 1) == "fixed:1" and parse_spec(None, 2) == "fixed:2" and parse_spec("8", 1) == "fixed:8"
     with pytest.raises(ValueError, match="accumulation"):
         parse_spec("fixed:x", 1)
     rl = RLScheduler(Agent(5, seed=0), update_every=3)

@@ -49,7 +49,7 @@ class Mode:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
 
-DEFAULT_MODE = "stfast default (fused + balanced slicer + RL)"
+DEFAULT_MODE = "stfast default (fused + balanced slicer + k = 2)"
 
 
 def default_modes(fixed_k=(2, 4)) -> list[Mode]:
@@ -72,7 +72,7 @@ def default_modes(fixed_k=(2, 4)) -> list[Mode]:
     modes += [
         Mode("data parallel + goodput accumulation", ["--accumulation", "goodput"]),
         Mode("data parallel + RL accumulation", ["--accumulation", "rl"]),
-        Mode(DEFAULT_MODE, ["--kernels", "fused", "--slicer", "balanced", "--accumulation", "rl"]),
+        Mode(DEFAULT_MODE, ["--kernels", "fused", "--slicer", "balanced"]),  # and the default accumulation
     ]
     return modes
 

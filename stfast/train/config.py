@@ -150,7 +150,7 @@ class TrainConfig:
     progress: bool | None = option(None, "no progress bars", flag="--no-progress", cli=SwitchTo(False))
     # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch
     accumulation: str | None = option(None, "micro-batches per optimizer step: K or fixed:K, goodput (Pollux-style) "
-                                            "or rl (the agent); default rl when --nproc > 1, else 1. --batch-size is "
+                                            "or rl (the agent); default 2 when --nproc > 1, else 1. --batch-size is "
                                             "then the global micro-batch", check=_check_accumulation)
     accum_window: int = option(10, "optimizer steps between decisions on k", ge=1)
     lr_scaling: str = option("sqrt", "learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows",
