@@ -494,7 +494,8 @@ def test_two_gloo_ranks_on_unequal_shards_equal_one_process(tmp_path):
     trips = random_trips(100, seed=4, min_len=3, max_len=60)  # 20x spread: the slicer cuts unequal counts
     trips.to_jsonl(data)
     common = ["train", "--preset", "paper", "--data", str(data), "--format", "deeptte", "--dtype", "float64",
-              "--batch-size", "16", "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress"]
+              "--batch-size", "16", "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress",
+              "--accumulation", "1"]  # k = 1 on both: with --nproc > 1 the default accumulates 2 micro-batches
     r1 = _cli(common + ["--out", str(tmp_path / "one")])
     assert r1.returncode == 0, r1.stderr
     r2 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2", "--slicer", "balanced"])

@@ -150,7 +150,8 @@ def test_data_parallel_two_gloo_ranks_equal_one_process(trips_file, tmp_path):
     # --dropout 0: dropout's masks are drawn per rank, so only a model without dropout is exactly the same
     # (the real-data preset's other options, weekday/weekend and the weight average, are covered)
     common = ["train", "--data", trips_file, "--format", "deeptte", "--dtype", "float64", "--batch-size", "9",
-              "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress", "--dropout", "0"]
+              "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress", "--dropout", "0",
+              "--accumulation", "1"]  # k = 1 on both: with --nproc > 1 the default accumulates 2 micro-batches
     r1 = _cli(common + ["--out", str(tmp_path / "one")])
     assert r1.returncode == 0, r1.stderr
     r2 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2"])
