@@ -61,6 +61,8 @@ def test_one_member_is_plain_deeptte_and_the_classes_refuse_the_other_count():
         DeepTTEConfig(n_drivers=3, members=0)
     with pytest.raises(ValueError, match=r"--members 2 trains several whole models; --parallel cp places"):
         TrainConfig(members=2, parallel="cp").validate()
+    assert TrainConfig(data="x.jsonl").members == 2  # the real preset's
+    assert TrainConfig(data="x.jsonl", parallel="cp").members == 1  # not given: one model to place
     with pytest.raises(ValueError, match="component parallelism"):
         members.build(DeepTTEConfig(n_drivers=3, members=2), stats).component_graph()
 

@@ -18,7 +18,8 @@ Python API resolve the same way, and the config records the resolved name (``pre
 * ``auto`` — ``paper`` on the synthetic city (where it reaches about 4 % MAPE), ``real`` on files.
 
 An explicit ``--ema-decay`` replaces the preset's weight average (``swa_start`` not given becomes
-``"none"``); ``--swa-start none`` turns it off.
+``"none"``); ``--swa-start none`` turns it off. ``--parallel cp`` / ``dp+cp`` places one model's components,
+so ``members`` not given is 1 there.
 """
 from __future__ import annotations
 
@@ -51,7 +52,17 @@ def fill(cfg) -> None:
     values = PRESETS[cfg.preset]
     for k in FIELDS:
         if getattr(cfg, k) is None:
-            setattr(cfg, k, OFF if k == "swa_start" and cfg.ema_decay is not None else values[k])
+            setattr(cfg, k, _value(cfg, k, values[k]))
+
+
+def _value(cfg, k: str, preset_value):
+    """The value preset field ``k`` not given takes: the preset's, except where another flag given rules it
+    out (an explicit --ema-decay replaces the weight average; component parallelism places one model)."""
+    if k == "swa_start" and cfg.ema_decay is not None:
+        return OFF
+    if k == "members" and cfg.parallel != "dp":
+        return 1
+    return preset_value
 
 
 def help_suffix(name: str, show=str) -> str:
