@@ -7,7 +7,8 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 --weight-decay, --head, --loss, --dropout, --driver-dim, --time-bin-min and the new --week, --swa-start,
 --select) have the flag default None, "not given", and TrainConfig fills them when it is built; the
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
---preset, --swa-start, --select, --week."""
+--preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
+(stfast.models.members) since."""
 import argparse
 import dataclasses
 import shlex
@@ -45,6 +46,8 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'driver_dim': (('--driver-dim',), None, None, 'int', 'StoreAction', False, None),
         'time_bin_min': (('--time-bin-min',), None, None, 'int', 'StoreAction', False, None),
         'week': (('--week',), None, ('day', 'weekend'), None, 'StoreAction', False, None),
+        'hidden_size': (('--hidden-size',), None, None, 'int', 'StoreAction', False, None),
+        'members': (('--members',), None, None, 'int', 'StoreAction', False, None),
         'kernels': (('--kernels',), 'fused', ('fused', 'reference'), None, 'StoreAction', False, None),
         'patience': (('--patience',), None, None, 'int', 'StoreAction', False, None),
         'nproc': (('--nproc',), 1, None, 'int', 'StoreAction', False, None),
@@ -140,6 +143,8 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'driver_dim': 16,
     'time_bin_min': 1,
     'week': 'day',
+    'hidden_size': 128,
+    'members': 1,
     'kernels': 'fused',
     'patience': None,
     'seed': 0,
@@ -181,7 +186,7 @@ EVERY_FLAG = shlex.split(
     "--split-days 1-2/3/4 --max-steps 5 --out o --resume --overwrite --no-progress --accumulation 4 "
     "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
     "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
-    "--preset real --select best --week day")  # --swa-start: not with --ema-decay (filled: none)
+    "--preset real --select best --week day --hidden-size 32 --members 1")  # --swa-start: not with --ema-decay (filled: none)
 EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
     "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "modes": ["car", "bus"],
     "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
@@ -192,7 +197,8 @@ EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.t
     "threads": 2, "max_steps": 5, "out": "o", "resume": True, "overwrite": True, "progress": False,
     "accumulation": "4", "accum_window": 3, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
     "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
-    "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none"}
+    "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none",
+    "hidden_size": 32, "members": 1}
 
 
 def _subparsers(p: argparse.ArgumentParser, prefix: tuple = ()):
@@ -258,7 +264,7 @@ def test_every_train_config_field_is_declared_once_with_its_help():
         assert f'add_argument("{flag(name)}"' not in cli_src, name
     model = {f.name: f for f in dataclasses.fields(DeepTTEConfig)}
     assert set(MODEL_OPTIONS) == {"alpha", "compat", "head", "loss", "dropout", "driver_dim", "time_bin_min", "week",
-                                  "kernels"}
+                                  "hidden_size", "members", "kernels"}
     for name in MODEL_OPTIONS:
         assert decl[name] is _options.declaration(model[name]) and TRAIN_CONFIG[name] == model[name].default
 

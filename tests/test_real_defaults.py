@@ -42,7 +42,8 @@ def _train_config(argv):
 
 # ---------------------------------------------------------------- presets
 PAPER = {"epochs": 10, "lr": 1e-3, "weight_decay": 0.0, "head": "paper", "loss": "mape", "dropout": 0.0,
-         "driver_dim": 16, "time_bin_min": 1, "week": "day", "swa_start": "none", "select": "best"}  # main before presets
+         "driver_dim": 16, "time_bin_min": 1, "week": "day", "swa_start": "none", "select": "best",
+         "hidden_size": 128, "members": 1}  # main before presets
 
 
 def test_paper_preset_is_todays_default_config_exactly():
@@ -72,7 +73,7 @@ def test_auto_preset_is_real_on_files_and_given_values_win():
     cfg = TrainConfig(data="x.jsonl")
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg and replace(cfg, data=None).preset == "real"
     legacy = {k: v for k, v in TrainConfig(data="x.jsonl", preset="paper").to_dict().items()
-              if k not in ("preset", "week", "swa_start", "select")}
+              if k not in ("preset", "week", "swa_start", "select", "hidden_size", "members")}
     assert TrainConfig.from_dict(legacy) == TrainConfig(data="x.jsonl", preset="paper")  # written before presets
     with pytest.raises(ValueError, match="^--preset must be one of auto, real, paper, got 'nope'$"):
         TrainConfig(preset="nope")

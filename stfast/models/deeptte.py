@@ -11,7 +11,7 @@ Neural Networks", AAAI 2018 (code: UrbComp/DeepTTE). Layer sizes follow the orig
 
 ``compat="original"`` reproduces faults 1–3 for side-by-side comparison.
 
-Shapes: B trips, L points (padded), L' = L − k + 1 conv positions, H hidden (128), A = 28 attribute
+Shapes: B trips, L points (padded), L' = L − k + 1 conv positions, H hidden (``hidden_size``, 128), A = 28 attribute
 values.
 """
 from __future__ import annotations
@@ -46,7 +46,8 @@ class DeepTTEConfig:
     geo_hidden: int = 16
     conv_channels: int = 32
     kernel_size: int = 3
-    hidden_size: int = 128
+    hidden_size: int = option(128, "LSTM hidden size, also the width of the attention and the entire estimator",
+                              ge=1)
     num_layers: int = 2
     local_hidden: tuple = (64, 32)
     n_residual: int = 3
@@ -62,6 +63,9 @@ class DeepTTEConfig:
     time_bin_min: int = option(1, "departure-time embedding bin in minutes", unit="minutes", ge=1, le=1440)
     week: str = option("day", "weekday embedding: one row per day (the paper), or two: Monday-Friday, "
                               "Saturday-Sunday", choices=("day", "weekend"))
+    members: int = option(1, "DeepTTE models trained together on the same batches, predicting their mean travel "
+                             "time (stfast.models.members); each member gets the gradient of its own loss, the "
+                             "logged training loss is their sum", ge=1)
     kernels: str = option("fused", "fused: stfast's native ops; reference: plain PyTorch (same parameters)",
                           choices=("fused", "reference"))
 
@@ -258,11 +262,13 @@ class LocalEstimator(nn.Module):
 
 @dataclass
 class DeepTTEOutput:
-    """Predictions in seconds: ``time`` [B]; ``local_time`` [B, L'] (valid where ``mask``)."""
+    """Predictions in seconds: ``time`` [B]; ``local_time`` [B, L'] (valid where ``mask``); ``members``: the
+    members' own outputs when the model is several trained together (stfast.models.members), else None."""
 
     time: torch.Tensor
     local_time: torch.Tensor
     mask: torch.Tensor
+    members: tuple | None = None
 
 
 class DeepTTE(nn.Module):
@@ -275,6 +281,9 @@ class DeepTTE(nn.Module):
 
     def __init__(self, cfg: DeepTTEConfig, stats: NormStats):
         super().__init__()
+        if cfg.members != 1:
+            raise ValueError(f"DeepTTE is one model, the config asks for members={cfg.members}: build it with "
+                             "stfast.models.members.build")
         if stats.kernel_size != cfg.kernel_size:
             raise ValueError(f"NormStats kernel_size {stats.kernel_size} != model kernel_size {cfg.kernel_size}")
         self.cfg = cfg
@@ -396,7 +405,12 @@ class LossParts:
 def loss_parts(model: DeepTTE, out: DeepTTEOutput, b: TripBatch) -> LossParts:
     """The multi-task loss terms of DeepTTE (entire per ``cfg.loss`` and local MAPE), as sums over this
     shard. Entire losses: mape |ŷ − y|/y (the paper's; rewards under-prediction), log |log ŷ − log y|
-    (symmetric in ratio), mae |ŷ − y| / mean training time."""
+    (symmetric in ratio), mae |ŷ − y| / mean training time. Several members (``out.members``): the sums of
+    the members' own terms, so each member's gradient is that of its own loss."""
+    if out.members is not None:
+        parts = [loss_parts(m, o, b) for m, o in zip(model.members, out.members)]
+        return LossParts(sum(p.entire_ape_sum for p in parts), sum(p.local_ape_sum for p in parts), len(b),
+                         parts[0].n_local)
     k = model.cfg.kernel_size
     if model.cfg.loss == "mape":
         ent = ((out.time - b.time).abs() / b.time).sum()

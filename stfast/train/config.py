@@ -120,6 +120,8 @@ class TrainConfig:
     driver_dim: int | None = same_option(DeepTTEConfig, "driver_dim", default=None)
     time_bin_min: int | None = same_option(DeepTTEConfig, "time_bin_min", default=None)
     week: str | None = same_option(DeepTTEConfig, "week", default=None)
+    hidden_size: int | None = same_option(DeepTTEConfig, "hidden_size", default=None)
+    members: int | None = same_option(DeepTTEConfig, "members", default=None)
     kernels: str = same_option(DeepTTEConfig, "kernels")
     # ---- the run
     patience: int | None = option(None, "early stop after N epochs without improvement", ge=1)  # in validation MAPE
@@ -235,6 +237,9 @@ class TrainConfig:
         if self.parallel == "dp+cp" and self.nproc % CP_STAGES:
             raise ValueError(f"--parallel dp+cp needs --nproc a multiple of {CP_STAGES} (replicas × {CP_STAGES} "
                              f"stages), got {self.nproc}")
+        if self.members > 1 and self.parallel != "dp":
+            raise ValueError(f"--members {self.members} trains several whole models; --parallel {self.parallel} places "
+                             "one model's components: use --parallel dp (or --members 1)")
         swa.check(self)  # the averaging options together
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")

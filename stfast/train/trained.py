@@ -18,6 +18,7 @@ import numpy as np
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.fingerprint import trips_fingerprint
 from ..data.trips import Trips
+from ..models import members
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig, flag, show
@@ -31,7 +32,8 @@ class TrainedModel:
     """A DeepTTE model loaded from a checkpoint, in eval mode, with what it needs to predict.
 
     Attributes:
-        model: the network (its parameters in the dtype it was trained in, float32 or float64).
+        model: the network, one DeepTTE or several members trained together (stfast.models.members), its
+            parameters in the dtype it was trained in (float32 or float64).
         norm_stats: normalization of inputs and outputs (computed on the training split).
         drivers: driver id → embedding row (unseen drivers share row 0).
         config: the training run's configuration: data settings (:meth:`TrainConfig.data_options`),
@@ -45,7 +47,7 @@ class TrainedModel:
         tz: the time zone of the run's calendar ids, resolved (an IANA name, or the CSV's own offsets).
     """
 
-    model: DeepTTE
+    model: DeepTTE  # or DeepTTEMembers (several members, stfast.models.members)
     norm_stats: NormStats
     drivers: DriverVocab
     config: TrainConfig
@@ -148,8 +150,8 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
         raise ValueError(f"{path} is not a stfast checkpoint (it has no {', '.join(missing)}); use the "
                          "checkpoint.pt or last.pt of a `stfast train` run")
     stats = NormStats.from_dict(state["norm_stats"])
-    model = DeepTTE(DeepTTEConfig.from_dict(state["model_config"]), stats)
-    dtype = state["model_state"]["entire.out.weight"].dtype  # float32 or float64, as trained
+    model = members.build(DeepTTEConfig.from_dict(state["model_config"]), stats)
+    dtype = next(v.dtype for k, v in state["model_state"].items() if k.endswith("entire.out.weight"))  # as trained
     model.to(device, dtype).load_state_dict(state["model_state"])
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
                         state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"))

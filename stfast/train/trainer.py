@@ -22,6 +22,7 @@ from .. import __version__
 from ..accum.controller import AccumulationController
 from ..accum.noise import noise_parameters, squared_norm
 from ..accum.schedulers import parse_spec
+from ..models import members
 from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
@@ -66,7 +67,7 @@ class Trainer:
             resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
             self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
             torch.manual_seed(cfg.seed)
-            self.model = DeepTTE(self.data.model_config, self.data.stats).to(self.device, self.dtype)
+            self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)
             # fused: one kernel for all parameters (0.45 ms a step, not 3.5 ms, on this 2-core CPU); same update
             self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
             # --swa-start / --ema-decay: an average of the weights (stfast.train.swa), what validation,
