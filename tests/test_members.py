@@ -75,6 +75,7 @@ def test_members_train_and_their_checkpoint_predicts_their_mean(tmp_path, capsys
     out = tmp_path / "run"
     assert main(["train", "--data", str(data), "--format", "deeptte", "--out", str(out), "--epochs", "2",
                  "--batch-size", "16", "--threads", "1", "--no-progress", "--members", "2", "--hidden-size", "16"]) == 0
+    assert "parameters: 2 members of width 16; world size 1" in capsys.readouterr().out  # the start-up line
     s = json.loads((out / "summary.json").read_text())
     m = load_model(out / "checkpoint.pt")
     assert isinstance(m.model, members.DeepTTEMembers) and m.model.cfg.hidden_size == 16
@@ -83,6 +84,5 @@ def test_members_train_and_their_checkpoint_predicts_their_mean(tmp_path, capsys
     each = np.stack([predict(member, ds) for member in m.model.members])
     assert not np.allclose(each[0], each[1])
     np.testing.assert_allclose(m.predict(trips), each.mean(0), rtol=1e-6)
-    capsys.readouterr()
     assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
     assert f"MAPE {100 * s['test_mape']:.2f} %" in capsys.readouterr().out

@@ -65,7 +65,7 @@ class DeepTTEConfig:
                               "Saturday-Sunday", choices=("day", "weekend"))
     members: int = option(1, "DeepTTE models trained together on the same batches, predicting their mean travel "
                              "time (stfast.models.members); each member gets the gradient of its own loss, the "
-                             "logged training loss is their sum", ge=1)
+                             "logged training loss is their sum; a preset gives 1 under --parallel cp/dp+cp", ge=1)
     kernels: str = option("fused", "fused: stfast's native ops; reference: plain PyTorch (same parameters)",
                           choices=("fused", "reference"))
 

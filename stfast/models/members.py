@@ -53,6 +53,13 @@ class DeepTTEMembers(nn.Module):
                          "DeepTTE's components; train several members with --parallel dp")
 
 
+def describe(model: nn.Module) -> str:
+    """The model for the run's start-up line: its parameter count, and its members and width when there are
+    several (``176,632 parameters: 2 members of width 64``)."""
+    n = f"{sum(p.numel() for p in model.parameters()):,} parameters"
+    return n if model.cfg.members == 1 else f"{n}: {model.cfg.members} members of width {model.cfg.hidden_size}"
+
+
 def build(cfg: DeepTTEConfig, stats: NormStats) -> nn.Module:
     """The model ``cfg`` describes: :class:`DeepTTE` (``members`` = 1) or :class:`DeepTTEMembers`. Raises
     ValueError as they do."""

@@ -59,17 +59,18 @@ def check_resume(state: dict, cfg, path) -> None:
     if ver != __version__:
         raise ValueError(f"--resume: {path} was written by stfast {ver}, this is stfast {__version__}")
     from ..models.deeptte import DeepTTEConfig
+    from .config import TrainConfig, flag, show
 
     want = model_options(cfg)
     # an option added since the checkpoint was written (e.g. week) had its default then
     saved = {f.name: f.default for f in dataclasses.fields(DeepTTEConfig) if f.name in want} | state.get("model_config", {})
-    diff = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} now" for k, v in want.items() if saved.get(k) != v]
+    diff = [f"{flag(k)} {show(k, saved.get(k))} in the checkpoint, {show(k, v)} now" for k, v in want.items()
+            if saved.get(k) != v]
     saved_dtype = state.get("train_config", {}).get("dtype", cfg.dtype)
     if saved_dtype != cfg.dtype:
-        diff.append(f"dtype {saved_dtype!r} in the checkpoint, {cfg.dtype!r} now")
+        diff.append(f"--dtype {saved_dtype} in the checkpoint, {cfg.dtype} now")
     if diff:
         raise ValueError(f"--resume: {path} is from another model configuration: " + "; ".join(diff))
-    from .config import TrainConfig, flag, show
 
     saved_cfg = TrainConfig.from_dict(state.get("train_config", {}))
     old, new = saved_cfg.data_options(), cfg.data_options()

@@ -90,8 +90,8 @@ class Trainer:
             self.accum.apply_lr(self._lr_decay())
             if resume is not None:
                 restore(self, resume, resume_path)
-            self.say(f"stfast {__version__}: {self.data.describe()}; {sum(p.numel() for p in self.model.parameters()):,} "
-                     f"parameters; world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
+            self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
+                     f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
             if self.data.dropped:
                 self.say("dropped: " + self.data.dropped_text())
             if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
