@@ -11,8 +11,8 @@ Neural Networks", AAAI 2018 (code: UrbComp/DeepTTE). Layer sizes follow the orig
 
 ``compat="original"`` reproduces faults 1–3 for side-by-side comparison.
 
-Shapes: B trips, L points (padded), L' = L − k + 1 conv positions, H hidden (``hidden_size``, 128), A = 28 attribute
-values.
+Shapes: B trips, L points (padded), L' = L − k + 1 conv positions, H hidden (``hidden_size``, 128),
+A = 28 attribute values.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ Python API resolve the same way, and the config records the resolved name (``pre
   fixed: normalized-time head, MAPE loss, driver embedding 16, departure time per minute, one row per
   weekday, no dropout, no weight averaging, checkpoint at the best validation MAPE, 10 epochs (the
   defaults before presets, exactly).
-* ``real`` — chosen on the validation day of the Chengdu date split (``docs/real_data.md``): the prior
+* ``real`` — chosen on the Chengdu date split (``docs/real_data.md``; the last choice, the members and
+  their 18 epochs, after its test day had been read, which that page says): the prior
   head (the untrained model is the constant-speed baseline; training learns a log-correction), the log
   loss, no driver id (most validation and test drivers are unseen), departure time per half hour, a
   weekday/weekend embedding (the days of a small sample miss most weekdays), dropout 0.3, two members

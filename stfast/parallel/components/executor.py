@@ -83,7 +83,8 @@ def _fields(x) -> dict:
     if isinstance(x, Mapping):
         return dict(x)
     if dataclasses.is_dataclass(x):  # its tensor fields (DeepTTEOutput.members is None here: one model)
-        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x) if isinstance(getattr(x, f.name), torch.Tensor)}
+        return {f.name: getattr(x, f.name) for f in dataclasses.fields(x)
+                if isinstance(getattr(x, f.name), torch.Tensor)}
     raise TypeError(f"expected a tensor, dict or dataclass of tensors, got {type(x).__name__}")
 
 
