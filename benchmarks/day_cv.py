@@ -1,0 +1,146 @@
+"""Leave-one-day-out cross-validation of candidate training flags: model choice that does not rest on one day.
+
+    python benchmarks/day_cv.py --data ../shared/data/chengdu_deeptte_sample/test --days 24-29 \
+        --test-days 30 --seeds 0 1 2 --jobs 2 --out runs/day_cv
+
+Every candidate (a name and the ``stfast train`` flags it adds) trains once per fold and seed: fold ``d``
+holds out day ``d`` of ``--days`` as the validation day and trains on the other days of ``--days``. The test
+days are passed as the run's test split (a run needs one) and never read here: this script chooses, the test
+day is scored afterwards, once, on the chosen candidate.
+
+The rule (fixed before any fold ran, docs/real_data.md "Choosing on six days"):
+
+* per fold, a run's score is ``(MAPE / MAPE_cs + MAE / MAE_cs) / 2`` on its held-out day, with constant
+  speed (``cs``: Σdist/Σtime of that fold's training days) as the unit, so that a hard day and an easy day
+  weigh the same and 1.0 means "no better than physics";
+* a candidate's score is the mean over folds of the median over seeds;
+* the pick is the lowest score among candidates whose training time (median ``wall_s`` over its runs, all
+  folds) is within ``--max-time`` times the reference candidate's (``--time-ref``, default ``paper``).
+
+Runs are deterministic per seed at ``--threads 1``; ``--jobs`` runs them in parallel processes, so the
+wall times are for ranking only (each run sees the same load). A finished run (``summary.json`` present)
+is reused. Prints a markdown table and writes it, with every fold's numbers, to ``OUT/day_cv.md`` and
+``OUT/day_cv.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+# candidate name → flags beyond --preset real (the preset of 2026-12-01: two width-64 members, 18 epochs)
+CANDIDATES = {
+    "paper": ["--preset", "paper"],
+    "h64_e12": ["--members", "1", "--epochs", "12"],
+    "h64_e20": ["--members", "1", "--epochs", "20"],
+    "h64_e30": ["--members", "1", "--epochs", "30"],
+    "h64_e40": ["--members", "1", "--epochs", "40"],
+    "m2h48": ["--hidden-size", "48", "--epochs", "20"],
+    "m2h64_e12": ["--epochs", "12"],
+    "m2h64_e18": [],
+    "m2h64": ["--epochs", "20"],
+}
+
+
+def _run(job: tuple[str, list[str], Path]) -> Path:
+    data, args, out = job
+    if not (out / "summary.json").exists():
+        argv = ["train", "--data", data, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"] + args
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out.parent / f"{out.name}.log", "w") as log:  # the run prints its test table: not shown here
+            rc = subprocess.run([sys.executable, "-m", "stfast.cli"] + argv, stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise RuntimeError(f"run failed (log: {out.parent / out.name}.log): stfast {' '.join(argv)}")
+    return out
+
+
+def _last_epoch(run: Path) -> dict:
+    with open(run / "metrics.jsonl") as f:
+        return [r for r in map(json.loads, f) if r.get("type") == "epoch"][-1]
+
+
+def _spec(days: list[int]) -> str:
+    return ",".join(str(d) for d in days)
+
+
+def constant_speed(data: str, train_days: list[int], day: int) -> dict:
+    """Constant speed fitted on ``train_days``: its MAPE (fraction) and MAE (s) on ``day``."""
+    from stfast.data.load import load_trips
+    from stfast.train.metrics import ConstantSpeedBaseline, errors
+    trips = load_trips(data)
+    tr, va = np.isin(trips.date_id, train_days), trips.date_id == day
+    cs = ConstantSpeedBaseline().fit(trips.dist[tr], trips.time[tr])
+    return errors(cs.predict(trips.dist[va]), trips.time[va])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--days", required=True, help="the days to cross-validate over, e.g. 24-29")
+    ap.add_argument("--test-days", required=True, help="the test days: each run's test split, never read here")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    ap.add_argument("--time-ref", default="paper")
+    ap.add_argument("--max-time", type=float, default=1.95)
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--out", default="runs/day_cv")
+    a = ap.parse_args(argv)
+    from stfast.data.splits import _parse_days
+    days = sorted(_parse_days(a.days))
+    folds = {d: [x for x in days if x != d] for d in days}
+    jobs, keys = [], []
+    for seed in a.seeds:  # seed-major: an interrupted screen has every candidate on the first seeds
+        for d, train in folds.items():
+            for c in a.candidates:
+                flags = CANDIDATES[c] + ["--split-days", f"{_spec(train)}/{d}/{a.test_days}", "--seed", str(seed)]
+                jobs.append((a.data, flags, Path(a.out) / c / f"day{d}" / f"seed{seed}"))
+                keys.append((c, d, seed))
+    with ProcessPoolExecutor(a.jobs) as ex:
+        runs = dict(zip(keys, ex.map(_run, jobs)))
+    cs = {d: constant_speed(a.data, train, d) for d, train in folds.items()}
+    fold_rows, table = [], {}
+    for c in a.candidates:
+        per_fold, walls = {}, []
+        for d in days:
+            scores = []
+            for seed in a.seeds:
+                r = _last_epoch(runs[c, d, seed])
+                with open(runs[c, d, seed] / "summary.json") as f:  # same split, same constant speed
+                    if abs(json.load(f)["baseline_const_speed_val_mape"] - cs[d]["mape"]) > 1e-9:
+                        raise RuntimeError(f"{runs[c, d, seed]}: constant speed differs from the run's")
+                s = (r["val_mape"] / cs[d]["mape"] + r["val_mae"] / cs[d]["mae"]) / 2
+                scores.append(s)
+                walls.append(r["wall_s"])
+                fold_rows.append({"candidate": c, "day": d, "seed": seed, "val_mape": r["val_mape"],
+                                  "val_mae": r["val_mae"], "score": s, "wall_s": r["wall_s"]})
+            per_fold[d] = statistics.median(scores)
+        table[c] = {"score": statistics.fmean(per_fold.values()), "per_fold": per_fold,
+                    "wall_s": statistics.median(walls)}
+    ref = table[a.time_ref]["wall_s"] if a.time_ref in table else None
+    ok = {c: t for c, t in table.items() if ref is None or t["wall_s"] <= a.max_time * ref}
+    pick = min(ok, key=lambda c: ok[c]["score"])
+    head = " | ".join(f"day {d}" for d in days)
+    lines = [f"| candidate | score (mean of folds) | {head} | wall s | time ÷ {a.time_ref} |",
+             "|---|---|" + "---|" * len(days) + "---|---|"]
+    for c, t in sorted(table.items(), key=lambda kv: kv[1]["score"]):
+        ratio = f"{t['wall_s'] / ref:.2f}" if ref else "–"
+        name = f"**{c}** (pick)" if c == pick else c + ("" if c in ok else " (over time)")
+        lines.append(f"| {name} | {t['score']:.4f} | " + " | ".join(f"{t['per_fold'][d]:.4f}" for d in days)
+                     + f" | {t['wall_s']:.1f} | {ratio} |")
+    lines.append("\nconstant speed per held-out day (MAPE %, MAE s): "
+                 + ", ".join(f"{d}: {100 * cs[d]['mape']:.2f} / {cs[d]['mae']:.1f}" for d in days))
+    print("\n".join(lines))
+    Path(a.out, "day_cv.md").write_text("\n".join(lines) + "\n")
+    Path(a.out, "day_cv.json").write_text(json.dumps({"pick": pick, "table": table, "runs": fold_rows,
+                                                      "constant_speed": cs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
