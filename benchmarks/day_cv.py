@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     ap.add_argument("--time-ref", default="paper")
     ap.add_argument("--max-time", type=float, default=1.95)
+    ap.add_argument("--extra", default="", help="flags added to every candidate's, e.g. \"--epochs 1\"")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="runs/day_cv")
     a = ap.parse_args(argv)
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     for seed in a.seeds:  # seed-major: an interrupted screen has every candidate on the first seeds
         for d, train in folds.items():
             for c in a.candidates:
-                flags = CANDIDATES[c] + ["--split-days", f"{_spec(train)}/{d}/{a.test_days}", "--seed", str(seed)]
+                flags = CANDIDATES[c] + a.extra.split() + ["--split-days", f"{_spec(train)}/{d}/{a.test_days}", "--seed", str(seed)]
                 jobs.append((a.data, flags, Path(a.out) / c / f"day{d}" / f"seed{seed}"))
                 keys.append((c, d, seed))
     with ProcessPoolExecutor(a.jobs) as ex:
