@@ -20,7 +20,7 @@ The rule (fixed before any fold ran, docs/real_data.md "Choosing on six days"):
 Runs are deterministic per seed at ``--threads 1``; ``--jobs`` runs them in parallel processes, so the
 wall times are for ranking only (each run sees the same load). A finished run (``summary.json`` present)
 is reused. Prints a markdown table and writes it, with every fold's numbers, to ``OUT/day_cv.md`` and
-``OUT/day_cv.json``.
+``OUT/day_cv.json``, and the learning curves (the score per epoch) to ``OUT/day_cv_curves.png``.
 """
 from __future__ import annotations
 
@@ -54,15 +54,40 @@ def _run(job: tuple[str, list[str], Path]) -> Path:
         argv = ["train", "--data", data, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"] + args
         out.mkdir(parents=True, exist_ok=True)
         with open(out.parent / f"{out.name}.log", "w") as log:  # the run prints its test table: not shown here
-            rc = subprocess.run([sys.executable, "-m", "stfast.cli"] + argv, stdout=log, stderr=subprocess.STDOUT).returncode
+            cmd = [sys.executable, "-m", "stfast.cli"] + argv
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
         if rc != 0:
             raise RuntimeError(f"run failed (log: {out.parent / out.name}.log): stfast {' '.join(argv)}")
     return out
 
 
-def _last_epoch(run: Path) -> dict:
+def _epochs(run: Path) -> list[dict]:
     with open(run / "metrics.jsonl") as f:
-        return [r for r in map(json.loads, f) if r.get("type") == "epoch"][-1]
+        return [r for r in map(json.loads, f) if r.get("type") == "epoch"]
+
+
+def _last_epoch(run: Path) -> dict:
+    return _epochs(run)[-1]
+
+
+def plot_curves(runs: dict, cs: dict, path: Path) -> None:
+    """Validation score per epoch (the rule's per-fold score, mean over folds and seeds), one line per
+    candidate: the learning curves behind the table."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in dict.fromkeys(k[0] for k in runs):
+        curves = [[(r["val_mape"] / cs[d]["mape"] + r["val_mae"] / cs[d]["mae"]) / 2 for r in _epochs(run)]
+                  for (name, d, _), run in runs.items() if name == c]
+        ax.plot(range(1, len(curves[0]) + 1), np.mean(curves, axis=0), label=c)
+    ax.axhline(1.0, color="gray", ls="--", lw=0.8, label="constant speed")
+    ax.set(xlabel="epoch", ylabel="held-out day score (1 = constant speed)",
+           title="leave-one-day-out validation, mean over folds and seeds")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _spec(days: list[int]) -> str:
@@ -99,7 +124,8 @@ def main(argv=None) -> int:
     for seed in a.seeds:  # seed-major: an interrupted screen has every candidate on the first seeds
         for d, train in folds.items():
             for c in a.candidates:
-                flags = CANDIDATES[c] + a.extra.split() + ["--split-days", f"{_spec(train)}/{d}/{a.test_days}", "--seed", str(seed)]
+                split = f"{_spec(train)}/{d}/{a.test_days}"
+                flags = CANDIDATES[c] + a.extra.split() + ["--split-days", split, "--seed", str(seed)]
                 jobs.append((a.data, flags, Path(a.out) / c / f"day{d}" / f"seed{seed}"))
                 keys.append((c, d, seed))
     with ProcessPoolExecutor(a.jobs) as ex:
@@ -138,6 +164,7 @@ def main(argv=None) -> int:
                  + ", ".join(f"{d}: {100 * cs[d]['mape']:.2f} / {cs[d]['mae']:.1f}" for d in days))
     print("\n".join(lines))
     Path(a.out, "day_cv.md").write_text("\n".join(lines) + "\n")
+    plot_curves(runs, cs, Path(a.out, "day_cv_curves.png"))
     Path(a.out, "day_cv.json").write_text(json.dumps({"pick": pick, "table": table, "runs": fold_rows,
                                                       "constant_speed": cs}, indent=1))
     return 0

@@ -19,7 +19,8 @@ def test_day_cv_two_folds(shared_data, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads((tmp_path / "day_cv.json").read_text())
     rows, cs = out["runs"], out["constant_speed"]
-    assert {(x["candidate"], x["day"]) for x in rows} == {(c, d) for c in ("h64_e12", "m2h64_e12") for d in (27, 28, 29)}
+    names = ("h64_e12", "m2h64_e12")
+    assert {(x["candidate"], x["day"]) for x in rows} == {(c, d) for c in names for d in (27, 28, 29)}
     for x in rows:
         run = tmp_path / x["candidate"] / f"day{x['day']}" / "seed0"
         summary = json.loads((run / "summary.json").read_text())
@@ -29,4 +30,5 @@ def test_day_cv_two_folds(shared_data, tmp_path):
     for name, t in out["table"].items():
         assert t["score"] == statistics.fmean(x["score"] for x in rows if x["candidate"] == name)
     assert out["pick"] == min(out["table"], key=lambda n: out["table"][n]["score"])
+    assert (tmp_path / "day_cv_curves.png").stat().st_size > 0
     assert f"**{out['pick']}** (pick)" in (tmp_path / "day_cv.md").read_text()
