@@ -12,6 +12,7 @@ from stfast.cli import main
 from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.models import members
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, training_loss
+from stfast.train import presets
 from stfast.train.config import TrainConfig
 from stfast.train.run_data import predict
 from stfast.train.trained import load_model
@@ -49,7 +50,7 @@ def test_each_member_gets_exactly_its_own_losss_gradient(loss, kernels):
     assert torch.allclose(out.local_time, torch.stack([m(b).local_time for m in model.members]).mean(0), rtol=1e-12)
 
 
-def test_one_member_is_plain_deeptte_and_the_classes_refuse_the_other_count():
+def test_one_member_is_plain_deeptte_and_the_classes_refuse_the_other_count(monkeypatch):
     trips, vocab, _ = _batch()
     stats = NormStats.from_trips(trips)
     assert type(members.build(DeepTTEConfig(n_drivers=3), stats)) is DeepTTE
@@ -61,8 +62,9 @@ def test_one_member_is_plain_deeptte_and_the_classes_refuse_the_other_count():
         DeepTTEConfig(n_drivers=3, members=0)
     with pytest.raises(ValueError, match=r"--members 2 trains several whole models; --parallel cp places"):
         TrainConfig(members=2, parallel="cp").validate()
-    assert TrainConfig(data="x.jsonl").members == 2  # the real preset's
-    assert TrainConfig(data="x.jsonl", parallel="cp").members == 1  # not given: one model to place
+    monkeypatch.setitem(presets.PRESETS["real"], "members", 2)  # a preset of several members …
+    assert TrainConfig(data="x.jsonl").members == 2
+    assert TrainConfig(data="x.jsonl", parallel="cp").members == 1  # … gives one under cp when not given
     with pytest.raises(ValueError, match="component parallelism"):
         members.build(DeepTTEConfig(n_drivers=3, members=2), stats).component_graph()
 

@@ -151,7 +151,8 @@ def test_data_parallel_two_gloo_ranks_equal_one_process(trips_file, tmp_path):
     # (the real-data preset's other options, weekday/weekend and the weight average, are covered)
     common = ["train", "--data", trips_file, "--format", "deeptte", "--dtype", "float64", "--batch-size", "9",
               "--max-steps", "10", "--epochs", "5", "--seed", "5", "--threads", "1", "--no-progress", "--dropout", "0",
-              "--accumulation", "1"]  # k = 1 on both: with --nproc > 1 the default accumulates 2 micro-batches
+              # k = 1 on both: with --nproc > 1 the default accumulates 2 micro-batches
+              "--accumulation", "1", "--members", "2"]
     r1 = _cli(common + ["--out", str(tmp_path / "one")])
     assert r1.returncode == 0, r1.stderr
     r2 = _cli(common + ["--out", str(tmp_path / "two"), "--nproc", "2"])
@@ -163,8 +164,8 @@ def test_data_parallel_two_gloo_ranks_equal_one_process(trips_file, tmp_path):
         diff = (v - b["model_state"][k]).abs().max().item() if v.is_floating_point() else 0
         assert diff < 1e-9, (k, diff)
     # and training moved the parameters (the comparison is not between two untouched models)
-    # the real preset (what the runs used) trains two members
-    fresh = Trainer(cfg(trips_file, tmp_path / "init", dtype="float64", seed=5, preset="real", dropout=0.0))
+    # the real preset with two members (what the runs used)
+    fresh = Trainer(cfg(trips_file, tmp_path / "init", dtype="float64", seed=5, preset="real", dropout=0.0, members=2))
     out_w = "members.0.entire.out.weight"
     init = fresh.model.state_dict()[out_w]
     assert (a["model_state"][out_w] - init).abs().max().item() > 1e-4

@@ -8,14 +8,13 @@ Python API resolve the same way, and the config records the resolved name (``pre
   fixed: normalized-time head, MAPE loss, driver embedding 16, departure time per minute, one row per
   weekday, no dropout, no weight averaging, checkpoint at the best validation MAPE, 10 epochs (the
   defaults before presets, exactly).
-* ``real`` — chosen on the Chengdu date split (``docs/real_data.md``; the last choice, the members and
-  their 18 epochs, after its test day had been read, which that page says): the prior
-  head (the untrained model is the constant-speed baseline; training learns a log-correction), the log
+* ``real`` — chosen on the Chengdu date split (``docs/real_data.md``; the width and the epochs by
+  leave-one-day-out cross-validation over the six training and validation days, benchmarks/day_cv.py): the
+  prior head (the untrained model is the constant-speed baseline; training learns a log-correction), the log
   loss, no driver id (most validation and test drivers are unseen), departure time per half hour, a
-  weekday/weekend embedding (the days of a small sample miss most weekdays), dropout 0.3, two members
-  trained together (stfast.models.members) of width 64 instead of 128 (one costs half the time per epoch at
-  the same validation error), and stochastic weight averaging over the last half of 18 epochs, kept at the
-  last epoch (no per-epoch choice on the validation day).
+  weekday/weekend embedding (the days of a small sample miss most weekdays), dropout 0.3, one model of width
+  64 instead of 128 (half the time per epoch at the same validation error), and stochastic weight averaging
+  over the last half of 30 epochs, kept at the last epoch (no per-epoch choice on the validation day).
 * ``auto`` — ``paper`` on the synthetic city (where it reaches about 4 % MAPE), ``real`` on files.
 
 An explicit ``--ema-decay`` replaces the preset's weight average (``swa_start`` not given becomes
@@ -29,9 +28,9 @@ PRESETS = {
     "paper": {"epochs": 10, "lr": 1e-3, "weight_decay": 0.0, "head": "paper", "loss": "mape", "dropout": 0.0,
               "driver_dim": 16, "time_bin_min": 1, "week": "day", "swa_start": OFF, "select": "best",
               "hidden_size": 128, "members": 1},
-    "real": {"epochs": 18, "lr": 1e-3, "weight_decay": 0.0, "head": "prior", "loss": "log", "dropout": 0.3,
+    "real": {"epochs": 30, "lr": 1e-3, "weight_decay": 0.0, "head": "prior", "loss": "log", "dropout": 0.3,
              "driver_dim": 0, "time_bin_min": 30, "week": "weekend", "swa_start": 0.5, "select": "last",
-             "hidden_size": 64, "members": 2},
+             "hidden_size": 64, "members": 1},
 }
 FIELDS = tuple(PRESETS["paper"])  # the TrainConfig fields a preset fills
 CHOICES = ("auto", "real", "paper")
