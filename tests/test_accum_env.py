@@ -193,6 +193,26 @@ def test_rl_scheduler_keeps_the_last_finite_noise_scale():
     assert restored.noise_scale == 64.0
 
 
+def test_an_exploratory_window_is_a_probe_and_the_next_returns_to_the_greedy_k():
+    """The margin protects the last greedy k, not a probe: with k = 8's predicted gain within the margin of
+    k = 4's (the greedy one), a window after a probe to 8 runs at 4 again (protecting the last k ran 8 on)."""
+    q = torch.tensor([0.0, 0.01, 0.1, 0.08, -1.0])  # k = 1, 2, 4, 8, 16; ln 1.05 = 0.049 > 0.1 - 0.08
+    agent = Agent(5, seed=0, base_q=lambda obs: q.expand(len(obs), 5))
+    rl = RLScheduler(agent, online=False)
+    agent.epsilon = 0.0
+    assert rl.observe(_stats(1, 0.2, 500.0)) == 4  # 0.1 beats k = 1's 0.0 by more than the margin
+    after_probe = {}
+    for _ in range(20):
+        agent.epsilon = 1.0  # this window explores: k/2 or 2k
+        probe = rl.observe(_stats(rl.k, 0.2, 500.0))
+        agent.epsilon = 0.0
+        after_probe[probe] = rl.observe(_stats(probe, 0.2, 500.0))
+    assert after_probe == {2: 4, 8: 4}
+    restored = RLScheduler(Agent(5, seed=0, base_q=lambda obs: q.expand(len(obs), 5)), online=False)
+    restored.load_state_dict(rl.state_dict())
+    assert restored.k_greedy == rl.k_greedy == 4
+
+
 def test_online_exploration_tries_only_adjacent_k_with_its_true_probability():
     agent = Agent(5, seed=2)
     agent.epsilon = 1.0

@@ -304,7 +304,13 @@ class RLScheduler(AccumulationScheduler):
     ``update_every`` windows, one minibatch step per window (agent.ONLINE_STEPS_PER_WINDOW; ``online=False``:
     act only). Like GoodputScheduler it keeps the current k
     unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
-    so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k."""
+    so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k.
+
+    An exploratory window is a one-window probe: the margin protects the last *greedy* choice
+    (``k_greedy``), so after a probe the next window returns to it unless the agent's Q now prefers another k
+    by the margin. (Protecting whatever k ran last turned probes into stays: on the Chengdu sample, where the
+    predicted gains of k = 2…8 differ by less than the margin, a probe to 8 or 2 held for 3–10 windows;
+    docs/accumulation.md §10.)"""
 
     def __init__(self, agent, choices=DEFAULT_CHOICES, k0: int = 1, online: bool = True, update_every: int = 8):
         super().__init__(choices, k0)
@@ -317,6 +323,7 @@ class RLScheduler(AccumulationScheduler):
         self._pending = None  # (obs, action) of the decision whose window just ran
         self.last_reward = math.nan
         self.noise_scale = math.nan  # the last finite noise-scale estimate
+        self.k_greedy = k0  # the last greedy choice: what the margin protects (an exploratory k is not)
 
     def observe(self, stats: WindowStats) -> int:
         if not math.isfinite(self.ref):
@@ -333,17 +340,20 @@ class RLScheduler(AccumulationScheduler):
             self.agent.record(*self._pending, self.last_reward)
             if self.agent.n_recorded >= self.update_every:
                 self.agent.update(ONLINE_STEPS_PER_WINDOW * self.agent.n_recorded)
-        action = self.agent.act(obs, current=self.choices.index(self.k), margin=math.log1p(SWITCH_GAIN))[0]
+        current, margin = self.choices.index(self.k_greedy), math.log1p(SWITCH_GAIN)
+        self.k_greedy = self.choices[self.agent.act(obs, deterministic=True, current=current, margin=margin)[0]]
+        action = self.agent.act(obs, current=current, margin=margin)[0]  # ε-greedy around the same greedy k
         self._pending = (obs, action)
         self.k = self.choices[action]
         return self.k
 
     def state_dict(self) -> dict:
         return {"k": self.k, "ref": self.ref, "agent": self.agent.state_dict(), "pending": self._pending,
-                "noise_scale": self.noise_scale}
+                "noise_scale": self.noise_scale, "k_greedy": self.k_greedy}
 
     def load_state_dict(self, s: dict) -> None:
         self.k, self.ref, self.noise_scale = s["k"], s["ref"], s["noise_scale"]
+        self.k_greedy = s.get("k_greedy", self.k)  # checkpoints before 2026-12-01 night: the last k was protected
         # (obs, action); checkpoints before 2026-12-01 held the removed PPO agent's log-probability and value too
         self._pending = None if s["pending"] is None else tuple(s["pending"][:2])
         self.agent.load_state_dict(s["agent"])
