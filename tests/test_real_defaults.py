@@ -159,6 +159,27 @@ def test_swa_resumes_bitwise(make_cfg, tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
+def test_resume_continues_with_the_runs_own_preset_options(tmp_path):
+    """--resume with the [preset] options left out continues with the run's own values (its checkpoint's),
+    not the preset's: a run started with --epochs 2 --hidden-size 16 --swa-start none and stopped mid-run ends
+    after epoch 2 at width 16; an option given on the command line still wins."""
+    data = tmp_path / "trips.jsonl"
+    random_trips(60, seed=27, max_len=20).to_jsonl(data)
+    out = tmp_path / "run"
+    common = ["--data", str(data), "--format", "deeptte", "--batch-size", "16", "--threads", "1", "--no-progress",
+              "--out", str(out)]
+    assert main(["train", *common, "--epochs", "2", "--hidden-size", "16", "--swa-start", "none",
+                 "--max-steps", "4"]) == 0
+    resumed = TrainConfig(data=str(data), format="deeptte", out=str(out), resume=True)
+    assert (resumed.epochs, resumed.hidden_size, resumed.swa_start, resumed.preset) == (2, 16, "none", "real")
+    assert TrainConfig(data=str(data), format="deeptte", out=str(out), resume=True, epochs=3).epochs == 3
+    fresh = TrainConfig(data=str(data), format="deeptte", out=str(tmp_path / "new"))
+    assert fresh.epochs == presets.PRESETS["real"]["epochs"]
+    assert main(["train", *common, "--resume"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["epochs"] == 2 and ckpt.load(out / "checkpoint.pt")["model_config"]["hidden_size"] == 16
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(swa_start=1.0), "--swa-start must be in [0, 1), got 1"),
     (dict(swa_start="half"), "--swa-start must be a number or none, got 'half'"),

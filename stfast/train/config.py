@@ -145,7 +145,8 @@ class TrainConfig:
     threads: int | None = option(None, "torch threads per process", ge=1)  # None: cores / processes
     max_steps: int | None = option(None, "stop after this many optimizer steps", ge=1)  # tests, smoke runs
     out: str = option("runs/latest", "output folder: one run per folder (must be empty or new)")
-    resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt)")
+    resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt), with the run's own values of the "
+                                 "[preset] options not given")
     overwrite: bool = option(False, "replace the run in a non-empty --out (its metrics, checkpoints, plots are "
                                     "deleted first)")
     # None: progress bars only on a TTY and rank 0
@@ -183,6 +184,9 @@ class TrainConfig:
         """Fill the options not given (None) from the preset (stfast.train.presets.fill): the Python API
         resolves as `stfast train` does. Raises ValueError naming --preset for an unknown preset."""
         _options.check_value(type(self), "preset", self.preset)
+        if self.resume:  # the options not given continue the run's own (its checkpoint's), not the preset's
+            from .resume import fill_from_checkpoint
+            fill_from_checkpoint(self)
         presets.fill(self)
 
     @property

@@ -13,6 +13,37 @@ from . import guards
 from .config import TrainConfig
 
 
+def _candidates(out: Path) -> list[Path]:
+    return [out / "last.pt", ckpt.previous_path(out / "last.pt"), out / "checkpoint.pt"]
+
+
+def fill_from_checkpoint(cfg) -> None:
+    """On ``--resume``: each preset option not given (None; stfast.train.presets.FIELDS) takes the value of
+    the run being continued, read from the train_config of its first loadable checkpoint in ``cfg.out``, in
+    place; so does the preset name when ``--preset`` is left at auto (checkpoints before presets: paper).
+    A resumed run therefore ends where it was going (its --epochs, its averaging start, its width) even where
+    the preset's values differ; options given on the command line still win. Nothing happens when no
+    checkpoint loads: :func:`resume_checkpoint` raises then, naming the folder. Called by TrainConfig before
+    the preset fills the rest."""
+    from .presets import FIELDS
+
+    if cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS):
+        return  # nothing left to fill (every option given, or a checkpoint's own config)
+    for path in _candidates(Path(cfg.out)):
+        if not path.is_file():
+            continue
+        try:
+            saved = ckpt.load(path).get("train_config", {})
+        except (OSError, ValueError):  # resume_checkpoint warns about it and reads the next one
+            continue
+        for k in FIELDS:
+            if getattr(cfg, k) is None and saved.get(k) is not None:
+                setattr(cfg, k, saved[k])
+        if cfg.preset == "auto":
+            cfg.preset = saved.get("preset", "paper")
+        return
+
+
 def resume_checkpoint(cfg: TrainConfig) -> tuple[dict | None, Path | None]:
     """The checkpoint a run continues from, and its path: on ``--resume``, or when torchrun restarted
     the job (TORCHELASTIC_RESTART_COUNT > 0) and a checkpoint exists; else (None, None). The first
@@ -20,7 +51,7 @@ def resume_checkpoint(cfg: TrainConfig) -> tuple[dict | None, Path | None]:
     warning naming it), checked against this version and model configuration (guards.check_resume).
     Raises FileNotFoundError (--resume without a checkpoint) or ValueError (mismatch, all corrupt)."""
     out = Path(cfg.out)
-    names = [out / "last.pt", ckpt.previous_path(out / "last.pt"), out / "checkpoint.pt"]
+    names = _candidates(out)
     restarted = guards.restart_count() > 0 and any(p.is_file() for p in names)
     if not (cfg.resume or restarted):
         return None, None
