@@ -34,25 +34,32 @@ from pathlib import Path
 
 import numpy as np
 
-# candidate name → flags beyond --preset real (the preset of 2026-12-01: two width-64 members, 18 epochs)
+# candidate name → its full flags: each names every option the presets have changed since, so that a name means
+# the same run whatever --preset real is today (2026-12-01 night: one width-64 model, 30 epochs)
+_M2 = ["--members", "2", "--hidden-size", "64"]
+_H64 = ["--members", "1", "--hidden-size", "64"]
 CANDIDATES = {
     "paper": ["--preset", "paper"],
-    "h64_e12": ["--members", "1", "--epochs", "12"],
-    "h64_e20": ["--members", "1", "--epochs", "20"],
-    "h64_e30": ["--members", "1", "--epochs", "30"],
-    "h64_e40": ["--members", "1", "--epochs", "40"],
-    "m2h48": ["--hidden-size", "48", "--epochs", "20"],
-    "m2h64_e12": ["--epochs", "12"],
-    "m2h64_e18": [],
-    "m2h64": ["--epochs", "20"],
+    "h64_e12": _H64 + ["--epochs", "12"],
+    "h64_e20": _H64 + ["--epochs", "20"],
+    "h64_e30": _H64 + ["--epochs", "30"],
+    "h64_e40": _H64 + ["--epochs", "40"],
+    "m2h48": ["--members", "2", "--hidden-size", "48", "--epochs", "20"],
+    "m2h64_e12": _M2 + ["--epochs", "12"],
+    "m2h64_e18": _M2 + ["--epochs", "18"],
+    "m2h64": _M2 + ["--epochs", "20"],
 }
 
 
 def _run(job: tuple[str, list[str], Path]) -> Path:
     data, args, out = job
+    argv = ["train", "--data", data, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"] + args
+    stamp = out.parent / f"{out.name}.argv.json"  # what made the run: a reused run must be the same one
+    if (out / "summary.json").exists() and stamp.exists() and json.loads(stamp.read_text()) != argv:
+        raise RuntimeError(f"{out} was made by other flags ({stamp}); remove it or choose another --out")
     if not (out / "summary.json").exists():
-        argv = ["train", "--data", data, "--threads", "1", "--no-progress", "--out", str(out), "--overwrite"] + args
         out.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(argv))
         with open(out.parent / f"{out.name}.log", "w") as log:  # the run prints its test table: not shown here
             cmd = [sys.executable, "-m", "stfast.cli"] + argv
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
@@ -110,13 +117,24 @@ def main(argv=None) -> int:
     ap.add_argument("--days", required=True, help="the days to cross-validate over, e.g. 24-29")
     ap.add_argument("--test-days", required=True, help="the test days: each run's test split, never read here")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    ap.add_argument("--candidate", action="append", default=[], metavar="NAME=FLAGS",
+                    help="one more candidate, e.g. h64_cos=\"--members 1 --epochs 30 --lr-schedule cosine\"")
+    ap.add_argument("--candidates", nargs="+", help="the candidates to run (default: all, with every --candidate)")
     ap.add_argument("--time-ref", default="paper")
     ap.add_argument("--max-time", type=float, default=1.95)
     ap.add_argument("--extra", default="", help="flags added to every candidate's, e.g. \"--epochs 1\"")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="runs/day_cv")
     a = ap.parse_args(argv)
+    known = dict(CANDIDATES)
+    for spec in a.candidate:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in CANDIDATES:
+            ap.error(f"--candidate {spec!r}: expected NAME=FLAGS with a new NAME")
+        known[name] = flags.split()
+    a.candidates = a.candidates or list(known)
+    if unknown := [c for c in a.candidates if c not in known]:
+        ap.error(f"unknown candidates {unknown}: known are {list(known)}")
     from stfast.data.splits import _parse_days
     days = sorted(_parse_days(a.days))
     folds = {d: [x for x in days if x != d] for d in days}
@@ -125,7 +143,7 @@ def main(argv=None) -> int:
         for d, train in folds.items():
             for c in a.candidates:
                 split = f"{_spec(train)}/{d}/{a.test_days}"
-                flags = CANDIDATES[c] + a.extra.split() + ["--split-days", split, "--seed", str(seed)]
+                flags = known[c] + a.extra.split() + ["--split-days", split, "--seed", str(seed)]
                 jobs.append((a.data, flags, Path(a.out) / c / f"day{d}" / f"seed{seed}"))
                 keys.append((c, d, seed))
     with ProcessPoolExecutor(a.jobs) as ex:
