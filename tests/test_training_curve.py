@@ -164,7 +164,7 @@ CHECKPOINT_KEYS = ['accumulation', 'accumulation.k', 'accumulation.loss_ema', 'a
  'train_config.overwrite', 'train_config.parallel', 'train_config.patience', 'train_config.preset', 'train_config.progress',
  'train_config.resume', 'train_config.seed', 'train_config.select', 'train_config.slicer', 'train_config.split',
  'train_config.split_by',
- 'train_config.split_days', 'train_config.swa_start', 'train_config.threads', 'train_config.time_bin_min',
+ 'train_config.split_days', 'train_config.subtrips', 'train_config.swa_start', 'train_config.threads', 'train_config.time_bin_min',
  'train_config.time_budget_s',
  'train_config.timeout_s', 'train_config.tz', 'train_config.week', 'train_config.weight_decay', 'tz']
 CHECKPOINT_KEYS_2_RANKS = sorted(CHECKPOINT_KEYS + ['slicer_cost_model.coefficients', 'slicer_cost_model.features', 'slicer_cost_model.fit_error',

@@ -98,6 +98,9 @@ class TrainConfig:
     batch_size: int = option(64, "global batch: trips per optimizer step", ge=1)  # over all ranks
     lr: float | None = option(None, "Adam learning rate per optimizer step", gt=0.0)
     weight_decay: float | None = option(None, "Adam weight decay (L2)", ge=0.0)
+    subtrips: int | None = option(None, "add N random sub-trajectories of every training trip to the training split "
+                                        "(each a contiguous half or more of its points, with its own travel time; "
+                                        "stfast.data.subtrips): more examples from the same trips", ge=0)
     lr_schedule: str = option("constant", "cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch "
                                           "(Loshchilov & Hutter 2017)", choices=("constant", "cosine"))
     ema_decay: float | None = option(None, "validate, checkpoint and test an exponential moving average of the "

@@ -23,6 +23,7 @@ from ..data.splits import (
     split_by_days,
     split_random,
 )
+from ..data.subtrips import add_subtrips
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from ..parallel import data_parallel as dp
@@ -174,13 +175,18 @@ class RunData:
             vocab = DriverVocab(train.driver)
             mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
             stats = NormStats.from_trips(train, mcfg.kernel_size)
-        train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (train, val, test))
+        # --subtrips: pieces of the training trips join the training batches only; the statistics, the
+        # baselines and the split sizes are the recorded trips'
+        fit = add_subtrips(train, cfg.subtrips, cfg.seed) if cfg.subtrips else train
+        train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
                    dict(trips.dropped), trips.preprocess_config, trips.tz)
 
     def describe(self) -> str:
         """The split sizes, for the log."""
-        return f"{self.n_trips} trips → train {len(self.train)}, val {len(self.val)}, test {len(self.test)}"
+        extra = len(self.train_ds) - len(self.train)
+        pieces = f" (+{extra} sub-trips)" if extra else ""
+        return f"{self.n_trips} trips → train {len(self.train)}{pieces}, val {len(self.val)}, test {len(self.test)}"
 
     def dropped_text(self) -> str:
         """What preprocessing dropped, by reason ("" when nothing)."""
