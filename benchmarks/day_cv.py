@@ -15,7 +15,10 @@ The rule (fixed before any fold ran, docs/real_data.md "Choosing on six days"):
   weigh the same and 1.0 means "no better than physics";
 * a candidate's score is the mean over folds of the median over seeds;
 * the pick is the lowest score among candidates whose training time (median ``wall_s`` over its runs, all
-  folds) is within ``--max-time`` times the reference candidate's (``--time-ref``, default ``paper``).
+  folds) is within ``--max-time`` times the reference candidate's (``--time-ref``, default ``paper``);
+* with ``--incumbent NAME`` (the second screen's rule), the table shows each candidate's mean paired
+  difference to NAME over the folds with its standard error, and the lowest replaces NAME only when it is
+  lower by more than one standard error.
 
 Runs are deterministic per seed at ``--threads 1``; ``--jobs`` runs them in parallel processes, so the
 wall times are for ranking only (each run sees the same load). A finished run (``summary.json`` present)
@@ -122,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", nargs="+", help="the candidates to run (default: all, with every --candidate)")
     ap.add_argument("--time-ref", default="paper")
     ap.add_argument("--max-time", type=float, default=1.95)
+    ap.add_argument("--incumbent", help="a candidate to compare every other with: the mean of the per-fold "
+                                        "differences and its standard error (paired over folds)")
     ap.add_argument("--extra", default="", help="flags added to every candidate's, e.g. \"--epochs 1\"")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="runs/day_cv")
@@ -170,14 +175,24 @@ def main(argv=None) -> int:
     ref = table[a.time_ref]["wall_s"] if a.time_ref in table else None
     ok = {c: t for c, t in table.items() if ref is None or t["wall_s"] <= a.max_time * ref}
     pick = min(ok, key=lambda c: ok[c]["score"])
+    inc = table.get(a.incumbent)
+    for t in table.values():  # paired over folds: the days' difficulty cancels
+        if inc is not None:
+            diff = [t["per_fold"][d] - inc["per_fold"][d] for d in days]
+            t["vs_incumbent"] = statistics.fmean(diff)
+            t["vs_incumbent_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else float("nan")
+    if inc is not None and a.incumbent in ok and not table[pick]["vs_incumbent"] < -table[pick]["vs_incumbent_se"]:
+        pick = a.incumbent  # the lowest by less than one paired standard error is chance among many candidates
     head = " | ".join(f"day {d}" for d in days)
-    lines = [f"| candidate | score (mean of folds) | {head} | wall s | time ÷ {a.time_ref} |",
-             "|---|---|" + "---|" * len(days) + "---|---|"]
+    paired = f" − {a.incumbent} (se) |" if inc is not None else ""
+    lines = [f"| candidate | score (mean of folds) | {head} | wall s | time ÷ {a.time_ref} |{paired}",
+             "|---|---|" + "---|" * len(days) + "---|---|" + ("---|" if inc is not None else "")]
     for c, t in sorted(table.items(), key=lambda kv: kv[1]["score"]):
         ratio = f"{t['wall_s'] / ref:.2f}" if ref else "–"
         name = f"**{c}** (pick)" if c == pick else c + ("" if c in ok else " (over time)")
+        vs = f" {t['vs_incumbent']:+.4f} ({t['vs_incumbent_se']:.4f}) |" if inc is not None else ""
         lines.append(f"| {name} | {t['score']:.4f} | " + " | ".join(f"{t['per_fold'][d]:.4f}" for d in days)
-                     + f" | {t['wall_s']:.1f} | {ratio} |")
+                     + f" | {t['wall_s']:.1f} | {ratio} |{vs}")
     lines.append("\nconstant speed per held-out day (MAPE %, MAE s): "
                  + ", ".join(f"{d}: {100 * cs[d]['mape']:.2f} / {cs[d]['mae']:.1f}" for d in days))
     print("\n".join(lines))
