@@ -87,10 +87,13 @@ def plot_curves(runs: dict, cs: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for c in dict.fromkeys(k[0] for k in runs):
+    names = list(dict.fromkeys(k[0] for k in runs))
+    colors = plt.cm.tab20(np.linspace(0, 1, 20))  # distinct lines for up to 20 candidates
+    for i, c in enumerate(names):
         curves = [[(r["val_mape"] / cs[d]["mape"] + r["val_mae"] / cs[d]["mae"]) / 2 for r in _epochs(run)]
                   for (name, d, _), run in runs.items() if name == c]
-        ax.plot(range(1, len(curves[0]) + 1), np.mean(curves, axis=0), label=c)
+        ax.plot(range(1, len(curves[0]) + 1), np.mean(curves, axis=0), label=c, color=colors[i % 20],
+                ls="-" if i < 10 else "--")
     ax.axhline(1.0, color="gray", ls="--", lw=0.8, label="constant speed")
     ax.set(xlabel="epoch", ylabel="held-out day score (1 = constant speed)",
            title="leave-one-day-out validation, mean over folds and seeds")

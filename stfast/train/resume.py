@@ -17,6 +17,11 @@ def _candidates(out: Path) -> list[Path]:
     return [out / "last.pt", ckpt.previous_path(out / "last.pt"), out / "checkpoint.pt"]
 
 
+# what a preset option added after a run's checkpoint was written had been in that run (its train_config
+# lacks the key): the run resumes as it was going, not with a preset value it never had
+BEFORE_OPTION = {"subtrips": 0}
+
+
 def fill_from_checkpoint(cfg) -> None:
     """On ``--resume``: each preset option not given (None; stfast.train.presets.FIELDS) takes the value of
     the run being continued, read from the train_config of its first loadable checkpoint in ``cfg.out``, in
@@ -37,8 +42,8 @@ def fill_from_checkpoint(cfg) -> None:
         except (OSError, ValueError):  # resume_checkpoint warns about it and reads the next one
             continue
         for k in FIELDS:
-            if getattr(cfg, k) is None and saved.get(k) is not None:
-                setattr(cfg, k, saved[k])
+            if getattr(cfg, k) is None and saved.get(k, BEFORE_OPTION.get(k)) is not None:
+                setattr(cfg, k, saved.get(k, BEFORE_OPTION.get(k)))
         if cfg.preset == "auto":
             cfg.preset = saved.get("preset", "paper")
         return
