@@ -77,10 +77,11 @@ def test_a_run_trains_on_the_pieces_and_reports_the_recorded_trips(shared_data):
 
     data = str(shared_data / "chengdu_deeptte_sample" / "test")
     common = dict(data=data, split_days="24-28/29/30")
-    plain = RunData.load(TrainConfig(**common), dtype=__import__("torch").float32)
+    plain = RunData.load(TrainConfig(**common, subtrips=0), dtype=__import__("torch").float32)
     aug = RunData.load(TrainConfig(**common, subtrips=2), dtype=__import__("torch").float32)
     assert len(plain.train_ds) == len(plain.train) == 1000
     assert len(aug.train) == 1000 and 1000 < len(aug.train_ds) <= 3000
     assert aug.stats == plain.stats and aug.vocab.to_list() == plain.vocab.to_list()  # of the recorded trips
     assert len(aug.val_ds) == len(plain.val_ds) and len(aug.test_ds) == len(plain.test_ds)
     assert "(+" in aug.describe() and "sub-trips" in aug.describe()
+    assert TrainConfig(**common).subtrips == 1 and TrainConfig().subtrips == 0  # --preset real / paper
