@@ -179,11 +179,10 @@ def main(argv=None) -> int:
     ok = {c: t for c, t in table.items() if ref is None or t["wall_s"] <= a.max_time * ref}
     pick = min(ok, key=lambda c: ok[c]["score"])
     inc = table.get(a.incumbent)
-    for t in table.values():  # paired over folds: the days' difficulty cancels
-        if inc is not None:
-            diff = [t["per_fold"][d] - inc["per_fold"][d] for d in days]
-            t["vs_incumbent"] = statistics.fmean(diff)
-            t["vs_incumbent_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else float("nan")
+    for t in table.values() if inc is not None else ():  # paired over folds: the days' difficulty cancels
+        diff = [t["per_fold"][d] - inc["per_fold"][d] for d in days]
+        t["vs_incumbent"] = statistics.fmean(diff)
+        t["vs_incumbent_se"] = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else float("nan")
     if inc is not None and a.incumbent in ok and not table[pick]["vs_incumbent"] < -table[pick]["vs_incumbent_se"]:
         pick = a.incumbent  # the lowest by less than one paired standard error is chance among many candidates
     head = " | ".join(f"day {d}" for d in days)

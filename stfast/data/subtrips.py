@@ -70,6 +70,4 @@ def add_subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5) -> 
         week_id=(trips.week_id[parent] + days) % 7, time_id=minutes % 1440, date_id=trips.date_id[parent] + days,
         trip_id=np.array([f"{t}~sub{k}" for t, k in zip(trips.trip_id[parent], j)], dtype=object),
         segment=trips.segment[parent], tz=trips.tz, preprocess_config=trips.preprocess_config)
-    out = Trips.concat([trips, pieces])
-    out.tz, out.preprocess_config = trips.tz, trips.preprocess_config
-    return out
+    return Trips.concat([trips, pieces])  # the parts agree on tz and preprocess_config: concat keeps them

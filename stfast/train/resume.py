@@ -42,8 +42,9 @@ def fill_from_checkpoint(cfg) -> None:
         except (OSError, ValueError):  # resume_checkpoint warns about it and reads the next one
             continue
         for k in FIELDS:
-            if getattr(cfg, k) is None and saved.get(k, BEFORE_OPTION.get(k)) is not None:
-                setattr(cfg, k, saved.get(k, BEFORE_OPTION.get(k)))
+            value = saved.get(k, BEFORE_OPTION.get(k))
+            if getattr(cfg, k) is None and value is not None:
+                setattr(cfg, k, value)
         if cfg.preset == "auto":
             cfg.preset = saved.get("preset", "paper")
         return
