@@ -95,6 +95,30 @@ def test_checkpoint_hash_detects_corruption_and_truncation(tmp_path):
         ckpt.load(p)
 
 
+def test_a_kill_inside_save_never_leaves_the_target_missing(tmp_path, monkeypatch):
+    """A process killed between keeping the previous generation and renaming the new file in must still
+    leave ``last.pt`` (the old one) in place: the previous generation is a link, not a move. The kill is
+    simulated by making the final rename fail."""
+    p = tmp_path / "last.pt"
+    ckpt.save_atomic({"step": 1}, p, keep_previous=True)
+    ckpt.save_atomic({"step": 2}, p, keep_previous=True)
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == p:
+            raise KeyboardInterrupt("killed before the new file was renamed in")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_atomic({"step": 3}, p, keep_previous=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert ckpt.load(p)["step"] == 2 and ckpt.load(ckpt.previous_path(p))["step"] == 2
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["last.prev.pt", "last.pt"]  # no temp files left
+    ckpt.save_atomic({"step": 4}, p, keep_previous=True)  # the two names are independent files after it
+    assert ckpt.load(p)["step"] == 4 and ckpt.load(ckpt.previous_path(p))["step"] == 2
+
+
 def test_load_first_falls_back_to_the_previous_generation(tmp_path, caplog):
     p = tmp_path / "last.pt"
     ckpt.save_atomic({"step": 1}, p, keep_previous=True)

@@ -5,7 +5,8 @@ is the ``torch.save`` bytes of the state dict and ``sha256`` their SHA-256, so a
 file is detected on load (a ValueError naming the file) instead of resuming from garbage. Writes go to a
 temp file in the same folder, are fsynced, then renamed over the target (POSIX rename is atomic), so a
 run that dies midway leaves the previous checkpoint intact. With ``keep_previous`` the file being
-replaced is first renamed to ``<name>.prev.pt``, the generation :func:`load_first` falls back to.
+replaced is first hard-linked to ``<name>.prev.pt``, the generation :func:`load_first` falls back to, so
+the target name never goes missing, not even for a moment.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import io
 import logging
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,25 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def _keep_previous(path: Path) -> None:
+    """Make the current ``path`` the previous generation while ``path`` itself stays in place: a hard link
+    (or, where the file system has none, a copy) under a temp name, renamed over ``.prev.pt``. A kill at
+    any point leaves an intact ``path`` (a rename of ``path`` itself would leave a moment with none)."""
+    prev = previous_path(path)
+    tmp = path.with_name(f".{prev.name}.tmp{os.getpid()}")
+    try:
+        if tmp.exists():
+            tmp.unlink()
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copy2(path, tmp)
+        os.replace(tmp, prev)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> None:
     """torch.save ``obj`` to ``path`` atomically, with the SHA-256 of its bytes; with ``keep_previous``
     an existing ``path`` becomes :func:`previous_path` first."""
@@ -58,7 +79,7 @@ def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
             f.flush()
             os.fsync(f.fileno())
         if keep_previous and path.is_file():
-            os.replace(path, previous_path(path))  # a crash right here leaves .prev.pt: load_first uses it
+            _keep_previous(path)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     finally:
