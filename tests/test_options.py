@@ -35,6 +35,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'lr': (('--lr',), None, None, 'float', 'StoreAction', False, None),
         'weight_decay': (('--weight-decay',), None, None, 'float', 'StoreAction', False, None),
         'subtrips': (('--subtrips',), None, None, 'int', 'StoreAction', False, None),
+        'subtrips_resample': (('--subtrips-resample',), None, ('once', 'epoch'), None, 'StoreAction', False, None),
         'lr_schedule': (('--lr-schedule',), 'constant', ('constant', 'cosine'), None, 'StoreAction', False, None),
         'ema_decay': (('--ema-decay',), None, None, 'float', 'StoreAction', False, None),
         'swa_start': (('--swa-start',), None, None, "float or 'none'", 'StoreAction', False, None),
@@ -133,6 +134,7 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'lr': 0.001,
     'weight_decay': 0.0,
     'subtrips': 0,
+    'subtrips_resample': 'once',
     'lr_schedule': 'constant',
     'ema_decay': None,
     'swa_start': 'none',
@@ -188,7 +190,7 @@ EVERY_FLAG = shlex.split(
     "--split-days 1-2/3/4 --max-steps 5 --out o --resume --overwrite --no-progress --accumulation 4 "
     "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
     "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
-    "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2")  # --swa-start: not with --ema-decay (filled: none)
+    "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2 --subtrips-resample epoch")  # --swa-start: not with --ema-decay (filled: none)
 EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
     "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "modes": ["car", "bus"],
     "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
@@ -200,7 +202,7 @@ EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.t
     "accumulation": "4", "accum_window": 3, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
     "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
     "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none",
-    "hidden_size": 32, "members": 1, "subtrips": 2}
+    "hidden_size": 32, "members": 1, "subtrips": 2, "subtrips_resample": "epoch"}
 
 
 def _subparsers(p: argparse.ArgumentParser, prefix: tuple = ()):

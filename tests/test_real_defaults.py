@@ -43,7 +43,7 @@ def _train_config(argv):
 # ---------------------------------------------------------------- presets
 PAPER = {"epochs": 10, "lr": 1e-3, "weight_decay": 0.0, "head": "paper", "loss": "mape", "dropout": 0.0,
          "driver_dim": 16, "time_bin_min": 1, "week": "day", "swa_start": "none", "select": "best",
-         "hidden_size": 128, "members": 1, "subtrips": 0}  # main before presets (no sub-trips)
+         "hidden_size": 128, "members": 1, "subtrips": 0, "subtrips_resample": "once"}  # main before presets (no sub-trips)
 
 
 def test_paper_preset_is_todays_default_config_exactly():

@@ -7,7 +7,8 @@ from conftest import random_trips
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stfast.data.subtrips import add_subtrips
+from stfast.data.subtrips import add_subtrips, subtrips
+from stfast.data.trips import Trips
 
 
 def _same(a, b) -> bool:
@@ -85,3 +86,42 @@ def test_a_run_trains_on_the_pieces_and_reports_the_recorded_trips(shared_data):
     assert len(aug.val_ds) == len(plain.val_ds) and len(aug.test_ds) == len(plain.test_ds)
     assert "(+" in aug.describe() and "sub-trips" in aug.describe()
     assert TrainConfig(**common).subtrips == 1 and TrainConfig().subtrips == 0  # --preset real / paper
+
+
+def test_draws_are_independent_sets_and_draw_0_is_the_once_set():
+    trips = random_trips(40, seed=5)
+    d0, d1, again = subtrips(trips, 2, 7, draw=0), subtrips(trips, 2, 7, draw=1), subtrips(trips, 2, 7, draw=1)
+    assert _same(Trips.concat([trips, d0]), add_subtrips(trips, 2, 7))  # --subtrips-resample once: set 0
+    assert _same(d1, again) and len(d0) > 0 and len(d1) > 0
+    assert not np.array_equal(d0.lengths, d1.lengths) or not np.array_equal(d0.lng, d1.lng)
+    with pytest.raises(ValueError, match="draw"):
+        subtrips(trips, 1, 0, draw=-1)
+
+
+def test_resample_epoch_gives_each_epoch_the_trips_and_its_own_pieces():
+    """--subtrips-resample epoch: every epoch's batches cover each recorded trip once and exactly one set of
+    pieces, set e in epoch e (past the last set, they repeat); under once every epoch covers all of train_ds."""
+    import torch
+
+    from stfast.train.config import TrainConfig
+    from stfast.train.run_data import RunData
+
+    common = dict(n_synthetic=300, epochs=3, subtrips=2, preset="paper")
+    once = RunData.load(TrainConfig(**common, subtrips_resample="once"), dtype=torch.float32)
+    fresh = RunData.load(TrainConfig(**common, subtrips_resample="epoch"), dtype=torch.float32)
+    t = len(fresh.train)
+    assert len(fresh.piece_sets) == 3 and len(fresh.train_ds) == t + sum(fresh.piece_sets)
+    assert "fresh every epoch" in fresh.describe()
+    seen = []
+    for e in range(4):
+        idx = np.sort(np.concatenate(fresh.epoch_batches(16, 3, e)))
+        start = t + sum(fresh.piece_sets[:e % 3])
+        want = np.concatenate([np.arange(t), np.arange(start, start + fresh.piece_sets[e % 3])])
+        np.testing.assert_array_equal(idx, want)
+        seen.append(idx)
+    np.testing.assert_array_equal(seen[3], seen[0])
+    # set 0 of the fresh run is the once run's pieces
+    n0 = fresh.piece_sets[0]
+    assert len(once.train_ds) == t + n0 and not once.piece_sets
+    np.testing.assert_array_equal(np.sort(np.concatenate(once.epoch_batches(16, 3, 1))), np.arange(t + n0))
+    assert _same(once.train_ds.trips, fresh.train_ds.trips.subset(np.arange(t + n0)))

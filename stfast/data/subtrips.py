@@ -15,7 +15,13 @@ MIN_SUBTRIP_POINTS = 3  # DeepTTE's minimum trip (preprocess.PreprocessConfig.mi
 
 
 def add_subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5) -> Trips:
-    """``trips`` followed by ``n`` random sub-trajectories of each of them.
+    """``trips`` followed by :func:`subtrips` of them (draw 0). Raises ValueError as :func:`subtrips`."""
+    pieces = subtrips(trips, n, seed, min_fraction)
+    return Trips.concat([trips, pieces]) if len(pieces) else trips  # they agree on tz and preprocess_config
+
+
+def subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5, draw: int = 0) -> Trips:
+    """``n`` random sub-trajectories of each of ``trips`` (the pieces alone).
 
     Each piece keeps a contiguous run of ``m`` of the trip's ``L`` points, ``m`` uniform in
     [max(⌈min_fraction·L⌉, 3), L − 1] and its start uniform; trips of fewer than 4 points give none, and a
@@ -30,18 +36,22 @@ def add_subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5) -> 
         n: pieces per trip, ≥ 0 (0 returns ``trips``).
         seed: seed of the pieces (numpy Generator).
         min_fraction: the shortest piece, as a fraction of the trip's points, in (0, 1).
+        draw: which independent set of pieces for this ``seed`` (≥ 0).
     Returns:
-        Trips: the T trips, then up to n·T pieces (trip-major: all pieces of trip 0 first), metadata of ``trips``.
+        Trips: up to n·T pieces (trip-major: all pieces of trip 0 first), metadata of ``trips``.
     Raises:
-        ValueError: n < 0 or min_fraction outside (0, 1).
+        ValueError: n < 0, draw < 0 or min_fraction outside (0, 1).
     """
     if n < 0 or int(n) != n:
         raise ValueError(f"sub-trips per trip must be an integer >= 0, not {n}")
     if not 0.0 < min_fraction < 1.0:
         raise ValueError(f"min_fraction must be in (0, 1), not {min_fraction}")
+    if draw < 0 or int(draw) != draw:
+        raise ValueError(f"draw must be an integer >= 0, not {draw}")
     if n == 0 or len(trips) == 0:
-        return trips
-    rng = np.random.default_rng([seed, 0x5AB])  # its own stream: the model's init and batch order stay as they were
+        return trips.subset(np.zeros(0, dtype=np.int64))
+    # its own stream: the model's init and batch order stay as they were; draw 0 is the stream of before draws
+    rng = np.random.default_rng([seed, 0x5AB] + ([draw] if draw else []))
     lens = trips.lengths
     parent = np.repeat(np.flatnonzero(lens >= MIN_SUBTRIP_POINTS + 1), n)
     length = lens[parent]
@@ -70,4 +80,4 @@ def add_subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5) -> 
         week_id=(trips.week_id[parent] + days) % 7, time_id=minutes % 1440, date_id=trips.date_id[parent] + days,
         trip_id=np.array([f"{t}~sub{k}" for t, k in zip(trips.trip_id[parent], j)], dtype=object),
         segment=trips.segment[parent], tz=trips.tz, preprocess_config=trips.preprocess_config)
-    return Trips.concat([trips, pieces])  # the parts agree on tz and preprocess_config: concat keeps them
+    return pieces

@@ -101,6 +101,9 @@ class TrainConfig:
     subtrips: int | None = option(None, "add N random sub-trajectories of every training trip to the training split "
                                         "(each a contiguous half or more of its points, with its own travel time; "
                                         "stfast.data.subtrips): more examples from the same trips", ge=0)
+    subtrips_resample: str | None = option(None, "once: the same pieces every epoch; epoch: a fresh random set of "
+                                                 "pieces every epoch (more distinct examples, the same epoch "
+                                                 "length)", choices=("once", "epoch"))
     lr_schedule: str = option("constant", "cosine: lr × ½(1 + cos(π·epoch/epochs)) from epoch to epoch "
                                           "(Loshchilov & Hutter 2017)", choices=("constant", "cosine"))
     ema_decay: float | None = option(None, "validate, checkpoint and test an exponential moving average of the "

@@ -18,7 +18,6 @@ from gymnasium.envs.registration import EnvSpec
 
 from ..accum.registration import LIVE_ENV_ID
 from ..accum.window import DEFAULT_CHOICES, OBS_DIM, WindowStats, log_goodput_gain, observation, reward
-from .run_data import epoch_batches
 from .trainer import Trainer
 
 class AccumulationEnv(gym.Env):
@@ -50,7 +49,7 @@ class AccumulationEnv(gym.Env):
     def _batches(self):
         tr, epoch = self.trainer, 0
         while True:
-            yield from epoch_batches(tr.data.train_ds.lengths, self.train_cfg.batch_size, self.seed, epoch)
+            yield from tr.data.epoch_batches(self.train_cfg.batch_size, self.seed, epoch)
             epoch += 1
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -29,10 +29,10 @@ from .swa import OFF  # swa_start: no weight average
 PRESETS = {
     "paper": {"epochs": 10, "lr": 1e-3, "weight_decay": 0.0, "head": "paper", "loss": "mape", "dropout": 0.0,
               "driver_dim": 16, "time_bin_min": 1, "week": "day", "swa_start": OFF, "select": "best",
-              "hidden_size": 128, "members": 1, "subtrips": 0},
+              "hidden_size": 128, "members": 1, "subtrips": 0, "subtrips_resample": "once"},
     "real": {"epochs": 20, "lr": 1e-3, "weight_decay": 0.0, "head": "prior", "loss": "log", "dropout": 0.3,
              "driver_dim": 0, "time_bin_min": 30, "week": "weekend", "swa_start": 0.5, "select": "last",
-             "hidden_size": 64, "members": 1, "subtrips": 1},
+             "hidden_size": 64, "members": 1, "subtrips": 1, "subtrips_resample": "once"},
 }
 FIELDS = tuple(PRESETS["paper"])  # the TrainConfig fields a preset fills
 CHOICES = ("auto", "real", "paper")

@@ -19,7 +19,7 @@ def _candidates(out: Path) -> list[Path]:
 
 # what a preset option added after a run's checkpoint was written had been in that run (its train_config
 # lacks the key): the run resumes as it was going, not with a preset value it never had
-BEFORE_OPTION = {"subtrips": 0}
+BEFORE_OPTION = {"subtrips": 0, "subtrips_resample": "once"}
 
 
 def fill_from_checkpoint(cfg) -> None:

@@ -23,7 +23,7 @@ from ..data.splits import (
     split_by_days,
     split_random,
 )
-from ..data.subtrips import add_subtrips
+from ..data.subtrips import subtrips
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from ..parallel import data_parallel as dp
@@ -73,12 +73,13 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
     return parts  # type: ignore[return-value]
 
 
-def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int,
+                  members: np.ndarray | None = None) -> list[np.ndarray]:
     """Global batches of one epoch: a seeded shuffle, sorted by length inside chunks of
     LENGTH_SORT_CHUNK batches (less padding), batch order shuffled. The same on every rank; the last
-    batch may be smaller."""
+    batch may be smaller. ``members``: the trip indices the epoch covers (default: all of ``lengths``)."""
     rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(len(lengths))
+    perm = rng.permutation(len(lengths)) if members is None else members[rng.permutation(len(members))]
     chunk = batch_size * LENGTH_SORT_CHUNK
     batches = []
     for s in range(0, len(perm), chunk):
@@ -156,6 +157,9 @@ class RunData:
     dropped: dict
     preprocess_config: object
     tz: str | None
+    # --subtrips-resample epoch: train_ds holds the recorded trips, then one set of pieces per epoch; these are
+    # the sets' sizes (empty: every epoch trains on all of train_ds)
+    piece_sets: tuple[int, ...] = ()
 
     @classmethod
     def load(cls, cfg: TrainConfig, dtype: torch.dtype, world_size: int = 1, resume: dict | None = None,
@@ -176,16 +180,33 @@ class RunData:
             mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
             stats = NormStats.from_trips(train, mcfg.kernel_size)
         # --subtrips: pieces of the training trips join the training batches only; the statistics, the
-        # baselines and the split sizes are the recorded trips'
-        fit = add_subtrips(train, cfg.subtrips, cfg.seed) if cfg.subtrips else train
+        # baselines and the split sizes are the recorded trips'; with --subtrips-resample epoch one fresh set
+        # of pieces per epoch (set e is epoch e's; the once set is set 0)
+        draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
+        sets = [subtrips(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
+        fit = Trips.concat([train, *sets]) if sets else train
+        piece_sets = tuple(len(p) for p in sets) if draws > 1 else ()
         train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
-                   dict(trips.dropped), trips.preprocess_config, trips.tz)
+                   dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets)
+
+    def epoch_batches(self, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+        """The global batches of ``epoch`` (:func:`epoch_batches`) over train_ds: every trip of it, or under
+        --subtrips-resample epoch the recorded trips and that epoch's set of pieces (past the sets drawn, set
+        ``epoch mod sets``)."""
+        lengths = self.train_ds.lengths
+        if not self.piece_sets:
+            return epoch_batches(lengths, batch_size, seed, epoch)
+        e = epoch % len(self.piece_sets)
+        start = len(self.train) + sum(self.piece_sets[:e])
+        members = np.concatenate([np.arange(len(self.train)), np.arange(start, start + self.piece_sets[e])])
+        return epoch_batches(lengths, batch_size, seed, epoch, members)
 
     def describe(self) -> str:
         """The split sizes, for the log."""
         extra = len(self.train_ds) - len(self.train)
-        pieces = f" (+{extra} sub-trips)" if extra else ""
+        pieces = (f" (+{self.piece_sets[0]} sub-trips, fresh every epoch)" if self.piece_sets
+                  else f" (+{extra} sub-trips)" if extra else "")
         return f"{self.n_trips} trips → train {len(self.train)}{pieces}, val {len(self.val)}, test {len(self.test)}"
 
     def dropped_text(self) -> str:

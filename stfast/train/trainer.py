@@ -78,7 +78,7 @@ class Trainer:
             ds = self.data.train_ds
             self.steps = steps.for_mode(cfg, self.model, lambda idx: ds.batch(idx).to(self.device), self.info,
                                         self.grad_sync, self.device, ds.lengths,
-                                        lambda e: epoch_batches(ds.lengths, cfg.batch_size, cfg.seed, e))
+                                        lambda e: self.data.epoch_batches(cfg.batch_size, cfg.seed, e))
             if (line := self.steps.describe()) is not None:
                 self.say(line)
             self.accum_spec = parse_spec(cfg.accumulation, self.info.world_size)
@@ -192,7 +192,7 @@ class Trainer:
         self.model.train()  # fault 3 fixed: back to training mode every epoch
         self.accum.apply_lr(self._lr_decay())  # the epoch's learning rate (cfg.lr_schedule)
         use_local = cfg.compat != "original" or self.epoch == 0
-        batches = epoch_batches(self.data.train_ds.lengths, cfg.batch_size, cfg.seed, self.epoch)
+        batches = self.data.epoch_batches(cfg.batch_size, cfg.seed, self.epoch)
         t0, trips_done, bi = time.perf_counter(), 0, self.epoch_batch
         loss_sum, n_done = self.epoch_progress if self.epoch_batch else (0.0, 0)  # resumed mid-epoch: its sums
         bar = progress_bar(None, self.show, total=len(batches), initial=bi, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
