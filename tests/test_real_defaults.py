@@ -178,16 +178,13 @@ def test_resume_continues_with_the_runs_own_preset_options(tmp_path):
     assert main(["train", *common, "--resume"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["epochs"] == 2 and ckpt.load(out / "checkpoint.pt")["model_config"]["hidden_size"] == 16
-    # a checkpoint written before --subtrips existed: that run had none, and resumes with none (and the pieces
-    # of a checkpoint from before --subtrips-resample were drawn once)
+    # a checkpoint written before --subtrips existed: that run had none, and resumes with none
     for name in ("last.pt", "last.prev.pt", "checkpoint.pt"):
         if (out / name).is_file():
             st = ckpt.load(out / name)
-            assert st["train_config"].pop("subtrips") == presets.PRESETS["real"]["subtrips"] == 2
-            assert st["train_config"].pop("subtrips_resample") == presets.PRESETS["real"]["subtrips_resample"] == "epoch"
+            assert st["train_config"].pop("subtrips") == presets.PRESETS["real"]["subtrips"] == 1
             ckpt.save_atomic(st, out / name)
-    resumed = TrainConfig(data=str(data), format="deeptte", out=str(out), resume=True)
-    assert (resumed.subtrips, resumed.subtrips_resample) == (0, "once")
+    assert TrainConfig(data=str(data), format="deeptte", out=str(out), resume=True).subtrips == 0
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -79,14 +79,13 @@ def test_a_run_trains_on_the_pieces_and_reports_the_recorded_trips(shared_data):
     data = str(shared_data / "chengdu_deeptte_sample" / "test")
     common = dict(data=data, split_days="24-28/29/30")
     plain = RunData.load(TrainConfig(**common, subtrips=0), dtype=__import__("torch").float32)
-    aug = RunData.load(TrainConfig(**common, subtrips=2, subtrips_resample="once"), dtype=__import__("torch").float32)
+    aug = RunData.load(TrainConfig(**common, subtrips=2), dtype=__import__("torch").float32)
     assert len(plain.train_ds) == len(plain.train) == 1000
     assert len(aug.train) == 1000 and 1000 < len(aug.train_ds) <= 3000
     assert aug.stats == plain.stats and aug.vocab.to_list() == plain.vocab.to_list()  # of the recorded trips
     assert len(aug.val_ds) == len(plain.val_ds) and len(aug.test_ds) == len(plain.test_ds)
     assert "(+" in aug.describe() and "sub-trips" in aug.describe()
-    real, paper = TrainConfig(**common), TrainConfig()
-    assert (real.subtrips, real.subtrips_resample) == (2, "epoch") and paper.subtrips == 0  # --preset real / paper
+    assert TrainConfig(**common).subtrips == 1 and TrainConfig().subtrips == 0  # --preset real / paper
 
 
 def test_draws_are_independent_sets_and_draw_0_is_the_once_set():
