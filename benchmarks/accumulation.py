@@ -153,8 +153,9 @@ def sim_table(res: dict, with_return: bool = True) -> tuple[str, dict]:
 def live_command(dataset: str, mode: str, seed: int, budget_s: float, out: Path, n_synthetic: int,
                  batch_size: int, window: int, ema_decay: float | None, noise_scale: str | None = None) -> list[str]:
     # --preset paper: accumulation is compared on the paper's model, on the synthetic city as on a file
+    spec, _, start = mode.partition("@")  # "rl@4": --accumulation rl --accum-start 4
     cmd = [sys.executable, "-m", "stfast.cli", "train", "--preset", "paper", "--nproc", "2", "--threads", "1",
-           "--accumulation", mode,
+           "--accumulation", spec, *(["--accum-start", start] if start else []),
            "--time-budget", str(budget_s), "--epochs", "1000", "--batch-size", str(batch_size),
            "--accum-window", str(window), "--seed", str(seed), "--data-seed", "0", "--no-progress", "--out", str(out)]
     if ema_decay is not None:
@@ -274,7 +275,9 @@ def paired_ratios(summ: dict) -> list[str]:
         return []
     best = min(fixed, key=fixed.get)
     summ["best_fixed"] = best
-    pairs = [(m, best) for m in ("goodput", "rl") if m in summ] + ([("rl", "goodput")] if {"rl", "goodput"} <= summ.keys() else [])
+    adaptive = [m for m in summ if m.split("@")[0] in ("goodput", "rl")]  # rl@4: rl from --accum-start 4
+    pairs = [(m, best) for m in adaptive] + [(m, "goodput" + m[2:]) for m in adaptive
+                                             if m.startswith("rl") and "goodput" + m[2:] in summ]
     out = []
     for a, b in pairs:
         r = [x / y if math.isfinite(y) else (math.nan if not math.isfinite(x) else 0.0)
@@ -417,7 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--growth", type=float, default=30.0, help="noise-scale growth over the budget at k = 1")
     ap.add_argument("--live", action="store_true", help="also run the live benchmark (minutes)")
     ap.add_argument("--live-budget", type=float, default=60.0, help="training seconds per live run")
-    ap.add_argument("--modes", default=",".join(LIVE_MODES), help="live arms, comma-separated (fixed k, goodput, rl)")
+    ap.add_argument("--modes", default=",".join(LIVE_MODES), help="live arms, comma-separated (fixed k, goodput, rl; "
+                                                                  "goodput@K / rl@K: starting at k = K, --accum-start)")
     ap.add_argument("--datasets", default="synthetic,chengdu", help="live data sets, comma-separated")
     ap.add_argument("--noise-scale", default=None, choices=("adam", "plain"), help="passed to the live runs")
     ap.add_argument("--live-seeds", type=int, default=2)

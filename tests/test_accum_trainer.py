@@ -179,7 +179,9 @@ def test_time_budget_stops_within_a_window(trips_file, tmp_path):
 def test_bad_accumulation_arguments(trips_file, tmp_path):
     for kw, msg in (({"accumulation": "fixed:0"}, "--accumulation"), ({"accumulation": "often"}, "--accumulation"),
                     ({"lr_scaling": "cubic"}, "--lr-scaling"), ({"accum_window": 0}, "--accum-window"),
-                    ({"time_budget_s": 0.0}, "--time-budget"), ({"noise_scale": "fisher"}, "--noise-scale")):
+                    ({"time_budget_s": 0.0}, "--time-budget"), ({"noise_scale": "fisher"}, "--noise-scale"),
+                    ({"accumulation": "rl", "accum_start": 3}, "--accum-start must be one of 1, 2, 4, 8, 16"),
+                    ({"accumulation": "fixed:2", "accum_start": 4}, "--accum-start 4 is the first k of")):
         with pytest.raises(ValueError, match=msg):
             cfg(trips_file, tmp_path, **kw).validate()
 
@@ -306,3 +308,18 @@ def test_two_ranks_estimate_b_adam_from_their_shards(trips_file, tmp_path):
     assert last["noise_kind"] == "adam" and last["noise_scale"] is not None
     st = ckpt.load(out / "last.pt")["accumulation"]
     assert st["noise"]["n"] > 0
+
+
+@pytest.mark.parametrize("spec", ["goodput", "rl"])
+def test_an_adaptive_scheduler_starts_at_accum_start(spec, trips_file, tmp_path):
+    """--accum-start 4: the first window runs at k = 4 with the learning rate of k = 4 (√4 under sqrt), and the
+    scheduler decides from there; without it the first window runs at k = 1."""
+    kw = {"epochs": 2, "batch_size": 4, "accumulation": spec, "accum_window": 2, "lr_scaling": "sqrt", "lr": 1e-3}
+    tr = Trainer(cfg(trips_file, tmp_path / "k4", accum_start=4, **kw))
+    assert tr.accum.k == 4 and tr.accum.scheduler.k == 4
+    assert tr.opt.param_groups[0]["lr"] == pytest.approx(2e-3)
+    tr.fit()
+    first = _windows(tmp_path / "k4")[0]
+    assert first["k"] == 4 and first["trips"] == 2 * 4 * 4  # 2 steps of 4 micro-batches of 4 trips
+    Trainer(cfg(trips_file, tmp_path / "k1", **kw)).fit()
+    assert _windows(tmp_path / "k1")[0]["k"] == 1

@@ -75,13 +75,14 @@ class AccumulationController:
     @classmethod
     def for_spec(cls, spec: str, seed: int, params, micro_batch: int, window: int, optimizer=None,
                  noise_scale: str | None = None, *, world_size: int = 1, rank: int = 0, pretrained: bool = True,
-                 **kw) -> AccumulationController:
+                 k0: int = 1, **kw) -> AccumulationController:
         """The controller of accumulation ``spec`` (schedulers.parse_spec's: "fixed:K", "goodput" or "rl"),
-        its scheduler seeded with ``seed``. Under "rl" only rank 0 holds the agent (the others start at k = 1
-        like it and follow its broadcast k); pretrained=False: its agent untrained, for a resume that loads the
-        checkpoint's (schedulers.make_scheduler). ``kw``: the constructor's reduce, lr and lr_scaling."""
-        sched = (make_scheduler(spec, seed=seed, pretrained=pretrained) if rank == 0 or spec != "rl"
-                 else FixedScheduler(1))
+        its scheduler seeded with ``seed``, starting at ``k0`` (goodput and rl; --accum-start). Under "rl" only
+        rank 0 holds the agent (the others start at k0 like it and follow its broadcast k); pretrained=False: its
+        agent untrained, for a resume that loads the checkpoint's (schedulers.make_scheduler). ``kw``: the
+        constructor's reduce, lr and lr_scaling."""
+        sched = (make_scheduler(spec, seed=seed, pretrained=pretrained, k0=k0) if rank == 0 or spec != "rl"
+                 else FixedScheduler(k0))
         return cls(sched, params, micro_batch, window, optimizer, noise_scale, world_size=world_size, rank=rank, **kw)
 
     def start_clock(self) -> None:

@@ -87,17 +87,28 @@ def parse_spec(spec: str | None, nproc: int) -> str:
     return f"fixed:{int(num)}"
 
 
+def check_start(spec: str | None, k0: int, nproc: int, choices=DEFAULT_CHOICES) -> None:
+    """``--accum-start k0`` is for an adaptive scheduler and must be one of its choices. Raises ValueError
+    naming the flag."""
+    if not parse_spec(spec, nproc) in ("goodput", "rl"):
+        raise ValueError(f"--accum-start {k0} is the first k of --accumulation goodput or rl; a fixed k starts "
+                         f"and stays at its own (--accumulation {spec or parse_spec(spec, nproc)[6:]})")
+    if k0 not in choices:
+        raise ValueError(f"--accum-start must be one of {', '.join(map(str, choices))}, got {k0}")
+
+
 def make_scheduler(spec: str, choices=DEFAULT_CHOICES, seed: int = 0, online: bool = True,
-                   pretrained: bool = True) -> AccumulationScheduler:
+                   pretrained: bool = True, k0: int = 1) -> AccumulationScheduler:
     """A scheduler from a normalized spec (see parse_spec). "rl" loads the agent pretrained on
     SimulatedTrainingEnv (trained on first use and cached per process, ~20 s on one core); pretrained=False
-    builds it untrained, for a caller that loads a trained agent's state next (a resumed run)."""
+    builds it untrained, for a caller that loads a trained agent's state next (a resumed run). ``k0``: the first
+    k of goodput and rl (one of ``choices``; a fixed spec ignores it). Raises ValueError: k0 not a choice."""
     spec = parse_spec(spec, 1)
     if spec.startswith("fixed:"):
         return FixedScheduler(int(spec[6:]))
     if spec == "goodput":
-        return GoodputScheduler(choices)
+        return GoodputScheduler(choices, k0)
     from .agent import RLScheduler, pretrained_agent, residual_agent
 
     agent = pretrained_agent(choices, seed=seed) if pretrained else residual_agent(tuple(choices), seed)
-    return RLScheduler(agent, choices, online=online)
+    return RLScheduler(agent, choices, k0=k0, online=online)

@@ -162,6 +162,8 @@ class TrainConfig:
                                             "or rl (the agent); default 2 when --nproc > 1, else 1. --batch-size is "
                                             "then the global micro-batch", check=_check_accumulation)
     accum_window: int = option(10, "optimizer steps between decisions on k", ge=1)
+    accum_start: int = option(1, "the k an adaptive scheduler (goodput, rl) starts at, before its first decision "
+                                 "(AdaptDL's initial batch size); one of 1, 2, 4, 8, 16", ge=1)
     lr_scaling: str = option("sqrt", "learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows",
                              choices=("sqrt", "linear", "none"))
     noise_scale: str | None = option(None, "gradient noise scale the accumulation schedulers read: adam "
@@ -251,6 +253,10 @@ class TrainConfig:
             raise ValueError(f"--members {self.members} trains several whole models; --parallel {self.parallel} places "
                              "one model's components: use --parallel dp (or --members 1)")
         swa.check(self)  # the averaging options together
+        if self.accum_start != 1:
+            from ..accum.schedulers import check_start
+
+            check_start(self.accumulation, self.accum_start, self.nproc)
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
 

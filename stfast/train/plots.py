@@ -186,7 +186,8 @@ def accumulation_k(sim: dict, live: dict | None, png: str | Path, choices, best_
     ax.legend()
     for ax, (name, runs) in zip(axes[0][1:], (live or {}).items()):
         best = (best_fixed or {}).get(name)
-        for mode, style in (("goodput", "--"), ("rl", "-"), *([(best, ":")] if best else [])):
+        adaptive = [(m, "--" if m.startswith("goodput") else "-") for m in runs if m.split("@")[0] in ("goodput", "rl")]
+        for mode, style in (*adaptive, *([(best, ":")] if best else [])):
             if mode in runs:
                 t, k = zip(*runs[mode][0]["k"])
                 ax.step(t, k, style, where="pre", label=f"k = {mode} (best fixed)" if mode == best else mode)

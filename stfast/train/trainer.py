@@ -85,7 +85,7 @@ class Trainer:
             self.accum = AccumulationController.for_spec(
                 self.accum_spec, cfg.seed, noise_parameters(self.model), cfg.batch_size, cfg.accum_window, self.opt,
                 cfg.noise_scale, reduce=lambda a: dp.all_reduce_sum(a, self.info), world_size=self.info.world_size,
-                rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling,
+                rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling, k0=cfg.accum_start,
                 pretrained=resume is None or "accumulation" not in resume)  # a resumed agent is in the checkpoint
             self.accum.apply_lr(self._lr_decay())
             if resume is not None:
