@@ -193,6 +193,24 @@ def test_rl_scheduler_keeps_the_last_finite_noise_scale():
     assert restored.noise_scale == 64.0
 
 
+def test_rl_keeps_its_first_k_until_a_noise_scale_is_measured_and_paces_against_k1():
+    """Started at k = 4 (--accum-start), rl keeps 4 while no window has a noise scale (the observation would
+    read the unknown scale as φ = B, where k = 1 is best) and records nothing; its reference pace is the k = 1
+    pace the first window implies (B·steps / (t_fixed + compute/k)), not that window's k = 4 throughput."""
+    q = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0])  # the agent, asked, would choose k = 1
+    agent = Agent(5, seed=0, base_q=lambda obs: q.expand(len(obs), 5))
+    agent.epsilon = 0.0
+    rl = RLScheduler(agent, k0=4, update_every=100)
+    first = WindowStats(4, 32, 4, 512, 1.0, 0.1, overhead_s=0.2)  # compute 0.8 s = 4 steps × 4 micro-steps
+    assert [rl.observe(first), rl.observe(replace(first, wall_s=1.1))] == [4, 4]
+    assert rl.ref == pytest.approx(32 * 4 / (0.2 + 0.8 / 4)) and rl.ref < first.samples_per_s
+    assert len(agent.replay) == 0 and rl._pending is None
+    assert rl.observe(replace(first, noise_scale=100.0)) == 1  # the first estimate: the agent decides
+    assert rl.observe(_stats(1, 0.2, math.nan)) == 1 and len(agent.replay) == 1  # then nan keeps the last one
+    at_k1 = WindowStats(1, 32, 4, 128, 1.0, 0.1, overhead_s=0.2)
+    assert at_k1.k1_samples_per_s == at_k1.samples_per_s
+
+
 def test_an_exploratory_window_is_a_probe_and_the_next_returns_to_the_greedy_k():
     """The margin protects the last greedy k, not a probe: with k = 8's predicted gain within the margin of
     k = 4's (the greedy one), a window after a probe to 8 runs at 4 again (protecting the last k ran 8 on)."""

@@ -302,8 +302,8 @@ class RLScheduler(AccumulationScheduler):
     """A policy network (stfast.accum.agent) picks k from ``choices`` every window; the reward of
     each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
     ``update_every`` windows, one minibatch step per window (agent.ONLINE_STEPS_PER_WINDOW; ``online=False``:
-    act only). Like GoodputScheduler it keeps the current k
-    unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
+    act only). Like GoodputScheduler it keeps its first k (``k0``, --accum-start) until a noise scale is
+    measured, and then keeps the current k unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
     so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k.
 
     An exploratory window is a one-window probe: the margin protects the last *greedy* choice
@@ -319,15 +319,20 @@ class RLScheduler(AccumulationScheduler):
         self.agent = agent
         self.online = online
         self.update_every = update_every
-        self.ref = math.nan  # samples/s of the first window
+        self.ref = math.nan  # the k = 1 pace (samples/s) from the first window
         self._pending = None  # (obs, action) of the decision whose window just ran
         self.last_reward = math.nan
         self.noise_scale = math.nan  # the last finite noise-scale estimate
         self.k_greedy = k0  # the last greedy choice: what the margin protects (an exploratory k is not)
 
     def observe(self, stats: WindowStats) -> int:
-        if not math.isfinite(self.ref):
-            self.ref = stats.samples_per_s
+        if not math.isfinite(self.ref):  # the k = 1 pace, predicted when the run starts at another k
+            self.ref = stats.k1_samples_per_s
+        if not (math.isfinite(stats.noise_scale) or math.isfinite(self.noise_scale)):
+            # no estimate yet (Adam's warm-up, the estimator's first steps): keep k, as GoodputScheduler does.
+            # The observation would read the unknown scale as φ = B, where k = 1 is best: a run started at
+            # --accum-start 4 fell to k = 1 after its first window (docs/accumulation.md §11)
+            return self.k
         # a window without a finite estimate keeps the last one, for the observation and the reward alike
         # (as GoodputScheduler does): an unknown noise scale must not read as "large batches are free"
         if math.isfinite(stats.noise_scale):

@@ -59,6 +59,16 @@ class WindowStats:
         return self.trips / self.wall_s
 
     @property
+    def k1_samples_per_s(self) -> float:
+        """The k = 1 pace (trips/s) this window implies: its measured samples_per_s at k = 1; at k > 1 the
+        step-time model's prediction, B·steps / (fixed_s + (wall_s − fixed_s)/k) (the forward + backward per
+        micro-step measured here, the per-step overhead unchanged)."""
+        if self.k == 1:
+            return self.samples_per_s
+        compute = max(self.wall_s - self.fixed_s, 0.0)
+        return self.micro_batch * self.steps / max(self.fixed_s + compute / self.k, 1e-12)
+
+    @property
     def steps_per_s(self) -> float:
         return self.steps / self.wall_s
 
