@@ -15,7 +15,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
               "noise_estimates", "noise_kind", "noise_parameters", "squared_norm"),
     "goodput": ("StepTimeModel", "lr_scale", "statistical_efficiency"),
     "window": ("AccumulationScheduler", "WindowStats", "log_goodput_gain", "observation", "reward"),
-    "schedulers": ("FixedScheduler", "GoodputScheduler", "make_scheduler", "parse_spec"),
+    "schedulers": ("FixedScheduler", "GoodputScheduler", "check_start", "make_scheduler", "parse_spec"),
     "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "residual_agent", "train_offline"),
     "controller": ("AccumulationController",),
     "env": ("SimConfig", "SimulatedTrainingEnv", "default_sim_config", "randomized_config", "ring_allreduce_s",
