@@ -303,8 +303,8 @@ class RLScheduler(AccumulationScheduler):
     each window (its log goodput gain, see :func:`log_goodput_gain`) is fed back and the agent is fine-tuned online every
     ``update_every`` windows, one minibatch step per window (agent.ONLINE_STEPS_PER_WINDOW; ``online=False``:
     act only). Like GoodputScheduler it keeps its first k (``k0``, --accum-start) until a noise scale is
-    measured, and then keeps the current k unless another's predicted gain is 5 % larger (SWITCH_GAIN, on the log scale of its Q values),
-    so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k.
+    measured, and then keeps the current k unless another's predicted gain is 5 % larger (SWITCH_GAIN, on
+    the log scale of its Q values), so noise in the observed noise scale does not make k oscillate; exploration tries k/2 or 2k.
 
     An exploratory window is a one-window probe: the margin protects the last *greedy* choice
     (``k_greedy``), so after a probe the next window returns to it unless the agent's Q now prefers another k

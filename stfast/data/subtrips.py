@@ -33,7 +33,7 @@ def subtrips(trips: Trips, n: int, seed: int, min_fraction: float = 0.5, draw: i
 
     Args:
         trips: T trips, N points (a training split).
-        n: pieces per trip, ≥ 0 (0 returns ``trips``).
+        n: pieces per trip, ≥ 0 (0: none).
         seed: seed of the pieces (numpy Generator).
         min_fraction: the shortest piece, as a fraction of the trip's points, in (0, 1).
         draw: which independent set of pieces for this ``seed`` (≥ 0).
