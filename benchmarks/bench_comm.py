@@ -100,7 +100,7 @@ def _cpu_worker(rank: int, store: str, rounds: int, steps: int, out: str):
     if rank == 0:
         n_params = sum(p.numel() for p in base.parameters())
         Path(out).write_text(json.dumps({"times": times, "params": n_params}))
-    dist.destroy_process_group()
+    dp.shutdown(wait_for_peers=True)
 
 
 def cpu_step_times(rounds: int = 7, steps: int = 5) -> dict:

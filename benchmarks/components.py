@@ -50,7 +50,7 @@ from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.parallel.comm import TorchCommunicator
 from stfast.parallel.components import ComponentExecutor, ComponentPlan
-from stfast.parallel.data_parallel import DistInfo, all_reduce_gradients
+from stfast.parallel.data_parallel import DistInfo, all_reduce_gradients, shutdown
 
 # name: (trips B, min points, max points, hidden H) — Chengdu-like taxi trips, long GeoLife-like trips, a big LSTM
 SHAPES = {"chengdu B64 H128": (64, 15, 80, 128), "long trips B16 L200-400": (16, 200, 400, 128),
@@ -177,7 +177,7 @@ def _procs_worker(rank, shape, reps, store, out):
                 times[k].append(time.perf_counter() - t0)
     if rank == 0:
         Path(out).write_text(json.dumps(times))
-    dist.destroy_process_group()
+    shutdown(wait_for_peers=True)
 
 
 def procs_times(shape, reps) -> dict:

@@ -287,7 +287,7 @@ def _live_worker(rank: int, world: int, port: int, n_steps: int, batch: int, war
             cm.coefficients = dp.broadcast_floats(cm.coefficients, info)
     if rank == 0:
         q.put({"records": rec, "coefficients": cm.to_dict(), "fit_error": cm.fit_error, "start_coefficients": start})
-    dist.destroy_process_group()
+    dp.shutdown(wait_for_peers=True)
 
 
 def live(n_steps: int, batch: int, warmup_profile: bool = True, clock: str = "cpu") -> dict:

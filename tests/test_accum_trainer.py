@@ -87,7 +87,8 @@ WORKER = textwrap.dedent("""
     torch.save({{"state": tr.model.state_dict(), "events": per_step, "noise_n": tr.accum.noise.n,
                 "n_buckets": len(tr.grad_sync.buckets)}},
                {out!r} + f"/rank{{tr.info.rank}}.pt")
-    dist.destroy_process_group()
+    from stfast.parallel.data_parallel import shutdown
+    shutdown(wait_for_peers=True)  # a rank that tears Gloo down while its peer still works may abort
 """)
 
 

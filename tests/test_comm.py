@@ -473,6 +473,7 @@ def _worker(rank: int, store_path: str, out_dir: str):
         res["ddp"] = _train(rank, "ddp")
         res["sync_empty"] = _train(rank, "sync", use_aux=True, empty_every=3)
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears Gloo down while its peer still works (seen to abort)
     finally:
         dist.destroy_process_group()
 

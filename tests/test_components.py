@@ -279,6 +279,7 @@ def _gloo_worker(rank: int, store: str, out_dir: str):
         dist.all_reduce(t, group=lay1.dp_group)
         res["dp_sum"] = (dist.get_world_size(lay1.cp_group), t.item())
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears Gloo down while its peer still works (seen to abort)
     finally:
         dist.destroy_process_group()
 
