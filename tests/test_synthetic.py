@@ -197,3 +197,33 @@ def test_trips_save_and_memory_mapped_load_round_trip(tmp_path):
         assert sub.lengths.tolist() == tr.lengths[[5, 1]].tolist()
     with pytest.raises(ValueError, match="not a trips folder"):
         Trips.load(tmp_path)
+
+
+def test_a_save_killed_between_its_renames_loses_no_trips(tmp_path, monkeypatch, caplog):
+    """Trips.save replaces a folder by renaming it aside and the new one in: a kill between the two renames
+    leaves only the aside copy, which load reads (the previous data set, not nothing), and the next save
+    removes it."""
+    import os
+
+    first, second = synthetic_trips(40, seed=1), synthetic_trips(50, seed=2)
+    first.save(tmp_path / "city")
+    real = os.replace
+    calls = []
+
+    def killed_at_the_second_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the kill
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_at_the_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        second.save(tmp_path / "city")
+    monkeypatch.setattr(os, "replace", real)
+    assert not (tmp_path / "city").exists()
+    got = Trips.load(tmp_path / "city")
+    assert len(got) == 40 and np.array_equal(got.lng, first.lng)
+    assert "interrupted" in caplog.text and ".city.old" in caplog.text
+    second.save(tmp_path / "city")
+    assert len(Trips.load(tmp_path / "city")) == 50
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["city"]  # the aside copy and the temp folder are gone

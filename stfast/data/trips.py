@@ -14,12 +14,15 @@ trips in a few flat numpy arrays instead of a million Python objects.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def lengths_to_offsets(lengths: np.ndarray) -> np.ndarray:
@@ -333,7 +336,9 @@ class Trips(_CSR):
         """Write the trips as a folder of ``.npy`` files (one per field, ``dropped_trips`` as
         ``dropped_<column>.npy``; str fields as fixed-width unicode) plus ``meta.json`` (format,
         ``dropped``, ``tz``, ``preprocess_config``), atomically: a temp folder renamed into place.
-        An existing folder at ``path`` is replaced. Raises OSError on write failures."""
+        An existing folder at ``path`` is replaced: it is renamed aside (``.<name>.old<pid>``) and the new
+        one renamed in; a save killed between the two renames leaves only the aside copy, which
+        :meth:`load` then reads, so the previous data set is never lost. Raises OSError on write failures."""
         import shutil
 
         path = Path(path)
@@ -352,16 +357,22 @@ class Trips(_CSR):
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        for stale in [old, *_set_aside(path)]:  # this save's, and any a killed save left
+            shutil.rmtree(stale, ignore_errors=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike, mmap: bool = True) -> "Trips":
         """Trips written by :meth:`save`. With ``mmap`` the arrays are read-only memory maps (pages
         are read on first touch; resident memory stays small until used); ``driver`` is then a
         fixed-width unicode array ``<U*``, not object (so is ``trip_id``). A folder of the older
-        format ``stfast-trips/1`` loads with the default ids (``str(i)``, segment 0). Raises ValueError
-        if ``path`` is not such a folder."""
+        format ``stfast-trips/1`` loads with the default ids (``str(i)``, segment 0). When ``path`` is
+        missing because a :meth:`save` over it was killed between its two renames, the folder that save had
+        set aside is read (with a warning naming it). Raises ValueError if ``path`` is not such a folder."""
         path = Path(path)
+        if not path.exists() and (aside := _set_aside(path)):
+            log.warning("%s is missing (a save over it was interrupted): reading the "
+                                                "previous version it set aside, %s", path, aside[0])
+            path = aside[0]
         meta_p = path / "meta.json"
         meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
         if meta.get("format") not in (TRIPS_FORMAT, "stfast-trips/1"):
@@ -383,6 +394,13 @@ class Trips(_CSR):
 
 
 TRIPS_FORMAT = "stfast-trips/2"
+
+
+def _set_aside(path: Path) -> list[Path]:
+    """Folders a :meth:`Trips.save` over ``path`` renamed aside (``.<name>.old<pid>``) and did not remove,
+    newest first."""
+    return sorted((p for p in path.parent.glob(f".{path.name}.old*") if (p / "meta.json").is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
 _DROPPED_COLUMNS = ("trip_id", "segment", "reason")
 
 
