@@ -140,8 +140,23 @@ def _predict(a):
     for m in models[1:]:  # an ensemble is read one way: every member must have been trained on it
         m.resolve_data_options(**models[0].data_options())
     trips = models[0].load_trips(a.data, a.format, a.on_error, **given)
-    trips = models[0].split(trips, a.split)
-    return trips, predict_ensemble(models, trips, a.device, progress=sys.stderr.isatty())
+    parts = [m.split(trips, a.split) for m in models]
+    for m, part in zip(models[1:], parts[1:]):
+        _same_split(a.split, models[0], parts[0], m, part)
+    return parts[0], predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty())
+
+
+def _same_split(which: str, m0, part0, m, part) -> None:
+    """Members of an ensemble scored on one of their runs' splits must share that split: a member whose run
+    drew another (another --seed without a common --data-seed) trained on trips of the first's test split,
+    and the ensemble's score would change with the checkpoints' order. Raises ValueError naming both."""
+    key0 = set(zip(part0.trip_id.tolist(), part0.segment.tolist()))
+    key = set(zip(part.trip_id.tolist(), part.segment.tolist()))
+    if key0 != key:
+        raise ValueError(f"--split {which}: {m.path} has another {which} split than {m0.path} ({len(key)} and "
+                         f"{len(key0)} trips, {len(key & key0)} shared), so some member trained on trips the "
+                         "other scores; train the members with one --data-seed (as --ensemble does), "
+                         "or score them with --split all")
 
 
 def cmd_evaluate(a) -> int:

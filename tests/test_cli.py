@@ -77,3 +77,23 @@ def test_several_checkpoints_are_averaged(trained, tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--checkpoint", *cks, "--data", str(data)]) == 0
     assert "mean of 2 models" in capsys.readouterr().out
+
+
+def test_an_ensemble_scored_on_a_split_needs_one_split(trained, tmp_path, capsys):
+    """--split test over checkpoints whose runs drew different splits (another --seed, no common --data-seed)
+    is refused, naming both: one member trained on trips of the other's test split, and the score would
+    depend on the checkpoints' order. Runs sharing --data-seed share the split and are averaged."""
+    d, data = trained
+    common = ["train", "--data", str(data), "--epochs", "1", "--batch-size", "32", "--no-progress", "--threads", "1"]
+    other, same = tmp_path / "other", tmp_path / "same"
+    assert main(common + ["--seed", "7", "--out", str(other)]) == 0
+    assert main(common + ["--seed", "7", "--data-seed", "0", "--out", str(same)]) == 0
+    first = str(d / "run" / "checkpoint.pt")
+    capsys.readouterr()
+    for cks in ([first, str(other / "checkpoint.pt")], [str(other / "checkpoint.pt"), first]):
+        assert main(["evaluate", "--checkpoint", *cks, "--data", str(data), "--split", "test"]) == 2
+        err = capsys.readouterr().err
+        assert "another test split" in err and "--data-seed" in err and cks[1] in err
+    assert main(["evaluate", "--checkpoint", first, str(same / "checkpoint.pt"), "--data", str(data),
+                 "--split", "test"]) == 0
+    assert "13 trips of the test split (mean of 2 models)" in capsys.readouterr().out

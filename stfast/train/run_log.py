@@ -74,8 +74,8 @@ class RunLog:
             render(out)
         except (ValueError, OSError, RuntimeError) as e:
             log.warning("could not write the report in %s: %s", out, e)
-        return [n for n in ("summary.json", FILE, "learning_curve.png", "report.html", "checkpoint.pt", "last.pt")
-                if (out / n).exists()]
+        names = ("summary.json", FILE, "learning_curve.png", "report.png", "report.html", "checkpoint.pt", "last.pt")
+        return [n for n in names if (out / n).exists()]
 
 
 def read_rows(run_dir: str | Path) -> dict[str, list[dict]]:
