@@ -408,9 +408,39 @@ def test_padded_lengths_checked_on_host(lengths_on, device):
     lng, lat, state, ld = _padded_inputs(3, 10, device=device)
     ldev = device if lengths_on == "points" else "cpu"
     for bad, pattern in [([10, 11, 4], r"\[kernel_size=3, L=10\].*max 11"), ([10, 2, 4], r"min 2"),
-                         ([10, 4], r"\(B=3,\) integers"), ([10.0, 4.0, 5.0], "integers")]:
+                         ([10, 4], r"\(B=3,\) integers"), ([10.0, 4.0, 5.0], "integers"),
+                         ([True, True, True], "integers")]:  # bool: read as 1-point trips before
         with pytest.raises(ValueError, match=pattern):
             fused(lng, lat, state, ld, lengths=torch.tensor(bad, device=ldev))
+
+
+def test_padded_local_dist_shape_and_sequence_lengths():
+    """geo_conv_padded checks local_dist's shape (B, L − k + 1): a transposed or flat one was read in the wrong
+    order; a sequence of lengths works as a tensor of them."""
+    _ref, fused = _modules()
+    lng, lat, state, ld = _padded_inputs(3, 10)
+    points, weights = fused._features(lng, lat, state), fused._weights()
+    for bad in (ld.T.contiguous(), ld.flatten(), ld[:, :-1]):
+        with pytest.raises(ValueError, match=r"local_dist must be \(B, L − k \+ 1\) = \(3, 8\)"):
+            geo_conv_padded(points, bad, *weights)
+    lengths = [10, 4, 3]
+    assert torch.equal(geo_conv_padded(points, ld, *weights, lengths=lengths),
+                       geo_conv_padded(points, ld, *weights, lengths=torch.tensor(lengths)))
+
+
+def test_a_meta_argument_among_real_ones_is_refused():
+    """The dispatcher runs the fake kernel when any argument is a meta tensor; among real CPU tensors it
+    returned uninitialized real tensors. Now refused, naming the arguments; meta data with host offsets
+    (shape inference) still works."""
+    args = [a.detach() for a in make_inputs([5, 7])[0]]
+    for i in (0, 1, 2, 3):
+        bad = list(args)
+        bad[i] = bad[i].to("meta")
+        with pytest.raises(ValueError, match="on the meta device but .* on cpu"):
+            torch.ops.stfast.geo_conv_forward(*bad)
+    meta = [a if i == 1 else a.to("meta") for i, a in enumerate(args)]
+    out, hidden = torch.ops.stfast.geo_conv_forward(*meta)
+    assert out.device.type == "meta" and out.shape == (12 - 2 * (K - 1), 33)
 
 
 def test_padded_bad_lengths_rejected_by_the_op_when_traced(monkeypatch):

@@ -564,6 +564,14 @@ def _invalid_forward_args(device):
         "weight_count": (ValueError, "weights must hold", (x, lens, w[:3], None, None, 1, 0)),
         "w_ih_shape": (ValueError, "weight_ih_l0 must be", (x, lens, [w[0][:, :2], *w[1:]], None, None, L, 0)),
         "w_hh_shape": (ValueError, "weight_hh_l1 must be", (x, lens, [*w[:5], w[5][:, :3], *w[6:]], None, None, L, 0)),
+        # H is read from weight_hh_l0: a wrong one is named, not the weight_ih it disagrees with
+        "w_hh_l0_names_itself": (ValueError, "weight_hh_l0 must be", (x, lens, [w[0], w[1][:, :3].repeat(1, 2), *w[2:]],
+                                                                      None, None, L, 0)),
+        # 4 · num_layers wraps around int64 to the 8 weights given: refused, not read past the list
+        "num_layers_wraps": (ValueError, "weights must hold", (x, lens, w, None, None, 2**62 + 2, 0)),
+        # a shape-only weight claiming H = 2^61: 4H would wrap
+        "hidden_wraps": (ValueError, "H < 2\\^31", (x, lens, [w[0][:0], torch.empty(0, 2**61, dtype=x.dtype, device=device),
+                                                           w[2][:0], w[3][:0]], None, None, 1, 0)),
         "bias_shape": (ValueError, "biases of layer 0", (x, lens, [*w[:2], w[2][:5], *w[3:]], None, None, L, 0)),
         "h0_shape": (ValueError, "h0 must be", (x, lens, w, st[:, :1], st, L, 0)),
         "c0_shape": (ValueError, "c0 must be", (x, lens, w, st, st[:1], L, 0)),
@@ -752,3 +760,17 @@ def test_cpu_only_build_rejects_cuda_tensors():
     op = torch.ops.stfast.lstm_forward.default
     with pytest.raises(RuntimeError, match="stfast was built without CUDA support"):
         op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), *args)
+
+
+def test_a_meta_argument_among_real_ones_is_refused():
+    """A meta tensor among real CPU arguments sent lstm_forward to its fake kernel, which returned
+    uninitialized CPU tensors; now refused, naming the arguments. Meta data with host lengths (shape
+    inference) still works."""
+    args = _invalid_forward_args("cpu")["sum_short"][2]  # well-formed but for the lengths: replaced below
+    x, _, w, _, _, L, layout = args
+    lens = torch.tensor([2, 4])
+    for bad in ((x, lens.to("meta"), w), (x, lens, [w[0].to("meta"), *w[1:]]), (x.to("meta"), lens, w)):
+        with pytest.raises(ValueError, match="on the meta device but .* on cpu"):
+            torch.ops.stfast.lstm_forward(bad[0], bad[1], bad[2], None, None, L, layout)
+    out = torch.ops.stfast.lstm_forward(x.to("meta"), lens, [t.to("meta") for t in w], None, None, L, layout)
+    assert out[0].device.type == "meta" and out[0].shape == (6, 4)

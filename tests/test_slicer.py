@@ -182,6 +182,25 @@ def test_bad_arguments_raise_clear_errors():
         BalancedBatchSampler(np.ones(10), 0, 2, rank=0)
 
 
+def test_shard_ids_are_range_checked_before_narrowing():
+    """The bindings narrowed assignments to int32 by a forced cast: 2^32 + 1 wrapped into shard 1 and 1.9 was
+    truncated to 1, both counted silently. Now refused, in the bindings and in predicted_times."""
+    lengths = np.array([1.0, 2.0, 3.0, 4.0])
+    model = (0.0, 0.0, 1.0, 0.0, 0.0)
+    for fn in (lambda a: _slicer.shard_costs(lengths, a, 2, model), lambda a: _slicer.refine(lengths, a, 2, model, 5)):
+        with pytest.raises(ValueError, match=r"assignment\[3\] = 4294967297 is not a shard id"):
+            fn(np.array([0, 0, 1, 2**32 + 1]))
+        with pytest.raises(ValueError, match="integer shard ids"):
+            fn(np.array([0, 0, 1, 1.9]))
+        with pytest.raises(ValueError, match="is not a shard id"):
+            fn(np.array([0, 0, 1, 2**64 - 1], dtype=np.uint64))
+    assert _slicer.shard_costs(lengths, np.array([0, 0, 1, 1], dtype=np.uint8), 2, model).tolist() == [3.0, 7.0]
+    for bad, text in ((np.array([0, 0, 1, 1.9]), "integer shard ids"), (np.array([0, 0, 1, 2]), r"outside 0\.\.1")):
+        for cost in (None, lambda x: float(np.sum(x))):
+            with pytest.raises(ValueError, match=text):
+                predicted_times(lengths, bad, 2, cost)
+
+
 # ---------------------------------------------------------------- cost model
 def _synthetic_shards(rng, n_shards, true, noise=0.01, outliers=0.05):
     shards = [np.clip(rng.lognormal(3.0, 0.8, rng.integers(1, 60)), 3, 500).round() for _ in range(n_shards)]

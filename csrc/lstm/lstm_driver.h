@@ -26,6 +26,7 @@
 #include <c10/util/safe_numerics.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <tuple>
@@ -112,19 +113,24 @@ inline Dims check_args(const at::Tensor& input, const at::Tensor& lengths, at::T
   TORCH_CHECK_VALUE(d.padded || d.N == d.M, "stfast.lstm: lengths sum to ", d.N, " but the packed input has ", d.M,
                     " rows");
   const int64_t n_w = static_cast<int64_t>(weights.size());
-  TORCH_CHECK_VALUE(n_w == 4 * d.L || n_w == 2 * d.L, "stfast.lstm: weights must hold 4 (with biases) or 2 "
-                    "tensors per layer for num_layers=", d.L, ", got ", n_w);
+  // Why L is bounded by n_w first: 4 * L must not wrap around int64 and match n_w by accident
+  TORCH_CHECK_VALUE(d.L <= n_w && (n_w == 4 * d.L || n_w == 2 * d.L), "stfast.lstm: weights must hold 4 (with "
+                    "biases) or 2 tensors per layer for num_layers=", d.L, ", got ", n_w);
   d.has_bias = n_w == 4 * d.L;
   TORCH_CHECK_VALUE(weights[1].dim() == 2, "stfast.lstm: weight_hh_l0 must be (4H, H), got ", weights[1].sizes());
   d.H = weights[1].size(1);
+  // Why: 4H is every gate buffer's width; a shape-only (0-element) weight can claim any H
+  TORCH_CHECK_VALUE(d.H <= std::numeric_limits<int32_t>::max(), "stfast.lstm: weight_hh_l0 must be (4H, H) with "
+                    "H < 2^31, got ", weights[1].sizes());
   for (int64_t k = 0; k < d.L; ++k) {
     const at::Tensor& w_ih = weights[k * d.per_layer()];
     const at::Tensor& w_hh = weights[k * d.per_layer() + 1];
     const int64_t in_k = k == 0 ? d.I : d.H;
+    // weight_hh first: H is read from it, so a wrong weight_hh is named as such, not as a wrong weight_ih
+    TORCH_CHECK_VALUE(w_hh.dim() == 2 && w_hh.size(0) == 4 * d.H && w_hh.size(1) == d.H, "stfast.lstm: weight_hh_l",
+                      k, " must be (4H, H) = (", 4 * d.H, ", ", d.H, "), got ", w_hh.sizes());
     TORCH_CHECK_VALUE(w_ih.dim() == 2 && w_ih.size(0) == 4 * d.H && w_ih.size(1) == in_k, "stfast.lstm: weight_ih_l",
                       k, " must be (4H, ", in_k, ") = (", 4 * d.H, ", ", in_k, "), got ", w_ih.sizes());
-    TORCH_CHECK_VALUE(w_hh.dim() == 2 && w_hh.size(0) == 4 * d.H && w_hh.size(1) == d.H, "stfast.lstm: weight_hh_l",
-                      k, " must be (", 4 * d.H, ", ", d.H, "), got ", w_hh.sizes());
     check_same(input, w_ih, "weight_ih");
     check_same(input, w_hh, "weight_hh");
     if (d.has_bias) {

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -16,7 +17,7 @@ using stfast::slicer::CostModel;
 namespace {
 
 using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
-using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
 std::vector<double> vec(const F64& a, const char* name) {
   if (a.ndim() != 1) throw std::invalid_argument(std::string(name) + " must be 1-D, got " + std::to_string(a.ndim()) + "-D");
@@ -50,11 +51,28 @@ py::array_t<int32_t> run(const F64& lengths, int64_t world_size, const py::tuple
   return out(a);
 }
 
-Assignment assignment_of(const I32& a, size_t n) {
-  if (a.ndim() != 1 || size_t(a.shape(0)) != n) {
+// Shard ids arrive as any integer array and are range-checked before narrowing to int32: a float id (1.9) or
+// one past int32 (2^32 + 1) must be refused, not truncated or wrapped into a valid shard.
+Assignment assignment_of(const py::array& raw, size_t n) {
+  const char kind = raw.dtype().kind();
+  if (kind != 'i' && kind != 'u') {
+    throw std::invalid_argument(std::string("assignment must hold integer shard ids, got dtype kind '") + kind + "'");
+  }
+  const I64 a = I64::ensure(raw);
+  if (!a || a.ndim() != 1 || size_t(a.shape(0)) != n) {
     throw std::invalid_argument("assignment must be 1-D with one shard id per trip (" + std::to_string(n) + ")");
   }
-  return Assignment(a.data(), a.data() + n);
+  Assignment r(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t v = a.data()[i];
+    // uint64 ids past int64 come through as negative values: refused here too
+    if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
+      throw std::invalid_argument("assignment[" + std::to_string(i) + "] = " + std::to_string(v) +
+                                  " is not a shard id");
+    }
+    r[i] = int32_t(v);
+  }
+  return r;
 }
 
 }  // namespace
@@ -80,7 +98,7 @@ PYBIND11_MODULE(_slicer, mod) {
   mod.def("balanced", [](const F64& l, int64_t w, const py::tuple& m, int64_t max_iters) {
     return run(l, w, m, [max_iters](auto& l, int64_t w, auto& m) { return stfast::slicer::balanced(l, w, m, max_iters); });
   }, py::arg("lengths"), py::arg("world_size"), py::arg("model"), py::arg("max_iters"));
-  mod.def("refine", [](const F64& l, const I32& asg, int64_t w, const py::tuple& m, int64_t max_iters) {
+  mod.def("refine", [](const F64& l, const py::array& asg, int64_t w, const py::tuple& m, int64_t max_iters) {
     std::vector<double> lv = vec(l, "lengths");
     Assignment a = assignment_of(asg, lv.size());
     const CostModel cm = model_of(m);
@@ -92,7 +110,7 @@ PYBIND11_MODULE(_slicer, mod) {
     }
     return out(a);
   }, py::arg("lengths"), py::arg("assignment"), py::arg("world_size"), py::arg("model"), py::arg("max_iters"));
-  mod.def("shard_costs", [](const F64& l, const I32& asg, int64_t w, const py::tuple& m) {
+  mod.def("shard_costs", [](const F64& l, const py::array& asg, int64_t w, const py::tuple& m) {
     std::vector<double> lv = vec(l, "lengths");
     const CostModel cm = model_of(m);
     stfast::slicer::check_inputs(lv, w, cm);

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .fake import refuse_mixed_meta
+
 __all__ = ["geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "output_offsets", "padded_offsets"]
 
 
@@ -91,16 +93,16 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
 
     Args:
         points: ``(B, L, F_in)``; local_dist: ``(B, L − k + 1)``; weights as :func:`geo_conv_packed`.
-        lengths: ``(B,)`` integer trip lengths (points) in [k, L], or None: every trip uses all L
-            points, which reproduces the reference module exactly, padding included. Host data: pass
+        lengths: ``(B,)`` integer trip lengths (points) in [k, L], a tensor or a sequence, or None: every
+            trip uses all L points, which reproduces the reference module exactly, padding included. Host data: pass
             the CPU copy (checked there; no sync at all); a GPU tensor is copied to the host once,
             which syncs its stream.
     Returns:
         ``(B, L − k + 1, C + 1)``. With ``lengths``, only each trip's ``lengths[b] − k + 1`` rows are
         computed (work scales with real points) and the rows past them are zero.
     Raises:
-        ValueError: L < k, lengths not (B,) integers, or a length < k or > L (checked on the host copy,
-            whatever device ``lengths`` is on).
+        ValueError: L < k, local_dist not (B, L − k + 1), lengths not (B,) integers, or a length < k or > L
+            (checked on the host copy, whatever device ``lengths`` is on).
     """
     if points.dim() != 3:
         raise ValueError(f"stfast.geo_conv: padded points must be (B, L, F_in), got {tuple(points.shape)}")
@@ -109,11 +111,16 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
     if L < k:
         raise ValueError(f"stfast.geo_conv: padded length {L} < kernel_size={k}")
     Lo = L - k + 1
+    if tuple(local_dist.shape) != (B, Lo):
+        raise ValueError(f"stfast.geo_conv: local_dist must be (B, L − k + 1) = ({B}, {Lo}), got "
+                         f"{tuple(local_dist.shape)}")
     if lengths is None:
         out = geo_conv_packed(points.reshape(B * L, Fin), padded_offsets(B, L), local_dist.reshape(B * Lo),
                               proj_weight, proj_bias, conv_weight, conv_bias)
         return out.view(B, Lo, out.shape[1])  # not -1: B = 0 leaves it undetermined
-    if lengths.shape != (B,) or lengths.is_floating_point() or lengths.is_complex():
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+    if lengths.shape != (B,) or lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
         raise ValueError(f"stfast.geo_conv: lengths must be (B={B},) integers, got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
     lengths = _host(lengths).long()
@@ -161,6 +168,8 @@ def geo_conv_reference(points: Tensor, offsets: Tensor, local_dist: Tensor, proj
 
 @torch.library.register_fake("stfast::geo_conv_forward")
 def _geo_conv_forward_fake(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias):
+    refuse_mixed_meta("stfast.geo_conv", ("offsets",), points=points, offsets=offsets, local_dist=local_dist,
+                      proj_weight=proj_weight, proj_bias=proj_bias, conv_weight=conv_weight, conv_bias=conv_bias)
     torch._check(points.dim() == 2 and offsets.dim() == 1)
     n_out = points.shape[0] - (offsets.shape[0] - 1) * (conv_weight.shape[2] - 1)
     return (points.new_empty(n_out, conv_weight.shape[0] + 1), points.new_empty(points.shape[0], proj_weight.shape[0]))
@@ -168,6 +177,8 @@ def _geo_conv_forward_fake(points, offsets, local_dist, proj_weight, proj_bias, 
 
 @torch.library.register_fake("stfast::geo_conv_backward")
 def _geo_conv_backward_fake(grad_out, points, offsets, hidden, out, proj_weight, conv_weight):
+    refuse_mixed_meta("stfast.geo_conv_backward", ("offsets",), grad_out=grad_out, points=points, offsets=offsets,
+                      hidden=hidden, out=out, proj_weight=proj_weight, conv_weight=conv_weight)
     return (torch.empty_like(points), torch.empty_like(proj_weight), proj_weight.new_empty(proj_weight.shape[0]),
             torch.empty_like(conv_weight), conv_weight.new_empty(conv_weight.shape[0]))
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .fake import refuse_mixed_meta
+
 __all__ = ["lstm_packed", "lstm_packed_sequence", "lstm_padded", "lstm_reference", "offsets_to_lengths"]
 
 # The op's `layout` argument (csrc/lstm/lstm_driver.h, enum Layout).
@@ -202,6 +204,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @torch.library.register_fake("stfast::lstm_forward")
 def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, layout):
+    refuse_mixed_meta("stfast.lstm", ("lengths",), input=input, lengths=lengths, weights=weights, h0=h0, c0=c0)
     torch._check(input.dim() in (2, 3))
     H = weights[1].shape[1]
     B = lengths.shape[0]
@@ -215,6 +218,9 @@ def _lstm_forward_fake(input, lengths, weights, h0, c0, num_layers, layout):
 @torch.library.register_fake("stfast::lstm_backward")
 def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates, cells, hiddens,
                         num_layers, layout, input_grad=True):
+    refuse_mixed_meta("stfast.lstm_backward", ("lengths",), grad_output=grad_output, grad_h_n=grad_h_n,
+                      grad_c_n=grad_c_n, input=input, lengths=lengths, weights=weights, h0=h0, c0=c0, gates=gates,
+                      cells=cells, hiddens=hiddens)
     H = weights[1].shape[1]
     B = lengths.shape[0]
     return (torch.empty_like(input) if input_grad else input.new_empty(0), [torch.empty_like(w) for w in weights],

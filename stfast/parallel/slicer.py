@@ -321,12 +321,18 @@ def partition(lengths: np.ndarray, world_size: int, method: str = "balanced",
 
 def predicted_times(lengths: np.ndarray, assignment: np.ndarray, world_size: int,
                     cost: LinearCostModel | CostFunction | None = None) -> np.ndarray:
-    """Predicted seconds [W] of each shard of ``assignment`` [B] (shard ids) under ``cost``."""
+    """Predicted seconds [W] of each shard of ``assignment`` [B] (integer shard ids in [0, W)) under ``cost``.
+    Raises ValueError for non-integer or out-of-range ids."""
     model = LinearCostModel() if cost is None else cost
     lengths = np.asarray(lengths, dtype=np.float64)
     assignment = np.asarray(assignment)
+    if assignment.dtype.kind not in "iu":  # a float id would be truncated into another shard
+        raise ValueError(f"assignment must hold integer shard ids, got dtype {assignment.dtype}")
+    if assignment.size and (int(assignment.min()) < 0 or int(assignment.max()) >= world_size):
+        raise ValueError(f"assignment holds shard ids {int(assignment.min())}..{int(assignment.max())}, "
+                         f"outside 0..{world_size - 1}")
     if isinstance(model, LinearCostModel):
-        return _slicer.shard_costs(lengths, assignment.astype(np.int32), world_size, model.as_tuple)
+        return _slicer.shard_costs(lengths, assignment, world_size, model.as_tuple)
     return np.array([float(model(lengths[assignment == s])) for s in range(world_size)])
 
 
