@@ -55,3 +55,27 @@ def test_cli_report(tmp_path, capsys):
     assert (out / "report.png").is_file() and (out / "report.html").is_file()
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "no metrics" in capsys.readouterr().err
+
+
+def test_a_partial_last_row_is_dropped_on_resume_and_left_out_when_read(tmp_path, caplog):
+    """An interrupted write leaves metrics.jsonl ending mid-row, possibly below the size the checkpoint
+    recorded: cut_back (what --resume calls) drops the partial row so that new rows are not glued to it, and
+    read_rows (report, plots) leaves it out with a warning instead of refusing the whole log."""
+    from stfast.train.run_log import RunLog
+
+    rl = RunLog(tmp_path)
+    for e in (1, 2, 3):
+        rl.append("epoch", {"epoch": e, "val_mape": 0.1 * e})
+    full = rl.size()
+    data = rl.path.read_bytes()
+    rl.path.write_bytes(data[:-15])  # the third row cut short, and the file below `full`
+    assert [r["epoch"] for r in read_rows(tmp_path)["epoch"]] == [1, 2]
+    assert "partial last row" in caplog.text
+    rl.cut_back(full)
+    rl.append("epoch", {"epoch": 3, "val_mape": 0.3})
+    assert [r["epoch"] for r in read_rows(tmp_path)["epoch"]] == [1, 2, 3]
+    assert "ends in a partial line" in caplog.text
+    rl.path.write_bytes(data[:-15] + b"\n")  # a broken row that is not the last write: still an error
+    rl.append("epoch", {"epoch": 4})
+    with pytest.raises(ValueError, match="line 3: not a JSON object"):
+        read_rows(tmp_path)

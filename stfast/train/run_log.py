@@ -47,10 +47,22 @@ class RunLog:
         return self.path.stat().st_size if self.path.is_file() else 0
 
     def cut_back(self, size: int | None) -> None:
-        """Drop what was written after the log held ``size`` bytes (None: keep all)."""
-        if self.enabled and size is not None and self.size() > size:
+        """Drop what was written after the log held ``size`` bytes (None: keep all), and a partial last
+        line (an interrupted write, or a file cut short below ``size``): rows appended after it would be
+        glued to it and the log would stay unreadable."""
+        if not self.enabled:
+            return
+        if size is not None and self.size() > size:
             with open(self.path, "r+b") as f:
                 f.truncate(size)
+        if self.size():
+            data = self.path.read_bytes()
+            if not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                log.warning("%s ends in a partial line (%d bytes, an interrupted write): dropped", self.path,
+                            len(data) - keep)
+                with open(self.path, "r+b") as f:
+                    f.truncate(keep)
 
     def discard(self) -> None:
         """Start afresh (a job restarted before its first checkpoint)."""
@@ -80,18 +92,24 @@ class RunLog:
 
 def read_rows(run_dir: str | Path) -> dict[str, list[dict]]:
     """The rows of ``run_dir/metrics.jsonl`` by ``"type"``: {type: [row, ...]} for every type in TYPES (empty
-    lists for none; rows of other types are left out). Raises FileNotFoundError naming the file, ValueError
-    naming the line of a row that is not a JSON object."""
+    lists for none; rows of other types are left out; a partial last line without its newline, an interrupted
+    write, is left out with a warning). Raises FileNotFoundError naming the file, ValueError naming the line of
+    a row that is not a JSON object."""
     path = Path(run_dir) / FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics (is {run_dir} a training run folder?)")
     rows: dict[str, list[dict]] = {t: [] for t in TYPES}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
+            if n == len(lines) and not text.endswith("\n"):  # a write interrupted mid-row: the rows before stand
+                log.warning("%s, line %d: a partial last row (an interrupted write), left out", path, n)
+                break
             raise ValueError(f"{path}, line {n}: not a JSON object ({e.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {n}: not a JSON object")
