@@ -386,3 +386,39 @@ def test_a_hung_rank_times_out_with_an_error_naming_it(trips_file, tmp_path):
     assert proc.returncode != 0
     assert "rank 0 of 2: a collective failed" in stdout and "rank(s) not responding: 1" in stdout, stdout[-5000:]
     assert "timeout 20 s" in stdout
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(trips_file, tmp_path, capsys):
+    """One process writes into a run folder at a time: while another process holds it (a run in progress),
+    `stfast train` into it, fresh or --resume, is refused naming the holder's pid, and the holder's files are
+    untouched. Within one process the hold is shared (an environment's reset makes a new Trainer), and a run
+    that ends releases it, so a --resume in the same process works."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from stfast.train.guards import lock_out_dir; "
+                               f"lock_out_dir({str(out)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in ([], ["--resume"]):
+            assert main(["train", "--data", trips_file, *CLI_ARGS, "--out", str(out), *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"--out {out} is in use by another stfast run (pid {holder.pid})" in err
+        assert sorted(p.name for p in out.iterdir()) == [".stfast.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["train", "--data", trips_file, *CLI_ARGS, "--epochs", "1", "--out", str(out)]) == 0
+    cfg = TrainConfig(data=trips_file, out=str(out), resume=True, **ARGS)
+    a = Trainer(cfg)
+    b = Trainer(cfg)  # the same process: shares the hold
+    a.release_out_dir()
+    b.release_out_dir()
+    assert main(["train", "--data", trips_file, *CLI_ARGS, "--out", str(out), "--resume"]) == 0
+
+
+def test_input_refused_after_the_folder_is_claimed_leaves_no_folder(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"lngs": [1, 2]}\n')
+    out = tmp_path / "never"
+    assert main(["train", "--data", str(bad), "--format", "deeptte", "--out", str(out)]) == 2
+    assert not out.exists()

@@ -4,7 +4,7 @@
   model configuration (the differing fields are named), checked before any data is read.
 * :func:`check_resume_data` — ``--resume`` on other data (its fingerprint differs) is refused.
 * :func:`check_out_dir` — one run per folder: a non-empty ``--out`` is refused without ``--resume``
-  (``--overwrite`` clears it first).
+  (``--overwrite`` clears it first); :func:`lock_out_dir` — and one process writing into it at a time.
 * :func:`check_world_size` — more ranks than training trips is rejected before the model is built.
 * :class:`StopSignals` — SIGTERM/SIGINT ask the run to finish its current step, write ``last.pt`` and
   exit 0 (a second signal acts as usual: the process ends at once).
@@ -95,6 +95,65 @@ def check_resume_data(state: dict, fingerprint: str, n_trips: int, cfg, path) ->
                          f"{fingerprint[:12]}: give the run's --data, or train into a new --out")
 
 
+#: the run folder's lock (``lock_out_dir``): held by the process writing into the folder (rank 0)
+LOCK_FILE = ".stfast.lock"
+_held: dict[str, list] = {}  # this process's locks: real path -> [open lock file, holders, created the folder]
+
+
+def lock_out_dir(out) -> str:
+    """Claim ``out`` (created if absent) for this process: an exclusive ``flock`` on ``out/.stfast.lock``,
+    so that a second run started into the same folder while one writes there is refused instead of
+    interleaving its metrics and checkpoints with the first's. Re-entrant within a process (a Trainer made
+    again in the same process, e.g. by an environment's reset, shares the hold). Returns the key to give to
+    :func:`unlock_out_dir`. Raises ValueError naming the holder's pid when another process holds it."""
+    import fcntl
+    from pathlib import Path
+
+    out = Path(out)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(out)
+    if key in _held:
+        _held[key][1] += 1
+        return key
+    f = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ValueError(f"--out {out} is in use by another stfast run (pid {holder}): wait for it to end, or "
+                         "choose another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    _held[key] = [f, 1, created]
+    return key
+
+
+def unlock_out_dir(key: str) -> None:
+    """Release one hold of :func:`lock_out_dir`; the last one unlocks. A folder the lock created and that
+    holds nothing else (the run failed before writing) is removed again, so bad input leaves no folder."""
+    from pathlib import Path
+
+    entry = _held.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] > 0:
+        return
+    del _held[key]
+    f, _, created = entry
+    out = Path(key)
+    with contextlib.suppress(OSError):  # the folder may be gone already (removed by its owner)
+        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            out.rmdir()
+    f.close()  # closing the file releases the flock
+
+
 #: what a training run writes into its folder (``check_out_dir`` clears these with ``--overwrite``)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "last.pt", "last.prev.pt", "learning_curve.png",
              "learning_curves.png", "report.png", "report.html")
@@ -113,7 +172,7 @@ def check_out_dir(cfg) -> None:
         return
     if not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder")
-    held = sorted(p.name for p in out.iterdir())
+    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
     if not held:
         return
     if not cfg.overwrite:
@@ -126,7 +185,7 @@ def check_out_dir(cfg) -> None:
                 or (p.is_dir() and p.name.startswith("seed") and p.name[4:].isdigit()))
         if ours:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    kept = sorted(p.name for p in out.iterdir())
+    kept = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE)
     if kept:
         logging.getLogger("stfast.train").warning("--overwrite: kept %s in %s (not files of a stfast run)",
                                                   ", ".join(kept), out)
@@ -253,21 +312,30 @@ def naming_rank_failures(info, timeout_s: float, step: Callable[[], int]):
         raise RankFailure(describe_collective_failure(e, info.rank, info.world_size, step(), timeout_s)) from e
 
 
-def agree_out_dir(cfg, info) -> None:
-    """One run per folder (check_out_dir), decided by rank 0 (which clears it under --overwrite) and agreed
-    by all ranks of ``info`` (a DistInfo), so that none starts while rank 0 refuses. Raises ValueError."""
-    err = None
+def agree_out_dir(cfg, info) -> str | None:
+    """One run per folder, decided by rank 0 and agreed by all ranks of ``info`` (a DistInfo), so that none
+    starts while rank 0 refuses: rank 0 locks the folder (:func:`lock_out_dir`; no other run may write there
+    meanwhile) and checks it (:func:`check_out_dir`, which clears it under --overwrite). Returns rank 0's lock
+    key (None on other ranks), for :func:`unlock_out_dir` when the run ends. Raises ValueError."""
+    err, key = None, None
     if info.is_main:
         try:
+            key = lock_out_dir(cfg.out)
             check_out_dir(cfg)
         except ValueError as e:
             err = e
+            if key is not None:
+                unlock_out_dir(key)
+                key = None
     if info.distributed:
         refused = dp.all_reduce_sum(np.array([0.0 if err is None else 1.0]), info)[0] > 0
         if refused and err is None:
             err = ValueError(f"--out {cfg.out} was refused by rank 0 (see its error)")
     if err is not None:
+        if key is not None:
+            unlock_out_dir(key)
         raise err
+    return key
 
 
 class RunGuards:

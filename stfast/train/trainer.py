@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -63,39 +64,49 @@ class Trainer:
         self.epoch, self.step, self.best, self.t_start = 0, 0, math.inf, time.perf_counter()
         self.epoch_batch, self.epoch_progress = 0, (0.0, 0)  # of self.epoch: batches done, (loss sum, steps)
         with guards.naming_rank_failures(self.info, cfg.timeout_s, lambda: self.step):
-            guards.agree_out_dir(cfg, self.info)
-            resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
-            self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
-            torch.manual_seed(cfg.seed)
-            self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)
-            # fused: one kernel for all parameters (0.45 ms a step, not 3.5 ms, on this 2-core CPU); same update
-            self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-            # --swa-start / --ema-decay: an average of the weights (stfast.train.swa), what validation,
-            # checkpoint.pt and the test score use; updated after every optimizer step
-            self.ema = swa.build(cfg, self.model, k=lambda: self.accum.k, epoch=lambda: self.epoch)
-            self.grad_sync = (GradientSync(self.model.parameters(), make_communicator(cfg.comm, self.device))
-                              if self.info.distributed else None)
-            ds = self.data.train_ds
-            self.steps = steps.for_mode(cfg, self.model, lambda idx: ds.batch(idx).to(self.device), self.info,
-                                        self.grad_sync, self.device, ds.lengths,
-                                        lambda e: self.data.epoch_batches(cfg.batch_size, cfg.seed, e))
-            if (line := self.steps.describe()) is not None:
-                self.say(line)
-            self.accum_spec = parse_spec(cfg.accumulation, self.info.world_size)
-            self.accum = AccumulationController.for_spec(
-                self.accum_spec, cfg.seed, noise_parameters(self.model), cfg.batch_size, cfg.accum_window, self.opt,
-                cfg.noise_scale, reduce=lambda a: dp.all_reduce_sum(a, self.info), world_size=self.info.world_size,
-                rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling, k0=cfg.accum_start,
-                pretrained=resume is None or "accumulation" not in resume)  # a resumed agent is in the checkpoint
-            self.accum.apply_lr(self._lr_decay())
-            if resume is not None:
-                restore(self, resume, resume_path)
-            self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
-                     f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
-            if self.data.dropped:
-                self.say("dropped: " + self.data.dropped_text())
-            if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
-                self.say(line)
+            key = guards.agree_out_dir(cfg, self.info)  # rank 0 holds the folder's lock until release_out_dir
+            self.release_out_dir = weakref.finalize(self, guards.unlock_out_dir, key) if key else (lambda: None)
+            try:
+                self._build(cfg)
+            except BaseException:
+                self.release_out_dir()  # a run refused here (bad data, a mismatched --resume) leaves no folder
+                raise
+
+    def _build(self, cfg: TrainConfig) -> None:
+        """The run's state after its folder is claimed: the resumed checkpoint, data, model, optimizer,
+        accumulation and the parallel step."""
+        resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
+        self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
+        torch.manual_seed(cfg.seed)
+        self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)
+        # fused: one kernel for all parameters (0.45 ms a step, not 3.5 ms, on this 2-core CPU); same update
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+        # --swa-start / --ema-decay: an average of the weights (stfast.train.swa), what validation,
+        # checkpoint.pt and the test score use; updated after every optimizer step
+        self.ema = swa.build(cfg, self.model, k=lambda: self.accum.k, epoch=lambda: self.epoch)
+        self.grad_sync = (GradientSync(self.model.parameters(), make_communicator(cfg.comm, self.device))
+                          if self.info.distributed else None)
+        ds = self.data.train_ds
+        self.steps = steps.for_mode(cfg, self.model, lambda idx: ds.batch(idx).to(self.device), self.info,
+                                    self.grad_sync, self.device, ds.lengths,
+                                    lambda e: self.data.epoch_batches(cfg.batch_size, cfg.seed, e))
+        if (line := self.steps.describe()) is not None:
+            self.say(line)
+        self.accum_spec = parse_spec(cfg.accumulation, self.info.world_size)
+        self.accum = AccumulationController.for_spec(
+            self.accum_spec, cfg.seed, noise_parameters(self.model), cfg.batch_size, cfg.accum_window, self.opt,
+            cfg.noise_scale, reduce=lambda a: dp.all_reduce_sum(a, self.info), world_size=self.info.world_size,
+            rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling, k0=cfg.accum_start,
+            pretrained=resume is None or "accumulation" not in resume)  # a resumed agent is in the checkpoint
+        self.accum.apply_lr(self._lr_decay())
+        if resume is not None:
+            restore(self, resume, resume_path)
+        self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
+                 f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
+        if self.data.dropped:
+            self.say("dropped: " + self.data.dropped_text())
+        if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
+            self.say(line)
 
     def say(self, msg: str) -> None:
         if self.info.is_main:
@@ -290,11 +301,14 @@ class Trainer:
 
 def train(cfg: TrainConfig) -> dict:
     """Train per ``cfg`` in this process (a rank of a job when torchrun's variables are set)."""
-    finished = False
+    finished, tr = False, None
     try:
-        result = Trainer(cfg).fit()
+        tr = Trainer(cfg)
+        result = tr.fit()
         finished = True
         return result
     finally:
+        if tr is not None:
+            tr.release_out_dir()  # the folder is free for the next run (a --resume, even in this process)
         with guards.StopSignals(announce=False):  # the run is over: a late Ctrl-C does not fail it
             dp.shutdown(wait_for_peers=finished)
