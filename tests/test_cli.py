@@ -97,3 +97,23 @@ def test_an_ensemble_scored_on_a_split_needs_one_split(trained, tmp_path, capsys
     assert main(["evaluate", "--checkpoint", first, str(same / "checkpoint.pt"), "--data", str(data),
                  "--split", "test"]) == 0
     assert "13 trips of the test split (mean of 2 models)" in capsys.readouterr().out
+
+
+def test_deeptte_records_shorter_than_the_kernel_are_dropped_and_counted(trained, tmp_path):
+    """DeepTTE JSON records are used as written, but one of 1 or 2 points has no geo-conv output: it stopped
+    the whole prediction ("trip 0 of the batch has 1 points"). Now dropped as too_short and listed with the
+    others predict accounts for; the rest are predicted."""
+    d, data = trained
+    recs = [json.loads(line) for line in open(data).read().splitlines()[:5]]
+    for r, n in zip(recs, (1, 2)):
+        for key in ("lngs", "lats", "states", "time_gap", "dist_gap"):
+            r[key] = r[key][:n]
+        r["time"], r["dist"] = max(r["time_gap"][-1], 1.0), max(r["dist_gap"][-1], 0.01)
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(short),
+                 "--out", str(out)]) == 0
+    assert len(list(csv.DictReader(open(out)))) == 3
+    dropped = list(csv.DictReader(open(tmp_path / "p.dropped.csv")))
+    assert [r["reason"] for r in dropped] == ["too_short", "too_short"]

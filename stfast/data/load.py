@@ -4,11 +4,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
+
 from .readers.deeptte_json import DEEPTTE_TZ
 from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
 from .synthetic import SyntheticCityConfig
-from .trips import Trajectories, Trips
+from .trips import DroppedTrips, Trajectories, Trips
 from .tz import TZ_FROM_TIMESTAMPS, check_tz
 
 log = logging.getLogger("stfast.data")
@@ -61,7 +63,8 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
         :class:`~stfast.data.trips.Trips` with ``trip_id``/``segment`` per trip, ``dropped`` counts,
         ``dropped_trips`` rows, ``tz`` (the zone used, resolved: an IANA name or
         :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`) and ``preprocess_config`` (what preprocessing
-        used, ``tz`` resolved; None for DeepTTE JSON, which is not preprocessed).
+        used, ``tz`` resolved; None for DeepTTE JSON, which is not preprocessed: only its records with
+        fewer than ``min_points`` points are dropped, see :func:`drop_short_records`).
 
     Raises:
         TrajectoryFormatError: bad input (see the readers).
@@ -101,4 +104,26 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
     if tz is not None and tz != got.tz:
         log.warning("%s: DeepTTE records carry their own weekID/timeID/dateID (computed in %s); tz=%s "
                     "does not change them", data, got.tz, tz)
-    return got
+    min_points = preprocess_config.min_points if preprocess_config is not None else options.get("min_points")
+    return drop_short_records(got, PreprocessConfig.min_points if min_points is None else int(min_points))
+
+
+def drop_short_records(trips: Trips, min_points: int) -> Trips:
+    """DeepTTE records are used as written, but one with fewer than ``min_points`` points (default 3,
+    DeepTTE's geo-conv kernel) has no geo-conv output and would stop a whole training or prediction
+    batch: such trips are dropped and counted as preprocessing counts them ("too_short" in ``dropped``,
+    one ``dropped_trips`` row each), so every input trip stays accounted for."""
+    short = trips.lengths < min_points
+    if not short.any():
+        return trips
+    kept = trips.subset(np.flatnonzero(~short))
+    kept.dropped = dict(trips.dropped or {})
+    kept.dropped["too_short"] = kept.dropped.get("too_short", 0) + int(short.sum())
+    kept.dropped["points_of_dropped_trips"] = (kept.dropped.get("points_of_dropped_trips", 0)
+                                               + int(trips.lengths[short].sum()))
+    kept.dropped_trips = DroppedTrips.concat([trips.dropped_trips, DroppedTrips(
+        trips.trip_id[short], trips.segment[short], np.full(int(short.sum()), "too_short", dtype=object))])
+    kept.tz, kept.preprocess_config = trips.tz, trips.preprocess_config
+    log.warning("%d trips with fewer than %d points dropped (too_short): DeepTTE's geo-convolution needs %d",
+                int(short.sum()), min_points, min_points)
+    return kept
