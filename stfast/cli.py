@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
             "bench": cmd_bench}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
+    from .parallel.data_parallel import JoinFailure
     from .train.guards import RankFailure, TrainingDiverged
 
     try:
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 2
-    except (TrainingDiverged, RankFailure) as e:  # the run failed (not the arguments)
+    except (TrainingDiverged, RankFailure, JoinFailure) as e:  # the run failed (not the arguments)
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 1
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:

@@ -422,3 +422,23 @@ def test_input_refused_after_the_folder_is_claimed_leaves_no_folder(tmp_path, ca
     out = tmp_path / "never"
     assert main(["train", "--data", str(bad), "--format", "deeptte", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_a_rank_whose_peers_never_come_fails_in_one_line_within_its_timeout(trips_file, tmp_path):
+    """torchrun's variables for two ranks but only rank 0 started: the rendezvous times out after --timeout-s
+    and the run ends (exit 1) with one line naming the rank, the address and the likely causes, not torch's
+    DistStoreError traceback; it leaves no run folder."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "stfast.cli", "train", "--data", trips_file, *CLI_ARGS, "--timeout-s", "3",
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("stfast: error: rank 0 of world size 2 could not join the process group at "
+                           f"127.0.0.1:{port} within --timeout-s 3"), p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and not out.exists()

@@ -53,8 +53,19 @@ def init_from_env(device: str, timeout_s: float = 300.0) -> DistInfo:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **_restart_store(info, timeout_s))
+        try:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **_restart_store(info, timeout_s))
+        except dist.DistError as e:  # the store's timeout or a refused connection: name what did not meet
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise JoinFailure(f"rank {info.rank} of world size {info.world_size} could not join the process group at "
+                              f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} within --timeout-s "
+                              f"{timeout_s:g}: the other ranks did not start, or MASTER_ADDR/MASTER_PORT differ "
+                              f"between them ({type(e).__name__}: {first.strip()[:200]})") from None
     return info
+
+
+class JoinFailure(RuntimeError):
+    """A rank could not join the process group (torchrun's rendezvous): its peers never came."""
 
 
 def _restart_store(info: DistInfo, timeout_s: float) -> dict:
