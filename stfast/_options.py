@@ -247,6 +247,27 @@ def _in_range(opt: Option, v) -> bool:
             and (opt.le is None or v <= opt.le) and (opt.lt is None or v < opt.lt))
 
 
+def _check_type(who: str, typ, value) -> None:
+    """A value set in Python (TrainConfig(epochs="2")) must have its field's type: a str would fail the range
+    check with a bare TypeError, and a float epoch count (2.5) or a bool (True) would be used as an int."""
+    import numbers
+
+    if typ is int:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        what = "an integer"
+    elif typ is float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        what = "a number"
+    elif typ is bool:
+        ok, what = isinstance(value, bool), "True or False"
+    elif typ is str:
+        ok, what = isinstance(value, str), "a string"
+    else:
+        return
+    if not ok:
+        raise ValueError(f"{who} must be {what}, got {value!r} ({type(value).__name__})")
+
+
 def check_value(cls, name: str, value, by_flag: bool = True) -> None:
     """Raise ValueError when ``value`` breaks field ``name``'s declared rules (choices, range, ``check``),
     naming its flag (``by_flag``) or the field; None passes where the field allows None."""
@@ -263,6 +284,7 @@ def check_value(cls, name: str, value, by_flag: bool = True) -> None:
         raise ValueError(f"{who} must be a number or {opt.cli.word}, got {value!r}")
     if opt.choices is not None and value not in opt.choices:
         raise ValueError(f"{who} must be {_choices_text(opt.choices)}, got {value!r}")
+    _check_type(who, typ, value)
     scaled = opt.cli if by_flag and isinstance(opt.cli, Scaled) else None
     to_shown = scaled.to_flag if scaled else (lambda x: x)
     unit = scaled.unit if scaled else opt.unit

@@ -9,6 +9,7 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
 --preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
 (stfast.models.members) since."""
+import re
 import argparse
 import dataclasses
 import shlex
@@ -309,3 +310,19 @@ def test_data_flags_shown_in_their_units():
     assert [show(k, v) for k, v in zip(DATA_OPTIONS, ([], 0.0, 1200.0, None))] == \
         ["(all)", "0", "20", "(the format's default)"]
     assert show("modes", ["bus", "car"]) == "bus,car"
+
+
+@pytest.mark.parametrize("field, value, text", [
+    ("epochs", "2", "--epochs must be an integer, got '2' (str)"),
+    ("epochs", 2.5, "--epochs must be an integer, got 2.5 (float)"),
+    ("epochs", True, "--epochs must be an integer, got True (bool)"),
+    ("lr", "0.01", "--lr must be a number, got '0.01' (str)"),
+    ("nproc", "2", "--nproc must be an integer"),
+])
+def test_a_field_of_the_wrong_type_is_named(field, value, text):
+    """Set in Python, a str reached the range check as a bare TypeError, and 2.5 or True ran as an epoch count."""
+    from stfast.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=re.escape(text)):
+        TrainConfig(n_synthetic=600, out="x", **{field: value}).validate()
+    TrainConfig(n_synthetic=600, out="x", lr=1, epochs=3).validate()  # an int where a float is expected is a number
