@@ -9,9 +9,9 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
 --preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
 (stfast.models.members) since."""
-import re
 import argparse
 import dataclasses
+import re
 import shlex
 
 import pytest
@@ -321,8 +321,6 @@ def test_data_flags_shown_in_their_units():
 ])
 def test_a_field_of_the_wrong_type_is_named(field, value, text):
     """Set in Python, a str reached the range check as a bare TypeError, and 2.5 or True ran as an epoch count."""
-    from stfast.train.config import TrainConfig
-
     with pytest.raises(ValueError, match=re.escape(text)):
         TrainConfig(n_synthetic=600, out="x", **{field: value}).validate()
     TrainConfig(n_synthetic=600, out="x", lr=1, epochs=3).validate()  # an int where a float is expected is a number
