@@ -272,6 +272,7 @@ def test_nonfinite_steps_are_skipped_and_logged(trips_file, tmp_path, monkeypatc
     bad = [r for r in rows if r.get("type") == "bad_step"]
     assert [(r["bad_step"], r["at_batch"], r["reason"]) for r in bad] == [(3, 3, f"non-finite {kind}"),
                                                                           (3, 4, f"non-finite {kind}")]
+    assert [r["at_epoch"] for r in bad] == [1, 1]  # numbered from 1, as the epoch rows are
     st = ckpt.load(tmp_path / "last.pt")
     assert st["step"] == 19 and all(torch.isfinite(v).all() for v in st["model_state"].values())
     assert st["optimizer_state"]["state"][0]["step"] == 19

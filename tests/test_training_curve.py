@@ -96,6 +96,8 @@ def run_two_ranks(out: Path) -> dict:
     got = observe(out, rows, json.loads((out / "summary.json").read_text()), None)
     # the shards depend on measured times (the slicer's cost model); their totals do not
     got["step_trips"] = [sum(r["shard_trips"]) for r in rows["step"]]
+    # a step row's epoch is the one it is in, numbered from 1 as the epoch rows are
+    assert {r["epoch"] for r in rows["step"]} == {r["epoch"] for r in rows["epoch"]}
     return got
 
 

@@ -356,7 +356,7 @@ class RunGuards:
         Raises TrainingDiverged after too many bad steps in a row."""
         where = f"at epoch {epoch + 1}, batch {batch}"
         if skipped is not None and self.info.is_main:
-            self.run_log.append("bad_step", {"bad_step": step + 1, "at_epoch": epoch, "at_batch": batch,
+            self.run_log.append("bad_step", {"bad_step": step + 1, "at_epoch": epoch + 1, "at_batch": batch,
                                              "reason": skipped, "loss": loss})
             log.warning("skipped optimizer step %d %s: %s", step + 1, where, skipped)
         self.bad.record(skipped, where)

@@ -2,12 +2,12 @@
 one owner (:class:`RunLog`, rank 0 of a run) and read by ``"type"`` (:func:`read_rows`); at the end of a run
 also summary.json, learning_curve.png and report.png / report.html (:meth:`RunLog.write_outputs`).
 
-Row types and their keys:
+Row types and their keys (epochs are numbered from 1 in every row type: ``epoch`` N is the N-th):
 - ``epoch``: epoch, step, train_loss, val_mape (fraction), val_mae and val_rmse (s), samples_per_s, lr,
   wall_s (s since the run's start);
 - ``window``: an accumulation window (stfast.accum.controller): window, k, steps, trips, wall times, noise
   scale, k_next, …, step, wall_s, accumulation (the spec);
-- ``step``: under data parallelism with the slicer, per optimizer step: shard sizes, predicted and measured
+- ``step``: under data parallelism with the slicer, per optimizer step: step, epoch (the one it is in), shard sizes, predicted and measured
   imbalance, compute and idle seconds per rank, the cost model (BalancedBatchSampler.observe_step);
 - ``bad_step``: a skipped optimizer step with a non-finite loss or gradient: bad_step (its number),
   at_epoch, at_batch, reason, loss.

@@ -165,7 +165,7 @@ class Trainer:
         self.step += 1
         self.accum.end_step(reduced, n_trips, time.perf_counter() - t0, t_sync, sum(compute))
         if (row := self.steps.end_step(self.step, compute, t0)) is not None:
-            self.log.append("step", {"step": self.step, "epoch": self.epoch, **row})
+            self.log.append("step", {"step": self.step, "epoch": self.epoch + 1, **row})  # the epoch in progress
         return StepLoss(loss)
 
     def fit(self) -> dict:
