@@ -35,6 +35,11 @@ def test_ensemble_trains_members_on_one_split_and_scores_their_mean(tmp_path):
     mean = predict_ensemble(ckpts, test)
     np.testing.assert_allclose(mean, (singles[0] + singles[1]) / 2, rtol=1e-12)
     assert s["test_mape"] == pytest.approx(errors(mean, test.time)["mape"], rel=1e-12)
+    # --resume with more --epochs extends the finished members (it kept them at 1 epoch, silently)
+    assert main(["train", "--data", str(data), "--epochs", "2", "--batch-size", "16", "--seed", "3",
+                 "--ensemble", "2", "--out", str(out), "--no-progress", "--threads", "1", "--resume"]) == 0
+    for k in (3, 4):
+        assert json.loads((out / f"seed{k}" / "summary.json").read_text())["epochs"] == 2
 
 
 def test_ensemble_rejects_nproc_and_zero(tmp_path, capsys):

@@ -29,7 +29,8 @@ def train_ensemble(cfg) -> dict:
 
     Writes ``cfg.out/summary.json`` (the ensemble's and every member's metrics, both baselines) and
     ``cfg.out/learning_curves.png`` (every member's validation MAPE per epoch). With ``cfg.resume``,
-    members that already finished (summary.json present) are kept and an interrupted one continues.
+    members that already finished their ``cfg.epochs`` (summary.json present) are kept, an interrupted one
+    continues, and a finished one continues to a larger ``--epochs``.
     Returns the summary dict (MAPE as a fraction, MAE/RMSE in seconds).
     """
     import json
@@ -50,7 +51,9 @@ def train_ensemble(cfg) -> dict:
                        overwrite=False)
         done = Path(mcfg.out) / "summary.json"
         print(f"ensemble member {k + 1}/{cfg.ensemble}: seed {seed} → {mcfg.out}", flush=True)
-        members.append(json.loads(done.read_text()) if cfg.resume and done.is_file() else train(mcfg))
+        kept = json.loads(done.read_text()) if cfg.resume and done.is_file() else None
+        # a finished member is kept unless --epochs now asks for more (then it resumes, as a single run does)
+        members.append(kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg))
         dirs.append(Path(mcfg.out))
     models = [load_model(d / "checkpoint.pt", cfg.device) for d in dirs]
     trips = models[0].load_trips()  # the members' data (one split seed), read and split as they read it
