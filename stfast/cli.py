@@ -226,7 +226,11 @@ def cmd_bench(a) -> int:
     if a.seeds < 1 or a.budget_s <= 0 or a.nproc < 1:
         raise ValueError(f"--seeds and --nproc must be ≥ 1 and --budget-s > 0 (got {a.seeds}, {a.nproc}, {a.budget_s})")
     a.seeds_list = list(range(a.seeds))
-    run_modes(a)
+    try:
+        run_modes(a)
+    except RuntimeError as e:  # every mode failed: the table says so, the exit status too
+        print(f"stfast bench: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -168,3 +168,40 @@ def test_the_table_names_the_fastest_mode_on_equal_hardware_and_the_defaults_rat
 def test_bench_modes_rejects_zero_threads(tmp_path, capsys):
     assert main(["bench", "modes", "--threads", "0", "--out", str(tmp_path)]) == 2
     assert "--threads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--budget-s", "nan"], "--budget-s must be a number of seconds > 0"),
+    (["--target-mape", "-3"], "--target-mape must be a MAPE in % in (0, 100)"),
+    (["--target-mape", "150"], "--target-mape must be a MAPE in % in (0, 100)"),
+    (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+])
+def test_bench_modes_refuses_what_every_run_would_refuse_before_running_any(tmp_path, monkeypatch, capsys, args, text):
+    from stfast.bench import modes
+
+    monkeypatch.setattr(modes, "_run", lambda *a: pytest.fail("a run started"))
+    assert main(["bench", "modes", *args, "--out", str(tmp_path / "b")]) == 2
+    assert text in capsys.readouterr().err
+
+
+def test_bench_modes_out_must_be_new_a_bench_folder_with_reuse(tmp_path, monkeypatch, capsys):
+    """A bench folder rerun without --reuse had every mode fail ("not empty") and its modes.json overwritten
+    by those failures; a file or a training run as --out got a traceback or a mode folder written into it.
+    And a bench whose every mode failed exits 1."""
+    from stfast.bench import modes
+
+    monkeypatch.setattr(modes, "_run", lambda mode, seed, a, out: (_ for _ in ()).throw(RuntimeError("failed")))
+    afile, run, bench = tmp_path / "afile", tmp_path / "run", tmp_path / "bench"
+    afile.write_text("x")
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    bench.mkdir()
+    (bench / "modes.json").write_text("{}")
+    for out, text in ((afile, "is a file"), (bench, "give --reuse"), (run, "is not empty")):
+        assert main(["bench", "modes", "--only", "fused kernels", "--out", str(out)]) == 2
+        assert text in capsys.readouterr().err
+    assert main(["bench", "modes", "--only", "fused kernels", "--reuse", "--out", str(run)]) == 2
+    assert "holds files a bench run does not write (metrics.jsonl)" in capsys.readouterr().err
+    assert (bench / "modes.json").read_text() == "{}"
+    assert main(["bench", "modes", "--only", "fused kernels", "--out", str(tmp_path / "new")]) == 1
+    assert "every mode failed" in capsys.readouterr().err

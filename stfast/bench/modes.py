@@ -235,8 +235,7 @@ def default_target(results: dict, baseline: str) -> float | None:
 
 def run_modes(a) -> dict:
     """Run every available mode for every seed; write modes.json/.md/.png into ``a.out``."""
-    if a.threads is not None and a.threads < 1:
-        raise ValueError(f"--threads must be ≥ 1, got {a.threads}")
+    _check_args(a)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
@@ -266,4 +265,39 @@ def run_modes(a) -> dict:
     plots.bench_modes(results, target, out / "modes.png")
     print(md)
     print(f"wrote modes.json, modes.md, modes.png in {out}")
+    if all("skipped" in r for r in results.values()):
+        raise RuntimeError(f"every mode failed (their logs are in {out}): nothing was measured")
     return results
+
+
+def _check_args(a) -> None:
+    """What every mode's run would refuse, refused once before any runs (ValueError naming the flag): the
+    budget, target and training options (by TrainConfig's own rules), and ``--out``: a new or empty folder,
+    or, with ``--reuse``, one that a bench run wrote (its finished runs are kept). Without --reuse a bench
+    folder would have its modes.json overwritten by rows whose runs all failed ("not empty")."""
+    import math
+    from dataclasses import replace
+
+    from ..train.config import TrainConfig
+
+    if not (math.isfinite(a.budget_s) and a.budget_s > 0):
+        raise ValueError(f"--budget-s must be a number of seconds > 0, got {a.budget_s}")
+    if a.target_mape is not None and not (0 < a.target_mape < 100):
+        raise ValueError(f"--target-mape must be a MAPE in % in (0, 100), got {a.target_mape:g}")
+    cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, nproc=a.nproc, threads=a.threads,
+                      out=str(a.out), preset="paper")
+    if a.batch_size is not None:
+        cfg = replace(cfg, batch_size=a.batch_size)
+    cfg.validate()
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    ours = {m.slug for m in default_modes()} | {"modes.json", "modes.md", "modes.png"}
+    if held and not a.reuse:
+        raise ValueError(f"--out {out} is not empty ({', '.join(held[:5])}): give --reuse to keep the runs a bench "
+                         "left there, or choose another --out")
+    if held and not set(held) <= ours:
+        other = sorted(set(held) - ours)
+        raise ValueError(f"--out {out} holds files a bench run does not write ({', '.join(other[:5])}): choose "
+                         "another --out")

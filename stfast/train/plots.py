@@ -164,7 +164,8 @@ def bench_modes(results: dict, target: float | None, png: str | Path) -> None:
     if target is not None:
         ax[1].axhline(100 * target, color="k", ls="--", lw=0.8, label="target")
     ax[1].set(xlabel="wall time (s)", ylabel="validation MAPE (%)", title="validation MAPE (first seed)")
-    ax[1].legend(fontsize=6)
+    if ax[1].get_legend_handles_labels()[0]:  # nothing to label when every mode failed
+        ax[1].legend(fontsize=6)
     fig.tight_layout()
     _save(fig, png)
 
