@@ -205,3 +205,14 @@ def test_bench_modes_out_must_be_new_a_bench_folder_with_reuse(tmp_path, monkeyp
     assert (bench / "modes.json").read_text() == "{}"
     assert main(["bench", "modes", "--only", "fused kernels", "--out", str(tmp_path / "new")]) == 1
     assert "every mode failed" in capsys.readouterr().err
+
+
+def test_the_one_thread_row_is_left_out_where_every_mode_gets_one_core(tmp_path, monkeypatch):
+    """With --nproc 1 --threads 1 the labelled "one thread (unequal hardware)" row is the same configuration as
+    the single-process fused row, on equal hardware: it was run again under a wrong label (and then named the
+    fastest on equal hardware). It is left out there, and kept where it has fewer cores than the others."""
+    label = "single process, fused kernels, one thread (unequal hardware)"
+    _, res, md = _fake_bench(tmp_path / "one", monkeypatch, ["--nproc", "1", "--threads", "1", "--only", "single process"])
+    assert label not in res["modes"] and "single process, fused kernels" in res["modes"] and label not in md
+    _, res, _ = _fake_bench(tmp_path / "two", monkeypatch, ["--nproc", "2", "--threads", "1", "--only", "single process"])
+    assert label in res["modes"]

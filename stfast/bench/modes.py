@@ -240,6 +240,9 @@ def run_modes(a) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     modes = [m for m in default_modes() if not a.only or any(o in m.name for o in a.only)]
+    # a mode with its own threads is labelled unequal hardware; where the bench's cores equal its processes ×
+    # threads (--nproc 1 --threads 1) it is another run of the same configuration under a wrong label: left out
+    modes = [m for m in modes if not (m.threads and math.prod(hardware(m, a)) == bench_cores(a))] or modes
     if not modes:
         raise ValueError(f"--only {a.only}: no mode matches; modes: {[m.name for m in default_modes()]}")
     baseline = modes[0].name  # the reference for the default target: the first mode that runs
