@@ -212,7 +212,8 @@ def test_the_one_thread_row_is_left_out_where_every_mode_gets_one_core(tmp_path,
     the single-process fused row, on equal hardware: it was run again under a wrong label (and then named the
     fastest on equal hardware). It is left out there, and kept where it has fewer cores than the others."""
     label = "single process, fused kernels, one thread (unequal hardware)"
-    _, res, md = _fake_bench(tmp_path / "one", monkeypatch, ["--nproc", "1", "--threads", "1", "--only", "single process"])
+    only = ["--only", "single process"]
+    _, res, md = _fake_bench(tmp_path / "one", monkeypatch, ["--nproc", "1", "--threads", "1", *only])
     assert label not in res["modes"] and "single process, fused kernels" in res["modes"] and label not in md
-    _, res, _ = _fake_bench(tmp_path / "two", monkeypatch, ["--nproc", "2", "--threads", "1", "--only", "single process"])
+    _, res, _ = _fake_bench(tmp_path / "two", monkeypatch, ["--nproc", "2", "--threads", "1", *only])
     assert label in res["modes"]

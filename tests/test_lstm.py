@@ -570,8 +570,9 @@ def _invalid_forward_args(device):
         # 4 · num_layers wraps around int64 to the 8 weights given: refused, not read past the list
         "num_layers_wraps": (ValueError, "weights must hold", (x, lens, w, None, None, 2**62 + 2, 0)),
         # a shape-only weight claiming H = 2^61: 4H would wrap
-        "hidden_wraps": (ValueError, "H < 2\\^31", (x, lens, [w[0][:0], torch.empty(0, 2**61, dtype=x.dtype, device=device),
-                                                           w[2][:0], w[3][:0]], None, None, 1, 0)),
+        "hidden_wraps": (ValueError, "H < 2\\^31", (x, lens, [w[0][:0], torch.empty(0, 2**61, dtype=x.dtype,
+                                                                                  device=device), w[2][:0], w[3][:0]],
+                                                   None, None, 1, 0)),
         "bias_shape": (ValueError, "biases of layer 0", (x, lens, [*w[:2], w[2][:5], *w[3:]], None, None, L, 0)),
         "h0_shape": (ValueError, "h0 must be", (x, lens, w, st[:, :1], st, L, 0)),
         "c0_shape": (ValueError, "c0 must be", (x, lens, w, st, st[:1], L, 0)),

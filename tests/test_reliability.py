@@ -436,8 +436,8 @@ def test_a_rank_whose_peers_never_come_fails_in_one_line_within_its_timeout(trip
         port = s.getsockname()[1]
     env = dict(_env(), WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "stfast.cli", "train", "--data", trips_file, *CLI_ARGS, "--timeout-s", "3",
-                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "stfast.cli", "train", "--data", trips_file, *CLI_ARGS,
+                        "--timeout-s", "3", "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("stfast: error: rank 0 of world size 2 could not join the process group at "

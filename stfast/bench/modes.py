@@ -278,7 +278,6 @@ def _check_args(a) -> None:
     budget, target and training options (by TrainConfig's own rules), and ``--out``: a new or empty folder,
     or, with ``--reuse``, one that a bench run wrote (its finished runs are kept). Without --reuse a bench
     folder would have its modes.json overwritten by rows whose runs all failed ("not empty")."""
-    import math
     from dataclasses import replace
 
     from ..train.config import TrainConfig

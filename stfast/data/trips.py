@@ -370,8 +370,8 @@ class Trips(_CSR):
         set aside is read (with a warning naming it). Raises ValueError if ``path`` is not such a folder."""
         path = Path(path)
         if not path.exists() and (aside := _set_aside(path)):
-            log.warning("%s is missing (a save over it was interrupted): reading the "
-                                                "previous version it set aside, %s", path, aside[0])
+            log.warning("%s is missing (a save over it was interrupted): reading the previous version it set "
+                        "aside, %s", path, aside[0])
             path = aside[0]
         meta_p = path / "meta.json"
         meta = json.loads(meta_p.read_text()) if meta_p.is_file() else {}
@@ -394,6 +394,7 @@ class Trips(_CSR):
 
 
 TRIPS_FORMAT = "stfast-trips/2"
+_DROPPED_COLUMNS = ("trip_id", "segment", "reason")
 
 
 def _set_aside(path: Path) -> list[Path]:
@@ -401,7 +402,6 @@ def _set_aside(path: Path) -> list[Path]:
     newest first."""
     return sorted((p for p in path.parent.glob(f".{path.name}.old*") if (p / "meta.json").is_file()),
                   key=lambda p: p.stat().st_mtime, reverse=True)
-_DROPPED_COLUMNS = ("trip_id", "segment", "reason")
 
 
 def _driver_json(d):

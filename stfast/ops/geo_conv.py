@@ -94,9 +94,9 @@ def geo_conv_padded(points: Tensor, local_dist: Tensor, proj_weight: Tensor, pro
     Args:
         points: ``(B, L, F_in)``; local_dist: ``(B, L − k + 1)``; weights as :func:`geo_conv_packed`.
         lengths: ``(B,)`` integer trip lengths (points) in [k, L], a tensor or a sequence, or None: every
-            trip uses all L points, which reproduces the reference module exactly, padding included. Host data: pass
-            the CPU copy (checked there; no sync at all); a GPU tensor is copied to the host once,
-            which syncs its stream.
+            trip uses all L points, which reproduces the reference module exactly, padding included. Host
+            data: pass the CPU copy (checked there; no sync at all); a GPU tensor is copied to the host
+            once, which syncs its stream.
     Returns:
         ``(B, L − k + 1, C + 1)``. With ``lengths``, only each trip's ``lengths[b] − k + 1`` rows are
         computed (work scales with real points) and the rows past them are zero.

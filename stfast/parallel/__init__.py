@@ -12,8 +12,8 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
                "step_time_lower_bound"),
     "comm": ("REDUCE_OPS", "Bucket", "Communicator", "GradientSync", "NcclCommunicator", "TorchCommunicator", "Work",
              "assign_buckets", "make_communicator", "native_group", "nccl_available"),
-    "data_parallel": ("DistInfo", "JoinFailure", "all_gather_floats", "all_reduce_gradients", "all_reduce_sum", "broadcast_floats",
-                      "equal_shard", "init_from_env", "launched_by_torchrun", "shutdown"),
+    "data_parallel": ("DistInfo", "JoinFailure", "all_gather_floats", "all_reduce_gradients", "all_reduce_sum",
+                      "broadcast_floats", "equal_shard", "init_from_env", "launched_by_torchrun", "shutdown"),
     "components": ("Component", "ComponentExecutor", "ComponentGraph", "ComponentPlan", "ParallelLayout",
                    "Placement", "StepResult", "cat_rows", "split_rows"),
 })

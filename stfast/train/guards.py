@@ -331,9 +331,7 @@ def agree_out_dir(cfg, info) -> str | None:
         refused = dp.all_reduce_sum(np.array([0.0 if err is None else 1.0]), info)[0] > 0
         if refused and err is None:
             err = ValueError(f"--out {cfg.out} was refused by rank 0 (see its error)")
-    if err is not None:
-        if key is not None:
-            unlock_out_dir(key)
+    if err is not None:  # only rank 0 decides, and it released its lock when it refused
         raise err
     return key
 

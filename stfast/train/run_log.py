@@ -7,8 +7,9 @@ Row types and their keys (epochs are numbered from 1 in every row type: ``epoch`
   wall_s (s since the run's start);
 - ``window``: an accumulation window (stfast.accum.controller): window, k, steps, trips, wall times, noise
   scale, k_next, …, step, wall_s, accumulation (the spec);
-- ``step``: under data parallelism with the slicer, per optimizer step: step, epoch (the one it is in), shard sizes, predicted and measured
-  imbalance, compute and idle seconds per rank, the cost model (BalancedBatchSampler.observe_step);
+- ``step``: under data parallelism with the slicer, per optimizer step: step, epoch (the one it is in), shard
+  sizes, predicted and measured imbalance, compute and idle seconds per rank, the cost model
+  (BalancedBatchSampler.observe_step);
 - ``bad_step``: a skipped optimizer step with a non-finite loss or gradient: bad_step (its number),
   at_epoch, at_batch, reason, loss.
 """
@@ -55,14 +56,18 @@ class RunLog:
         if size is not None and self.size() > size:
             with open(self.path, "r+b") as f:
                 f.truncate(size)
-        if self.size():
+        if self.size() and not self._ends_with_newline():
             data = self.path.read_bytes()
-            if not data.endswith(b"\n"):
-                keep = data.rfind(b"\n") + 1
-                log.warning("%s ends in a partial line (%d bytes, an interrupted write): dropped", self.path,
-                            len(data) - keep)
-                with open(self.path, "r+b") as f:
-                    f.truncate(keep)
+            keep = data.rfind(b"\n") + 1
+            log.warning("%s ends in a partial line (%d bytes, an interrupted write): dropped", self.path,
+                        len(data) - keep)
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
 
     def discard(self) -> None:
         """Start afresh (a job restarted before its first checkpoint)."""
