@@ -2,7 +2,6 @@
 float64, unequal shards, an empty shard), exactly one all-reduce per optimizer step and after the LAST
 micro-step, the LR rule, windows in metrics.jsonl, resume."""
 import json
-import math
 import os
 import socket
 import subprocess
@@ -97,41 +96,6 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_during_adams_warm_up_the_scheduler_reads_b_simple_calibrated_and_a_resume_keeps_it():
-    """While Adam warms up an adam controller estimates B_simple from the same units (no B_adam yet): its window
-    reports that bound × PLAIN_WARMUP_CALIBRATION / k, exactly what a plain controller fed the same gradients
-    reads × that factor, so a scheduler can decide in the first windows; the estimate travels in the checkpoint."""
-    from stfast.accum.noise import ADAM_WARMUP_STEPS, PLAIN_WARMUP_CALIBRATION
-
-    gen = torch.Generator().manual_seed(3)
-    target = torch.randn(6, generator=gen)
-    ctls = {}
-    for kind in ("adam", "plain"):
-        w = torch.nn.Parameter(torch.zeros(6))
-        ctls[kind] = (w, AccumulationController(FixedScheduler(2), [w], micro_batch=8, window=100,
-                                                optimizer=torch.optim.Adam([w], lr=1e-2), noise_scale=kind))
-    for step in range(ADAM_WARMUP_STEPS - 5):
-        noise = [torch.randn(6, generator=gen) for _ in range(2)]
-        for w, ctl in ctls.values():
-            ctl.begin_step()
-            w.grad = None
-            for j in range(2):  # a noisy gradient of a quadratic: G = w − target, plus per-micro-step noise
-                (0.5 * (w - target).square().sum() + (w * noise[j]).sum()).backward()
-                ctl.after_micro_step(4, 8, last=j == 1)
-            ctl.end_step(ctl.extra(1.0), 8, step_s=0.01, sync_s=0.0, compute_s=0.005)
-            ctl.optimizer.step()
-    adam, plain = ctls["adam"][1], ctls["plain"][1]
-    assert adam.noise.n == 0 and plain.noise.n == ADAM_WARMUP_STEPS - 5
-    got, want = adam.window_stats(0.1).noise_scale, plain.window_stats(0.1).noise_scale
-    assert math.isfinite(want) and want > 0
-    assert got == pytest.approx(PLAIN_WARMUP_CALIBRATION / 2 * want, rel=1e-9)  # k = 2
-    w2 = torch.nn.Parameter(torch.zeros(6))
-    again = AccumulationController(FixedScheduler(2), [w2], micro_batch=8, window=100,
-                                   optimizer=torch.optim.Adam([w2], lr=1e-2), noise_scale="adam")
-    again.load_state_dict(adam.state_dict())
-    assert again.window_stats(0.1).noise_scale == got
 
 
 @pytest.mark.slow
@@ -295,9 +259,8 @@ def test_one_process_at_k1_estimates_the_noise_scale_it_is_told_to(trips_file, t
 
 
 def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner():
-    """No B_adam statistics while Adam has taken fewer than ADAM_WARMUP_STEPS steps (its v̂ is noise), B_simple
-    for the warm-up estimate instead; then the preconditioner is read every PRECOND_REFRESH_STEPS steps, not
-    every step."""
+    """No B_adam statistics while Adam has taken fewer than ADAM_WARMUP_STEPS steps (its v̂ is noise); then the
+    preconditioner is read every PRECOND_REFRESH_STEPS steps, not every step."""
     from stfast.accum import controller as ctl_mod
     from stfast.accum.noise import ADAM_WARMUP_STEPS
 
@@ -318,8 +281,6 @@ def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner()
             ctl.end_step(ctl.extra(1.0), 4, step_s=0.01, sync_s=0.0, compute_s=0.005)
             opt.step()
             assert ctl.noise.n == max(0, step + 1 - ADAM_WARMUP_STEPS), step
-            # before: B_simple for the warm-up estimate, from the same units
-            assert ctl.warmup_noise.n == min(step + 1, ADAM_WARMUP_STEPS), step
     finally:
         ctl_mod.adam_preconditioner = real
     # one read per step while warming up (None each time), then one every PRECOND_REFRESH_STEPS

@@ -17,14 +17,7 @@ import numpy as np
 import torch
 
 from .goodput import lr_scale
-from .noise import (
-    PLAIN_WARMUP_CALIBRATION,
-    GradientNoiseScale,
-    UnitGradients,
-    adam_preconditioner,
-    adam_trace_scale,
-    noise_kind,
-)
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, adam_trace_scale, noise_kind
 from .schedulers import FixedScheduler, make_scheduler
 from .window import AccumulationScheduler, WindowStats
 
@@ -68,9 +61,6 @@ class AccumulationController:
         self.lr_factor = 1.0  # the caller's schedule (apply_lr)
         self.noise_kind = noise_kind(noise_scale, optimizer)
         self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind)
-        # adam: B_simple × PLAIN_WARMUP_CALIBRATION while Adam warms up (its units are plain then), what the
-        # scheduler reads until B_adam has an estimate (None: plain kind)
-        self.warmup_noise = GradientNoiseScale() if self.noise_kind == "adam" else None
         self.units = UnitGradients(self.params)
         self._precond = None  # Adam's preconditioner (None: plain, or Adam still warming up)
         self._precond_age = 0  # optimizer steps since it was read
@@ -112,12 +102,14 @@ class AccumulationController:
         self._last_end = None
 
     # ------------------------------------------------------------ per step
+    @property
+    def measuring(self) -> bool:
+        """Whether this step's statistics count: always for plain, once Adam has warmed up for adam."""
+        return self.noise_kind == "plain" or self._precond is not None
+
     def begin_step(self) -> None:
         if self.noise_kind == "adam" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
-            warming = self._precond is None
             self._precond, self._precond_age = adam_preconditioner(self.optimizer, self.params), 0
-            if warming and self._precond is not None:
-                self.units.forget_previous()  # a plain unit does not pair with a preconditioned one
         self._precond_age += 1
         self.units.begin(self._precond)
 
@@ -125,7 +117,7 @@ class AccumulationController:
         """After each micro-step's backward: this rank's unit of ``n_shard`` trips (of the optimizer
         step's ``n_total``; ``last``: the step's last micro-step). Skipped for one micro-step on one rank,
         where no second batch size exists."""
-        if self.k > 1 or self.distributed:  # adam: B_simple units while Adam warms up (warmup_noise)
+        if (self.k > 1 or self.distributed) and self.measuring:
             self.units.after_micro_step(n_shard, n_total, last)
 
     def extra(self, local_loss: float) -> torch.Tensor:
@@ -145,7 +137,8 @@ class AccumulationController:
         wall = step_s if self._last_end is None else max(now - self._last_end, step_s)
         self._last_end = now
         red = reduced.double().numpy()
-        self._update_noise(red[:3], n_trips)
+        if self.measuring:
+            self._update_noise(red[:3], n_trips)
         loss = float(red[-1])
         self.loss_ema = loss if math.isnan(self.loss_ema) else LOSS_EMA_DECAY * self.loss_ema + (1 - LOSS_EMA_DECAY) * loss
         if math.isnan(self.w_loss_start):
@@ -168,12 +161,7 @@ class AccumulationController:
         else:
             self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
             big_sq = self.units.norm([p.grad for p in self.params])
-        if self._precond is not None:
-            self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k))
-        elif self.warmup_noise is not None:
-            self.warmup_noise.update(units, big_sq, n_trips, PLAIN_WARMUP_CALIBRATION / self.k)
-        else:
-            self.noise.update(units, big_sq, n_trips)
+        self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k) if self._precond is not None else 1.0)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -190,7 +178,7 @@ class AccumulationController:
             k_next = self.scheduler.observe(stats)
             row = {"window": self.n_windows + 1, **stats.to_dict(), "loss_ema": self.loss_ema, "k_next": k_next,
                    "noise_kind": self.noise_kind}
-            point = self.noise.value if self.noise.n or self.warmup_noise is None else self.warmup_noise.value
+            point = self.noise.value
             row["noise_scale_point"] = point if math.isfinite(point) else None
             r = getattr(self.scheduler, "last_reward", None)
             if r is not None and math.isfinite(r):
@@ -225,15 +213,13 @@ class AccumulationController:
         """This rank's measurements of the current window (its times; the loss and noise scale are global).
         Its noise scale is the lower confidence bound (GradientNoiseScale.lower_confidence) of the estimator
         of noise_kind: the point estimate jumps when the |G|² average passes near zero, and the schedulers
-        would chase it. Under adam, until B_adam has a bound, the warm-up estimate's (calibrated B_simple)."""
+        would chase it."""
         slope = (self.loss_ema - self.w_loss_start) / abs(self.w_loss_start) if self.w_loss_start else 0.0
-        noise = self.noise.lower_confidence()
-        if math.isnan(noise) and self.warmup_noise is not None:
-            noise = self.warmup_noise.lower_confidence()
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
                            overhead_s=max(self.w_wall - self.w_compute, 0.0),
-                           noise_scale=noise, budget_used=min(max(budget_used, 0.0), 1.0), imbalance=imbalance)
+                           noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
+                           imbalance=imbalance)
 
     # ------------------------------------------------------------ state
     WINDOW_FIELDS = ("w_steps", "w_trips", "w_wall", "w_comm", "w_compute", "w_loss_start")
@@ -244,7 +230,6 @@ class AccumulationController:
         --checkpoint-every, an epoch end), so the window the run was killed in closes after the same
         number of steps, with its steps before the kill counted."""
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "warmup_noise": None if self.warmup_noise is None else self.warmup_noise.state_dict(),
                 "noise_kind": self.noise_kind, "loss_ema": self.loss_ema, "n_windows": self.n_windows,
                 "wall_before": self.elapsed(), "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
 
@@ -257,8 +242,6 @@ class AccumulationController:
         # this run's: then the estimate starts afresh
         if s.get("noise_kind", "plain") == self.noise_kind:
             self.noise.load_state_dict(s["noise"])
-            if self.warmup_noise is not None and s.get("warmup_noise"):  # absent before 2026-12-02 afternoon
-                self.warmup_noise.load_state_dict(s["warmup_noise"])
         self.reset_window()
         for f, v in s.get("window", {}).items():  # absent in checkpoints before issue 22: a fresh window
             setattr(self, f, v)

@@ -89,17 +89,6 @@ def noise_parameters(model) -> list:
 # the normalization and the embeddings' exclusion the two data sets' biases differed 15×, and no one factor fitted.
 ADAM_BOUND_CALIBRATION = 9.3
 
-# Before Adam's warm-up an adam-kind controller estimates B_simple instead (its units are plain while the
-# preconditioner is None), so the schedulers can decide in the first windows, while a change of k is still cheap.
-# B_simple reads φ_eff low by a like factor on both data sets (docs/accumulation.md §2, §6 and §14; B = 32): 1.0 trip
-# against φ_eff = 1.6 B = 51 on the synthetic city (×51), 8–13 against 22 B = 704 on Chengdu (×69); read × 59,
-# their geometric mean (within 1.2× of either). The two data sets' warm-up bounds differ ~10× (synthetic ~1 trip,
-# Chengdu ~5), where the best start differs: k = 1 on the synthetic city, k = 4 on Chengdu (§11). Like B_adam's, the
-# warm-up estimate grows about ∝ k under Adam (seed 10, two ranks: synthetic ~40 trips at k = 1, 100–180 at 2,
-# 270–470 at 4, ~620 at 8; Chengdu ~550, ~1,000, ~2,500 at 1, 4, 8), and unnormalized it invited the next move up
-# (1 → 2 → 4 → 8 within the warm-up): each step's trace is divided by k too.
-PLAIN_WARMUP_CALIBRATION = 59.0
-
 
 def adam_trace_scale(k: int) -> float:
     """The factor on a step's tr(PΣPᵀ) estimate at k accumulation steps: ADAM_BOUND_CALIBRATION / k.
