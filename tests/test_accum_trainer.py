@@ -2,6 +2,7 @@
 float64, unequal shards, an empty shard), exactly one all-reduce per optimizer step and after the LAST
 micro-step, the LR rule, windows in metrics.jsonl, resume."""
 import json
+import math
 import os
 import socket
 import subprocess
@@ -98,6 +99,32 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def test_a_change_of_k_rescales_adams_second_moments_by_what_it_does_to_the_mean_square_gradient():
+    """A move from k to k' multiplies Adam's exp_avg_sq by (1 + φ/(k'B)) / (1 + φ/(kB)) (φ the noise scale's
+    bound), by k/k' while there is no bound, and leaves it alone when k stays or the optimizer has none; the first
+    moments and the parameters are not touched."""
+    w = torch.nn.Parameter(torch.randn(7))
+    opt = torch.optim.Adam([w], lr=1e-2)
+    ctl = AccumulationController(FixedScheduler(1), [w], micro_batch=8, window=100, optimizer=opt)
+    (w.square().sum() + (w * torch.randn(7)).sum()).backward()
+    opt.step()
+    v0, m0, w0 = opt.state[w]["exp_avg_sq"].clone(), opt.state[w]["exp_avg"].clone(), w.detach().clone()
+    assert math.isnan(ctl.noise.lower_confidence())
+    ctl.set_k(4)  # no noise scale yet: the noise-dominated limit
+    torch.testing.assert_close(opt.state[w]["exp_avg_sq"], v0 / 4)
+    ctl.set_k(4)
+    torch.testing.assert_close(opt.state[w]["exp_avg_sq"], v0 / 4)
+    torch.testing.assert_close(opt.state[w]["exp_avg"], m0)
+    torch.testing.assert_close(w.detach(), w0)
+    ctl.noise.lower_confidence = lambda: 24.0  # φ = 3 B
+    assert ctl.second_moment_factor(4, 2) == pytest.approx((1 + 3 / 2) / (1 + 3 / 4))
+    ctl.set_k(2)
+    torch.testing.assert_close(opt.state[w]["exp_avg_sq"], v0 / 4 * (2.5 / 1.75))
+    assert ctl.second_moment_factor(2, 2) == 1.0
+    sgd = torch.optim.SGD([w], lr=1e-2, momentum=0.9)
+    AccumulationController(FixedScheduler(1), [w], micro_batch=8, window=100, optimizer=sgd).set_k(4)  # no v: no-op
+
+
 @pytest.mark.slow
 def test_k_micro_batches_on_two_gloo_ranks_equal_one_batch_and_sync_once_after_the_last(trips_file, tmp_path):
     big = run_one_process(trips_file, tmp_path / "one", accumulate=False)
@@ -189,7 +216,8 @@ def test_bad_accumulation_arguments(trips_file, tmp_path):
 
 def test_controller_owns_the_learning_rate_rule_for_k_and_reduces_its_decision():
     """The controller sets lr · lr_scale(k) · the caller's schedule factor from construction on, after every
-    change of k (set_k, a window's decision), and sums the decision with the reduce function it was given."""
+    change of k (set_k, a window's decision), and sums the decision (rank 0's k, stop flag and second-moment factor)
+    with the reduce function it was given."""
     w = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([w], lr=0.1)
     reduced = []
@@ -205,7 +233,8 @@ def test_controller_owns_the_learning_rate_rule_for_k_and_reduces_its_decision()
     ctl.end_step(torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64), 8, step_s=0.01, sync_s=0.0)
     stop, row = ctl.end_window(0.5, out_of_time=False)
     assert not stop and row["k_next"] == 4 and ctl.k == 4 and opt.param_groups[0]["lr"] == pytest.approx(0.2)
-    assert len(reduced) == 1 and reduced[0].tolist() == [4.0, 0.0]
+    # k, stop, and the factor on Adam's second moments for the move 2 → 4 (no noise scale yet: 2/4)
+    assert len(reduced) == 1 and reduced[0].tolist() == [4.0, 0.0, 0.5]
 
 
 def test_controller_charges_the_work_between_steps_to_them_but_not_an_epoch_end():
