@@ -17,7 +17,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "window": ("AccumulationScheduler", "WindowStats", "log_goodput_gain", "observation", "reward"),
     "schedulers": ("FixedScheduler", "GoodputScheduler", "check_start", "make_scheduler", "parse_spec"),
     "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "residual_agent", "train_offline"),
-    "controller": ("AccumulationController",),
+    "controller": ("AccumulationController", "rescale_second_moments"),
     "env": ("SimConfig", "SimulatedTrainingEnv", "default_sim_config", "randomized_config", "ring_allreduce_s",
             "rollout"),
     "registration": ("register_environments",),
