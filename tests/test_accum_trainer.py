@@ -121,6 +121,8 @@ def test_a_change_of_k_rescales_adams_second_moments_by_what_it_does_to_the_mean
     ctl.set_k(2)
     torch.testing.assert_close(opt.state[w]["exp_avg_sq"], v0 / 4 * (2.5 / 1.75))
     assert ctl.second_moment_factor(2, 2) == 1.0
+    ctl.noise.lower_confidence = lambda: -40.0  # a negative trace estimate: no noise, v̂ unchanged (not negative)
+    assert ctl.second_moment_factor(1, 4) == 1.0
     sgd = torch.optim.SGD([w], lr=1e-2, momentum=0.9)
     AccumulationController(FixedScheduler(1), [w], micro_batch=8, window=100, optimizer=sgd).set_k(4)  # no v: no-op
 

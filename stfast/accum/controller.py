@@ -226,6 +226,7 @@ class AccumulationController:
         phi = self.noise.lower_confidence() / self.micro_batch
         if not math.isfinite(phi):
             return k_old / k_new
+        phi = max(phi, 0.0)  # a negative trace estimate is noise ≈ 0, not a factor that could turn v̂ negative
         return (1 + phi / k_new) / (1 + phi / k_old)
 
     def apply_lr(self, factor: float | None = None) -> None:
