@@ -21,6 +21,7 @@ from stfast.accum.env import (
     ring_allreduce_s,
     rollout,
 )
+from stfast.accum.goodput import statistical_efficiency
 from stfast.accum.profile import ComputeProfile
 from stfast.accum.schedulers import FixedScheduler, GoodputScheduler, make_scheduler, parse_spec
 from stfast.accum.window import DEFAULT_CHOICES, OBS_DIM, OBS_NAMES, WindowStats, log_goodput_gain, observation
@@ -183,32 +184,62 @@ def test_rl_scheduler_keeps_the_last_finite_noise_scale():
     rl.observe(WindowStats(1, 32, 4, 128, 1.0, 0.1, noise_scale=64.0))
     unknown = WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=math.nan)
     rl.observe(unknown)
-    expected = observation(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0), rl.ref)
+    expected = observation(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0))
     assert np.array_equal(rl._pending[0], expected)
-    assert rl.last_reward == pytest.approx(log_goodput_gain(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0),
-                                                            rl.ref))
-    assert rl.last_reward < log_goodput_gain(unknown, rl.ref)  # nan alone would have scored k = 4 as free
+    assert rl.last_reward == pytest.approx(log_goodput_gain(WindowStats(4, 32, 4, 512, 3.0, 0.1, noise_scale=64.0)))
+    assert rl.last_reward < log_goodput_gain(unknown)  # nan alone would have scored k = 4 as free
     restored = RLScheduler(Agent(5, seed=0))
     restored.load_state_dict(rl.state_dict())
     assert restored.noise_scale == 64.0
 
 
-def test_rl_keeps_its_first_k_until_a_noise_scale_is_measured_and_paces_against_k1():
+def test_rl_keeps_its_first_k_until_a_noise_scale_is_measured():
     """Started at k = 4 (--accum-start), rl keeps 4 while no window has a noise scale (the observation would
-    read the unknown scale as φ = B, where k = 1 is best) and records nothing; its reference pace is the k = 1
-    pace the first window implies (B·steps / (t_fixed + compute/k)), not that window's k = 4 throughput."""
+    read the unknown scale as φ = B, where k = 1 is best) and records nothing; the k = 1 pace a window at k
+    implies is B·steps / (t_fixed + compute/k), not that window's k = 4 throughput."""
     q = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0])  # the agent, asked, would choose k = 1
     agent = Agent(5, seed=0, base_q=lambda obs: q.expand(len(obs), 5))
     agent.epsilon = 0.0
     rl = RLScheduler(agent, k0=4, update_every=100)
     first = WindowStats(4, 32, 4, 512, 1.0, 0.1, overhead_s=0.2)  # compute 0.8 s = 4 steps × 4 micro-steps
     assert [rl.observe(first), rl.observe(replace(first, wall_s=1.1))] == [4, 4]
-    assert rl.ref == pytest.approx(32 * 4 / (0.2 + 0.8 / 4)) and rl.ref < first.samples_per_s
+    assert first.k1_samples_per_s == pytest.approx(32 * 4 / (0.2 + 0.8 / 4)) and first.k1_samples_per_s < first.samples_per_s
     assert len(agent.replay) == 0 and rl._pending is None
     assert rl.observe(replace(first, noise_scale=100.0)) == 1  # the first estimate: the agent decides
     assert rl.observe(_stats(1, 0.2, math.nan)) == 1 and len(agent.replay) == 1  # then nan keeps the last one
     at_k1 = WindowStats(1, 32, 4, 128, 1.0, 0.1, overhead_s=0.2)
     assert at_k1.k1_samples_per_s == at_k1.samples_per_s
+
+
+def test_rl_reads_and_rewards_each_window_against_its_own_k1_pace_so_machine_speed_drift_is_not_a_gain():
+    """A machine that runs every part of a window 3x slower (a 2-core VM's drift within one run: k = 1
+    windows at 150-750 trips/s) gives the same observation and the same reward as the fast window; a
+    window at k = 1 earns exactly 0. Against a fixed first-window pace the slow window read as a loss of
+    ln 3 = 1.1 in goodput, and the agent learned to flee whatever k it ran (docs/accumulation.md §15)."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        k = int(rng.choice([1, 2, 4, 8, 16]))
+        steps, overhead, micro = int(rng.integers(2, 9)), float(rng.uniform(0.01, 0.3)), float(rng.uniform(0.02, 0.2))
+        fast = WindowStats(k, 32, steps, 32 * k * steps, steps * (overhead + k * micro), steps * overhead,
+                           loss_slope=float(rng.uniform(-0.1, 0)), noise_scale=float(rng.uniform(10, 1e3)),
+                           overhead_s=steps * overhead)
+        slow = replace(fast, wall_s=3 * fast.wall_s, comm_s=3 * fast.comm_s, overhead_s=3 * fast.overhead_s)
+        assert np.allclose(observation(fast), observation(slow), atol=1e-6)
+        assert log_goodput_gain(fast) == pytest.approx(log_goodput_gain(slow))
+        r = 32 * k * steps / fast.wall_s / fast.k1_samples_per_s  # the measured throughput gain over k = 1
+        e = statistical_efficiency(fast.noise_scale, 32 * k, 32)
+        assert log_goodput_gain(fast) == pytest.approx(math.log(r * e))
+        if k == 1:
+            assert log_goodput_gain(fast) == pytest.approx(0.0, abs=1e-12)
+    rl = RLScheduler(Agent(5, seed=0), update_every=100)
+    w = WindowStats(1, 32, 4, 128, 1.0, 0.4, noise_scale=80.0, overhead_s=0.4)
+    rl.observe(w)
+    rl.observe(replace(w, k=rl.k, trips=128 * rl.k, wall_s=3 * (0.4 + 0.6 * rl.k), overhead_s=1.2, comm_s=1.2))
+    slow_gain = rl.last_reward
+    rl2 = RLScheduler(Agent(5, seed=0), update_every=100)
+    rl2.observe(w)
+    rl2.observe(replace(w, k=rl2.k, trips=128 * rl2.k, wall_s=0.4 + 0.6 * rl2.k))
+    assert slow_gain == pytest.approx(rl2.last_reward)
 
 
 def test_an_exploratory_window_is_a_probe_and_the_next_returns_to_the_greedy_k():

@@ -319,15 +319,12 @@ class RLScheduler(AccumulationScheduler):
         self.agent = agent
         self.online = online
         self.update_every = update_every
-        self.ref = math.nan  # the k = 1 pace (samples/s) from the first window
         self._pending = None  # (obs, action) of the decision whose window just ran
         self.last_reward = math.nan
         self.noise_scale = math.nan  # the last finite noise-scale estimate
         self.k_greedy = k0  # the last greedy choice: what the margin protects (an exploratory k is not)
 
     def observe(self, stats: WindowStats) -> int:
-        if not math.isfinite(self.ref):  # the k = 1 pace, predicted when the run starts at another k
-            self.ref = stats.k1_samples_per_s
         if not (math.isfinite(stats.noise_scale) or math.isfinite(self.noise_scale)):
             # no estimate yet (Adam's warm-up, the estimator's first steps): keep k, as GoodputScheduler does.
             # The observation would read the unknown scale as φ = B, where k = 1 is best: a run started at
@@ -339,9 +336,11 @@ class RLScheduler(AccumulationScheduler):
             self.noise_scale = stats.noise_scale
         elif math.isfinite(self.noise_scale):
             stats = replace(stats, noise_scale=self.noise_scale)
-        obs = observation(stats, self.ref, self.choices)
+        # observation and reward against the k = 1 pace this same window implies, not a fixed first window's:
+        # the machine's speed drifts (docs/accumulation.md §15) and would read as a gain or loss of the k it ran
+        obs = observation(stats, None, self.choices)
         if self._pending is not None and self.online:
-            self.last_reward = log_goodput_gain(stats, self.ref)
+            self.last_reward = log_goodput_gain(stats)
             self.agent.record(*self._pending, self.last_reward)
             if self.agent.n_recorded >= self.update_every:
                 self.agent.update(ONLINE_STEPS_PER_WINDOW * self.agent.n_recorded)
@@ -353,11 +352,11 @@ class RLScheduler(AccumulationScheduler):
         return self.k
 
     def state_dict(self) -> dict:
-        return {"k": self.k, "ref": self.ref, "agent": self.agent.state_dict(), "pending": self._pending,
+        return {"k": self.k, "agent": self.agent.state_dict(), "pending": self._pending,
                 "noise_scale": self.noise_scale, "k_greedy": self.k_greedy}
 
     def load_state_dict(self, s: dict) -> None:
-        self.k, self.ref, self.noise_scale = s["k"], s["ref"], s["noise_scale"]
+        self.k, self.noise_scale = s["k"], s["noise_scale"]  # "ref" of checkpoints before 2026-12-02: unused now
         self.k_greedy = s.get("k_greedy", self.k)  # checkpoints before 2026-12-01 night: the last k was protected
         # (obs, action); checkpoints before 2026-12-01 held the removed PPO agent's log-probability and value too
         self._pending = None if s["pending"] is None else tuple(s["pending"][:2])

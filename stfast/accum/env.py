@@ -196,14 +196,12 @@ class SimulatedTrainingEnv(gym.Env):
                             loss_slope=(c.loss(self.progress) - loss_start) / loss_start,
                             budget_used=min(self.time / c.budget_s, 1.0), imbalance=c.imbalance)
         self.last_stats = stats  # what a scheduler measuring the window would see (e.g. GoodputScheduler)
-        if self.ref is None:
-            self.ref = stats.samples_per_s
         # rewards from the TRUE progress (what the agent should maximize); the observation carries the
         # noisy noise-scale estimate, as live
         self.last_progress = gained / (c.window * c.micro_batch)
         pace_1 = c.micro_batch / c.step_s(1)  # progress rate at k = 1 (E = 1 there), base-batch trips/s
         self.last_gain = math.log(made / wall / pace_1)
-        return observation(stats, self.ref, self.choices), (gained - pace_1 * dt_in) / (c.window * c.micro_batch)
+        return observation(stats, None, self.choices), (gained - pace_1 * dt_in) / (c.window * c.micro_batch)
 
     def _info(self, k: int) -> dict:
         return {"k": k, "loss": self.cfg.loss(self.progress), "time_s": self.time, "progress": self.progress,
@@ -217,7 +215,6 @@ class SimulatedTrainingEnv(gym.Env):
         self.cfg = randomized_config(self.np_random, self.base, self.calibration) if self.randomize else self.base
         self.progress, self.time = 0.0, 0.0
         self.time_to_target = math.nan
-        self.ref = None
         obs, _ = self._window(1)  # the first window runs at k = 1, as with the live RL scheduler
         return obs, self._info(1)
 

@@ -88,7 +88,7 @@ class WindowStats:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CHOICES) -> np.ndarray:
+def observation(stats: WindowStats, ref_samples_per_s: float | None = None, choices=DEFAULT_CHOICES) -> np.ndarray:
     """The RL observation [OBS_DIM] float32, each entry clipped to [-1, 1] (names in OBS_NAMES).
 
     The first two entries are what determines the best k (under the Pollux model the goodput of k
@@ -101,8 +101,16 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
     Then log2 k / log2 k_max, the communication share of the window, the budget used, 10·the
     relative loss slope, log2(samples_per_s / ref)/4 and imbalance − 1. Logarithms make the
     mapping scale-free: a GPU-class compute profile or another batch size shifts the inputs, it does
-    not leave the range the policy was trained on."""
+    not leave the range the policy was trained on.
+
+    ref (trips/s): the k = 1 pace; None (what RLScheduler passes): the pace the same window implies
+    (WindowStats.k1_samples_per_s), so the throughput entry is the window's own gain over k = 1 and a
+    machine whose speed drifts during a run does not move it (a fixed first-window ref read a 2-core VM's
+    drift, k = 1 windows at 150–750 trips/s within one 45 s run, as a loss of 0.7–1.0 in ln goodput;
+    docs/accumulation.md §15)."""
     k = stats.k
+    if ref_samples_per_s is None:
+        ref_samples_per_s = stats.k1_samples_per_s
     ns = stats.noise_scale
     if math.isnan(ns):
         noise = 0.0
@@ -120,13 +128,16 @@ def observation(stats: WindowStats, ref_samples_per_s: float, choices=DEFAULT_CH
     return np.clip(np.nan_to_num(np.array(obs, dtype=np.float32)), -1.0, 1.0)
 
 
-def log_goodput_gain(stats: WindowStats, ref_samples_per_s: float) -> float:
-    """ln(goodput / ref): the window's goodput, samples_per_s·E(k·B), over the k = 1 pace (ref: the
-    k = 1 throughput, the first window's; 0 for a window at k = 1). What the RL agent maximizes per
+def log_goodput_gain(stats: WindowStats, ref_samples_per_s: float | None = None) -> float:
+    """ln(goodput / ref): the window's goodput, samples_per_s·E(k·B), over the k = 1 pace (ref, trips/s;
+    None: the pace this window implies, WindowStats.k1_samples_per_s, so the gain is 0 for a window at k = 1
+    however fast the machine runs just then). What the RL agent maximizes per
     window: training progress is dP/dt = goodput(k, P), so choosing the k of the largest goodput at
     every moment maximizes the progress made by any time (the comparison principle for the scalar
     ODE), i.e. the per-window decision is a contextual bandit. The logarithm makes gains scale-free:
     a ×8 goodput where communication dominates does not drown a 3 % difference elsewhere."""
+    if ref_samples_per_s is None:
+        ref_samples_per_s = stats.k1_samples_per_s
     return math.log(max(stats.goodput(), 1e-300) / ref_samples_per_s)
 
 

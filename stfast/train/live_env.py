@@ -78,6 +78,6 @@ class AccumulationEnv(gym.Env):
         tr.accum.reset_window()
         if self.ref is None:
             self.ref = stats.samples_per_s
-        obs = observation(stats, self.ref, self.choices)
-        info = {"k": k, **stats.to_dict(), "loss_ema": tr.accum.loss_ema, "log_goodput_gain": log_goodput_gain(stats, self.ref)}
+        obs = observation(stats, None, self.choices)  # against this window's k = 1 pace, as RLScheduler observes
+        info = {"k": k, **stats.to_dict(), "loss_ema": tr.accum.loss_ema, "log_goodput_gain": log_goodput_gain(stats)}
         return obs, float(reward(stats, self.ref)), False, self.time >= self.budget_s, info
