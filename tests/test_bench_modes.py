@@ -140,7 +140,9 @@ def test_every_mode_gets_the_same_cores_but_the_labelled_one(tmp_path, monkeypat
     monkeypatch.setattr(modes.os, "cpu_count", lambda: cpus)
     cmds, res, md = _fake_bench(tmp_path, monkeypatch, args)
     by_slug = {m.slug: m for m in default_modes()}
-    assert set(cmds) == set(by_slug) and res["cores"] == cores
+    # the default is data parallel + k = 2 under another name: that mode's runs, not run again
+    assert set(cmds) == set(by_slug) - {default_modes()[-1].slug} and res["cores"] == cores
+    assert res["modes"][DEFAULT_MODE]["same_as"] == "data parallel + accumulation k=2"
     for slug, (procs, threads) in cmds.items():
         mode = by_slug[slug]
         assert res["modes"][mode.name]["nproc"] == procs and res["modes"][mode.name]["threads"] == threads
@@ -155,14 +157,31 @@ def test_every_mode_gets_the_same_cores_but_the_labelled_one(tmp_path, monkeypat
 
 def test_the_table_names_the_fastest_mode_on_equal_hardware_and_the_defaults_ratio(tmp_path, monkeypatch):
     times = {"single-process-fused-kernels-one-thread-unequal-hardware": 1.0,  # fastest, but on fewer cores
-             "data-parallel-accumulation-k-2": 2.0, default_modes()[-1].slug: 3.0}
+             "data-parallel-accumulation-k-4": 2.0, "data-parallel-accumulation-k-2": 3.0}
     _, res, md = _fake_bench(tmp_path, monkeypatch, ["--nproc", "2", "--threads", "1", "--seeds", "3"],
                              lambda slug: times.get(slug, 5.0))
+    default = f"{DEFAULT_MODE} (= data parallel + accumulation k=2)"
     assert ("Fastest to target on equal hardware (median over seeds, a seed not reaching it counted as never): "
-            f"data parallel + accumulation k=2, 2.0 s. {DEFAULT_MODE}: 3.0 s, 1.50× the fastest.") in md
+            f"data parallel + accumulation k=4, 2.0 s. {default}: 3.0 s, 1.50× the fastest.") in md
+    assert f"| {DEFAULT_MODE} (= data parallel + accumulation k=2: the same configuration and runs) | 2 × 1 |" in md
     runs = res["modes"][DEFAULT_MODE]["runs"]
     runs[0]["curve"] = runs[1]["curve"] = [(1.0, 0.5)]  # two seeds of three never reach 30 %
-    assert f"{DEFAULT_MODE}: not reached in half or more of the seeds." in table(res["modes"], 0.3, res["cores"])
+    assert f"{default}: not reached in half or more of the seeds." in table(res["modes"], 0.3, res["cores"])
+
+
+def test_modes_differ_from_the_default_in_their_configuration_or_are_one_mode():
+    """configuration() resolves what `stfast train` fills in at run time, so the default (no --accumulation, at
+    --nproc 2) equals an explicit k = 2 and differs from k = 4 and from one process."""
+    from types import SimpleNamespace
+
+    from stfast.bench.modes import configuration
+
+    a = SimpleNamespace(nproc=2, threads=1, budget_s=60.0, batch_size=64, data=None, n_synthetic=100)
+    by_name = {m.name: configuration(m, a) for m in default_modes()}
+    assert by_name[DEFAULT_MODE] == by_name["data parallel + accumulation k=2"]
+    others = [n for n in by_name if n not in (DEFAULT_MODE, "data parallel + accumulation k=2")]
+    assert all(by_name[n] != by_name[DEFAULT_MODE] for n in others)
+    assert len({repr(by_name[n]) for n in others}) == len(others)  # every other mode is its own configuration
 
 
 def test_bench_modes_rejects_zero_threads(tmp_path, capsys):

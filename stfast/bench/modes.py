@@ -91,17 +91,38 @@ def hardware(mode: Mode, a) -> tuple[int, int]:
     return procs, mode.threads or max(1, bench_cores(a) // procs)
 
 
-def _run(mode: Mode, seed: int, a, out: Path) -> dict:
-    if getattr(a, "reuse", False) and (out / "summary.json").is_file():
-        return _measure(out)  # finished before (same folder): measured again, not rerun
+def _train_args(mode: Mode, seed: int, a, out: Path) -> list[str]:
+    """The `stfast train` arguments of one run of ``mode``."""
     nproc, threads = hardware(mode, a)
     # --preset paper: the modes are compared on the paper's model on any data (the real-data preset's weight
     # average starts at half of --epochs, which a time budget of 100,000 epochs never reaches)
-    cmd = [sys.executable, "-m", "stfast.cli", "train", "--preset", "paper", "--seed", str(seed), "--data-seed", "0",
-           "--epochs", "100000",
-           "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--threads", str(threads), "--out", str(out),
-           "--no-progress", "--batch-size", str(a.batch_size), *mode.flags]
-    cmd += ["--data", a.data, "--format", a.format] if a.data else ["--n-synthetic", str(a.n_synthetic)]
+    args = ["--preset", "paper", "--seed", str(seed), "--data-seed", "0", "--epochs", "100000",
+            "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--threads", str(threads), "--out", str(out),
+            "--no-progress", "--batch-size", str(a.batch_size), *mode.flags]
+    return args + (["--data", a.data, "--format", a.format] if a.data else ["--n-synthetic", str(a.n_synthetic)])
+
+
+def configuration(mode: Mode, a):
+    """The TrainConfig that ``mode``'s runs train under (seed 0, no --out), with the defaults that `stfast train`
+    resolves at run time filled in (--accumulation by the world size, --slicer balanced): two modes with equal
+    configurations are one mode, run once. (The stfast default is one of the other modes' configurations: run
+    twice, the same configuration differed by 1.17× in median time to target on three seeds, docs/bench_modes.md.)"""
+    import argparse
+    from dataclasses import replace
+
+    from ..accum.schedulers import parse_spec
+    from ..train.config import TrainConfig, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)  # `stfast train`'s flags
+    cfg = TrainConfig.from_args(parser.parse_args(_train_args(mode, 0, a, Path("-"))))
+    return replace(cfg, accumulation=parse_spec(cfg.accumulation, cfg.nproc), slicer=cfg.slicer or "balanced")
+
+
+def _run(mode: Mode, seed: int, a, out: Path) -> dict:
+    if getattr(a, "reuse", False) and (out / "summary.json").is_file():
+        return _measure(out)  # finished before (same folder): measured again, not rerun
+    cmd = [sys.executable, "-m", "stfast.cli", "train", *_train_args(mode, seed, a, out)]
     log = out.parent / f"{out.name}.log"
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONSAFEPATH="1")  # the installed stfast, not a source tree in the cwd
@@ -187,6 +208,8 @@ def table(results: dict, target: float, cores: int | None = None) -> str:
             lines.append(f"| {name} | {res['skipped']} | | | | | | | |")
             continue
         runs = res["runs"]
+        if "same_as" in res:
+            name = f"{name} (= {res['same_as']}: the same configuration and runs)"
         ttt = [time_to_target(r["curve"], target) for r in runs]
         reached = [t for t in ttt if t is not None]
         tt = _med(reached) + ("" if len(reached) == len(runs) else f" [{len(runs) - len(reached)} not reached]")
@@ -206,8 +229,10 @@ def table(results: dict, target: float, cores: int | None = None) -> str:
                 f"{fastest}, {equal[fastest]:.1f} s.")
         if DEFAULT_MODE in equal:
             d = equal[DEFAULT_MODE]
-            line += (f" {DEFAULT_MODE}: {d:.1f} s, {d / equal[fastest]:.2f}× the fastest." if d < math.inf
-                     else f" {DEFAULT_MODE}: not reached in half or more of the seeds.")
+            same = results[DEFAULT_MODE].get("same_as")
+            name = DEFAULT_MODE + (f" (= {same})" if same else "")
+            line += (f" {name}: {d:.1f} s, {d / equal[fastest]:.2f}× the fastest." if d < math.inf
+                     else f" {name}: not reached in half or more of the seeds.")
         lines += ["", line]
     return "\n".join(lines)
 
@@ -246,7 +271,15 @@ def run_modes(a) -> dict:
     if not modes:
         raise ValueError(f"--only {a.only}: no mode matches; modes: {[m.name for m in default_modes()]}")
     baseline = modes[0].name  # the reference for the default target: the first mode that runs
+    configs: dict = {}
     for i, mode in enumerate(modes):
+        cfg = configuration(mode, a)
+        same = next((n for n, c in configs.items() if c == cfg and "runs" in results.get(n, {})), None)
+        configs[mode.name] = cfg
+        if same is not None:  # another mode's configuration under another name: its runs, not a second sample
+            print(f"[{i + 1}/{len(modes)}] {mode.name}: the configuration of {same!r}, its runs", flush=True)
+            results[mode.name] = dict(results[same], group=mode.group, same_as=same)
+            continue
         runs = []
         try:
             for seed in a.seeds_list:
