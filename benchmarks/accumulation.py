@@ -51,7 +51,6 @@ import numpy as np
 
 from stfast.accum.env import SimConfig, SimulatedTrainingEnv, rollout
 from stfast.accum.noise import ADAM_WARMUP_STEPS as ADAM_WARMUP
-from stfast.accum.noise import NOISE_KINDS
 from stfast.accum.profile import ComputeProfile, NoiseCalibration
 from stfast.accum.schedulers import GoodputScheduler
 from stfast.accum.window import DEFAULT_CHOICES
@@ -427,7 +426,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(LIVE_MODES), help="live arms, comma-separated (fixed k, goodput, rl; "
                                                                   "goodput@K / rl@K: starting at k = K, --accum-start)")
     ap.add_argument("--datasets", default="synthetic,chengdu", help="live data sets, comma-separated")
-    ap.add_argument("--noise-scale", default=None, choices=NOISE_KINDS, help="passed to the live runs")
+    ap.add_argument("--noise-scale", default=None, choices=("adam", "plain"), help="passed to the live runs")
     ap.add_argument("--live-seeds", type=int, default=2)
     ap.add_argument("--first-seed", type=int, default=0, help="live seeds first-seed, first-seed + 1, ...")
     ap.add_argument("--calibrate", action="store_true",

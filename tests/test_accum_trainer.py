@@ -318,52 +318,6 @@ def test_adam_statistics_wait_for_adams_warm_up_and_refresh_the_preconditioner()
     assert len(reads) == ADAM_WARMUP_STEPS + 2
 
 
-def test_adam_early_reads_calibrated_b_simple_until_b_adam_has_a_bound():
-    """--noise-scale adam-early: during Adam's warm-up the scheduler reads B_simple × PLAIN_EARLY_CALIBRATION
-    (the same gradients through a plain controller give B_simple), so a first decision needs no 50 steps; once
-    B_adam has a bound it reads B_adam and the early estimate stops."""
-    from stfast.accum.noise import ADAM_WARMUP_STEPS, PLAIN_EARLY_CALIBRATION
-
-    torch.manual_seed(3)
-    w_early, w_plain = torch.nn.Parameter(torch.randn(6)), torch.nn.Parameter(torch.randn(6))
-    opt = torch.optim.Adam([w_early], lr=1e-2)
-    early = AccumulationController(FixedScheduler(2), [w_early], micro_batch=4, window=1000, optimizer=opt,
-                                   noise_scale="adam-early")
-    plain = AccumulationController(FixedScheduler(2), [w_plain], micro_batch=4, window=1000, noise_scale="plain")
-    assert early.noise_kind == "adam-early" and plain.noise_kind == "plain"
-    seen_early = []
-    for step in range(ADAM_WARMUP_STEPS + 40):
-        for ctl, w in ((early, w_early), (plain, w_plain)):
-            ctl.begin_step()
-            w.grad = None
-        for j in range(2):
-            g = torch.randn(6) + 0.5  # fresh per micro-step, the same for both; a mean so |G|² > 0
-            for ctl, w in ((early, w_early), (plain, w_plain)):
-                (w * g).sum().backward()
-                ctl.after_micro_step(2, 4, last=j == 1)
-        for ctl in (early, plain):
-            ctl.end_step(ctl.extra(1.0), 4, step_s=0.01, sync_s=0.0, compute_s=0.005)
-        opt.step()
-        read = early.window_stats(0.0).noise_scale
-        if step < ADAM_WARMUP_STEPS:
-            assert early.noise.n == 0 and early.early_noise.n == plain.noise.n == step + 1
-            if math.isfinite(read):
-                seen_early.append(step)
-                assert read == pytest.approx(PLAIN_EARLY_CALIBRATION * plain.noise.lower_confidence(), rel=1e-9)
-        else:
-            assert early.early_noise.n == ADAM_WARMUP_STEPS  # no longer updated
-            bound = early.noise.lower_confidence()
-            if math.isfinite(bound):
-                assert read == bound
-    assert seen_early and seen_early[0] < 10  # a first estimate within a few steps, not after the warm-up
-    assert early.noise.n == 40 and math.isfinite(early.noise.lower_confidence())
-    s = early.state_dict()
-    again = AccumulationController(FixedScheduler(2), [w_early], micro_batch=4, window=1000, optimizer=opt,
-                                   noise_scale="adam-early")
-    again.load_state_dict(s)
-    assert again.early_noise.n == ADAM_WARMUP_STEPS and again.noise.n == 40
-
-
 @pytest.mark.slow
 def test_two_ranks_estimate_b_adam_from_their_shards(trips_file, tmp_path):
     """Two Gloo ranks at k = 1: the units are the ranks' shards (their preconditioned norms summed in the

@@ -74,7 +74,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'accum_window': (('--accum-window',), 10, None, 'int', 'StoreAction', False, None),
         'accum_start': (('--accum-start',), 1, None, 'int', 'StoreAction', False, None),
         'lr_scaling': (('--lr-scaling',), 'sqrt', ('sqrt', 'linear', 'none'), None, 'StoreAction', False, None),
-        'noise_scale': (('--noise-scale',), None, ('adam', 'plain', 'adam-early'), None, 'StoreAction', False, None),
+        'noise_scale': (('--noise-scale',), None, ('adam', 'plain'), None, 'StoreAction', False, None),
         'time_budget': (('--time-budget',), None, None, 'float', 'StoreAction', False, None),
         'checkpoint_every': (('--checkpoint-every',), None, None, 'int', 'StoreAction', False, None),
         'max_bad_steps': (('--max-bad-steps',), 5, None, 'int', 'StoreAction', False, None),

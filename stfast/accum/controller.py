@@ -17,14 +17,7 @@ import numpy as np
 import torch
 
 from .goodput import lr_scale
-from .noise import (
-    PLAIN_EARLY_CALIBRATION,
-    GradientNoiseScale,
-    UnitGradients,
-    adam_preconditioner,
-    adam_trace_scale,
-    noise_kind,
-)
+from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, adam_trace_scale, noise_kind
 from .schedulers import FixedScheduler, make_scheduler
 from .window import AccumulationScheduler, WindowStats
 
@@ -54,8 +47,7 @@ class AccumulationController:
     per micro-step (B); window: optimizer steps per decision (W); optimizer: the one stepping ``params``
     (its Adam second moments precondition the noise scale; None: plain only); noise_scale: which noise
     scale the scheduler reads, "adam" (B_adam = tr(PΣPᵀ)/|PG|², stfast.accum.noise, normalized to its k = 1
-    value and calibrated per step: noise.adam_trace_scale), "plain" (B_simple) or "adam-early" (B_adam, and
-    before Adam's warm-up B_simple × noise.PLAIN_EARLY_CALIBRATION, so the first decision comes after one window),
+    value and calibrated per step: noise.adam_trace_scale) or "plain" (B_simple),
     None: adam under Adam/AdamW, else plain (stfast.accum.noise.noise_kind; raises ValueError as it does).
     Only that one is estimated (its cost: benchmarks/accumulation.py --overhead).
 
@@ -80,10 +72,7 @@ class AccumulationController:
         self.lr_scaling = lr_scaling
         self.lr_factor = 1.0  # the caller's schedule (apply_lr)
         self.noise_kind = noise_kind(noise_scale, optimizer)
-        self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind); adam-early: B_adam
-        # adam-early: B_simple × PLAIN_EARLY_CALIBRATION, measured until Adam has warmed up and read until B_adam
-        # has a bound
-        self.early_noise = GradientNoiseScale()
+        self.noise = GradientNoiseScale()  # B_adam or B_simple (noise_kind)
         self.units = UnitGradients(self.params)
         self._precond = None  # Adam's preconditioner (None: plain, or Adam still warming up)
         self._precond_age = 0  # optimizer steps since it was read
@@ -127,20 +116,11 @@ class AccumulationController:
     # ------------------------------------------------------------ per step
     @property
     def measuring(self) -> bool:
-        """Whether this step's statistics count: always for plain and adam-early, once Adam has warmed up for
-        adam."""
-        return self.noise_kind != "adam" or self._precond is not None
-
-    def noise_bound(self) -> float:
-        """The noise scale's lower confidence bound (trips) that the scheduler reads: the estimator of
-        noise_kind's; under adam-early, until B_adam has one, the calibrated B_simple's (nan: none yet)."""
-        bound = self.noise.lower_confidence()
-        if self.noise_kind == "adam-early" and not math.isfinite(bound):
-            return self.early_noise.lower_confidence()
-        return bound
+        """Whether this step's statistics count: always for plain, once Adam has warmed up for adam."""
+        return self.noise_kind == "plain" or self._precond is not None
 
     def begin_step(self) -> None:
-        if self.noise_kind != "plain" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
+        if self.noise_kind == "adam" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
             self._precond, self._precond_age = adam_preconditioner(self.optimizer, self.params), 0
         self._precond_age += 1
         self.units.begin(self._precond)
@@ -193,12 +173,7 @@ class AccumulationController:
         else:
             self.units.forget_previous()  # a later k = 1 step pairs with a k = 1 step only
             big_sq = self.units.norm([p.grad for p in self.params])
-        if self._precond is not None:
-            self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k))
-        elif self.noise_kind == "plain":
-            self.noise.update(units, big_sq, n_trips)
-        else:  # adam-early while Adam warms up: plain units (no preconditioner yet), calibrated
-            self.early_noise.update(units, big_sq, n_trips, PLAIN_EARLY_CALIBRATION)
+        self.noise.update(units, big_sq, n_trips, adam_trace_scale(self.k) if self._precond is not None else 1.0)
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
@@ -248,7 +223,7 @@ class AccumulationController:
         epochs 3–8, 0.49 with v̂ × 1/4; docs/accumulation.md §14). 1.0 when k does not change."""
         if k_old == k_new:
             return 1.0
-        phi = self.noise_bound() / self.micro_batch
+        phi = self.noise.lower_confidence() / self.micro_batch
         if not math.isfinite(phi):
             return k_old / k_new
         phi = max(phi, 0.0)  # a negative trace estimate is noise ≈ 0, not a factor that could turn v̂ negative
@@ -275,7 +250,7 @@ class AccumulationController:
         return WindowStats(k=self.k, micro_batch=self.micro_batch, steps=self.w_steps, trips=self.w_trips,
                            wall_s=max(self.w_wall, 1e-9), comm_s=self.w_comm, loss_slope=slope,
                            overhead_s=max(self.w_wall - self.w_compute, 0.0),
-                           noise_scale=self.noise_bound(), budget_used=min(max(budget_used, 0.0), 1.0),
+                           noise_scale=self.noise.lower_confidence(), budget_used=min(max(budget_used, 0.0), 1.0),
                            imbalance=imbalance)
 
     # ------------------------------------------------------------ state
@@ -287,7 +262,7 @@ class AccumulationController:
         --checkpoint-every, an epoch end), so the window the run was killed in closes after the same
         number of steps, with its steps before the kill counted."""
         return {"k": self.k, "scheduler": self.scheduler.state_dict(), "noise": self.noise.state_dict(),
-                "early_noise": self.early_noise.state_dict(), "noise_kind": self.noise_kind, "loss_ema": self.loss_ema, "n_windows": self.n_windows,
+                "noise_kind": self.noise_kind, "loss_ema": self.loss_ema, "n_windows": self.n_windows,
                 "wall_before": self.elapsed(), "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
 
     def load_state_dict(self, s: dict) -> None:
@@ -299,8 +274,6 @@ class AccumulationController:
         # this run's: then the estimate starts afresh
         if s.get("noise_kind", "plain") == self.noise_kind:
             self.noise.load_state_dict(s["noise"])
-            if "early_noise" in s:  # absent before 2026-12-03
-                self.early_noise.load_state_dict(s["early_noise"])
         self.reset_window()
         for f, v in s.get("window", {}).items():  # absent in checkpoints before issue 22: a fresh window
             setattr(self, f, v)

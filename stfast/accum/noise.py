@@ -56,13 +56,7 @@ def noise_estimates(small_sq: float, b_small: float, big_sq: float, b_big: float
     return g2, trace
 
 
-NOISE_KINDS = ("adam", "plain", "adam-early")
-# "adam-early": B_adam, and before Adam's warm-up (ADAM_WARMUP_STEPS) B_simple × PLAIN_EARLY_CALIBRATION, so a
-# scheduler can make its first decision after one window instead of holding its first k for 50 optimizer steps
-# (at --accum-start 4 that is 200 micro-steps, ~10 s of a 45 s live run; docs/accumulation.md §16). B_simple read
-# φ_eff low by ×51 on the synthetic city and ×69 on Chengdu (docs/accumulation.md §2, §14(a)): their geometric
-# mean. B_simple, unlike B_adam, does not depend on the k it is measured at (tr Σ / |G|² of per-trip gradients).
-PLAIN_EARLY_CALIBRATION = 59.0
+NOISE_KINDS = ("adam", "plain")
 # Adam steps before B_adam is estimated. v̂ from a handful of gradients is itself noise, and its smallest
 # elements are the ones that dominate: units that rarely activate (√v̂ within a few ε, P ≈ 1/ε ≈ 1e8) turn any
 # gradient they get into |P g|² of 1e10 or more. Measured live (synthetic city, k = 2, two ranks; docs/
@@ -250,7 +244,7 @@ def squared_norm(tensors, weights=None) -> float:
 
 
 def noise_kind(choice: str | None, optimizer) -> str:
-    """Which noise scale steers accumulation: ``choice`` (one of NOISE_KINDS), or for None "adam" when
+    """Which noise scale steers accumulation: ``choice`` ("adam" or "plain"), or for None "adam" when
     ``optimizer`` is torch.optim.Adam or AdamW and "plain" otherwise (SGD's step is the gradient itself).
     Raises ValueError for another choice, or "adam" without an Adam-family optimizer (no v̂ to read)."""
     import torch
@@ -259,9 +253,9 @@ def noise_kind(choice: str | None, optimizer) -> str:
     if choice is None:
         return "adam" if adam else "plain"
     if choice not in NOISE_KINDS:
-        raise ValueError(f"--noise-scale must be one of {', '.join(NOISE_KINDS)}, got {choice!r}")
-    if choice.startswith("adam") and not adam:
-        raise ValueError(f"--noise-scale {choice} needs an Adam or AdamW optimizer, got {type(optimizer).__name__}")
+        raise ValueError(f"--noise-scale must be adam or plain, got {choice!r}")
+    if choice == "adam" and not adam:
+        raise ValueError(f"--noise-scale adam needs an Adam or AdamW optimizer, got {type(optimizer).__name__}")
     return choice
 
 

@@ -167,9 +167,8 @@ class TrainConfig:
     lr_scaling: str = option("sqrt", "learning rate × √k (Adam, default), × k (SGD) or unchanged when k grows",
                              choices=("sqrt", "linear", "none"))
     noise_scale: str | None = option(None, "gradient noise scale the accumulation schedulers read: adam "
-                                           "(preconditioned by Adam's v̂, Pollux; the default under Adam), plain "
-                                           "(B_simple) or adam-early (adam, and calibrated B_simple during Adam's "
-                                           "warm-up: a first decision after one window)", choices=NOISE_KINDS)
+                                           "(preconditioned by Adam's v̂, Pollux; the default under Adam) or plain "
+                                           "(B_simple)", choices=NOISE_KINDS)
     time_budget_s: float | None = option(None, "stop after this many seconds of training", unit="s", gt=0.0,
                                          flag="--time-budget")  # checked at window ends
     # ---- reliability (stfast.train.guards)
