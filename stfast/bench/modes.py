@@ -104,7 +104,7 @@ def _train_args(mode: Mode, seed: int, a, out: Path) -> list[str]:
 
 def configuration(mode: Mode, a):
     """The TrainConfig that ``mode``'s runs train under (seed 0, no --out), with the defaults that `stfast train`
-    resolves at run time filled in (--accumulation by the world size, --slicer balanced): two modes with equal
+    resolves at run time filled in (--accumulation by the world size, TrainConfig.slicer_method): two modes with equal
     configurations are one mode, run once. (The stfast default is one of the other modes' configurations: run
     twice, the same configuration differed by 1.17× in median time to target on three seeds, docs/bench_modes.md.)"""
     import argparse
@@ -116,7 +116,7 @@ def configuration(mode: Mode, a):
     parser = argparse.ArgumentParser()
     add_arguments(parser)  # `stfast train`'s flags
     cfg = TrainConfig.from_args(parser.parse_args(_train_args(mode, 0, a, Path("-"))))
-    return replace(cfg, accumulation=parse_spec(cfg.accumulation, cfg.nproc), slicer=cfg.slicer or "balanced")
+    return replace(cfg, accumulation=parse_spec(cfg.accumulation, cfg.nproc), slicer=cfg.slicer_method)
 
 
 def _run(mode: Mode, seed: int, a, out: Path) -> dict:

@@ -222,6 +222,11 @@ class TrainConfig:
         """The config of parsed `stfast train` arguments (a parser :func:`add_arguments` built)."""
         return cls(**_options.values_from_args(cls, args))
 
+    @property
+    def slicer_method(self) -> str:
+        """The slicer method a data-parallel run uses: --slicer, balanced when not given."""
+        return self.slicer or "balanced"
+
     def data_options(self) -> dict:
         """The settings that decide which trips the data becomes (reading and preprocessing): what
         ``evaluate``/``predict`` take from a checkpoint and ``--resume`` must not change. Keys are the

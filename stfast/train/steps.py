@@ -201,14 +201,14 @@ class ComponentSteps(WholeModelSteps):
 def for_mode(cfg, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync, device: torch.device,
              lengths: np.ndarray, batches: Callable[[int], list[np.ndarray]]) -> WholeModelSteps:
     """The executor of ``cfg.parallel`` (a TrainConfig): components for cp / dp+cp; under data parallelism
-    the slicer (``cfg.slicer``, balanced by default) over the training trips' ``lengths`` and the epoch's
+    the slicer (``cfg.slicer_method``) over the training trips' ``lengths`` and the epoch's
     global ``batches``; else whole batches."""
     if cfg.parallel != "dp":
         return ComponentSteps(model, batch_of, info, grad_sync, device, cfg.cp_plan, cfg.micro_batches)
     if not info.distributed:
         return WholeModelSteps(model, batch_of, info, grad_sync)
     sampler = BalancedBatchSampler(lengths, cfg.batch_size, info.world_size, info.rank, cfg.seed,
-                                   method=cfg.slicer or "balanced", batches=batches,
+                                   method=cfg.slicer_method, batches=batches,
                                    all_gather=lambda a: dp.all_gather_floats(a, info),
                                    broadcast=lambda a: dp.broadcast_floats(a, info))
     return SlicedSteps(model, batch_of, info, grad_sync, sampler, device)
