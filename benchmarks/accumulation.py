@@ -17,7 +17,10 @@
     reference run, k = 1 with the first seed; one table each), the per-seed ratios of the adaptive schedulers' times to
     the best fixed k's, the best validation and the test MAPE within the budget, and the measured
     communication share of a step (time in the gradient sync, including waiting for the other rank,
-    over the step time; from the windows in metrics.jsonl).
+    over the step time; from the windows in metrics.jsonl). Each table is printed twice: on the wall clock,
+    and on the paced clock (paced_runs: every window timed at its k's median pace over the whole run set),
+    which removes this machine's drift between runs and keeps what k does to the throughput. Rerunning a
+    command with the same --out re-reads its finished runs instead of repeating them.
 (c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs with
     the best fixed k at the tight target).
 (d) --overhead N: the noise statistics' cost per optimizer step in one process at k = 1 and 2, with and
@@ -184,6 +187,8 @@ def read_run(out: Path) -> dict:
             "window_s_k1": sum(r["window_s"] for r in windows if r["k"] == 1),
             "trips": sum(r["trips"] for r in windows), "overhead_s": sum(r["overhead_s"] for r in windows),
             "window_steps": sum(r["steps"] for r in windows),
+            # (end of window s, k, trips, window s): what the paced clock (paced_runs) re-times
+            "windows": [(r["wall_s"], r["k"], r["trips"], r["window_s"]) for r in windows],
             "steps": summ["steps"], "epochs": summ["epochs"], "test_mape": summ["test_mape"],
             "best_val_mape": summ["best_val_mape"]}
 
@@ -224,6 +229,41 @@ def run_live(datasets: dict, seeds, budget_s: float, root: Path, n_synthetic: in
                     print(f"  {time.time() - t0:.0f} s", flush=True)
                 res[name][mode].append(read_run(out))
     return res
+
+
+def pace_per_k(runs: dict) -> dict[int, float]:
+    """{k: the median trips/s of every window at k} over all arms and seeds of one data set's runs
+    ({mode: [read_run dicts]}): the machine's typical pace at each k over the hour the run set took."""
+    rates: dict[int, list[float]] = {}
+    for rs in runs.values():
+        for r in rs:
+            for _, k, trips, window_s in r["windows"]:
+                if window_s > 0:
+                    rates.setdefault(k, []).append(trips / window_s)
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def paced_runs(runs: dict) -> dict:
+    """The same runs on the paced clock: every window lasts its trips ÷ pace_per_k(runs)[its k] instead of its
+    wall time, and each validation's time is interpolated between the windows' ends (validation time itself
+    scaled with the windows around it). This VM's speed drifts 3–4× within an hour (one process at k = 1 ran at
+    150–750 trips/s within one 45 s run, docs/accumulation.md §15), which swamps a 5 % comparison of arms run
+    minutes apart; the paced clock keeps what k does to the throughput (each k's own pace) and to the
+    statistical progress per trip, and removes when each arm happened to run. It also averages away any
+    per-arm difference in time per window at the same k (a scheduler's own cost), which stats_overhead and
+    the wall-clock table measure instead."""
+    pace = pace_per_k(runs)
+    out = {}
+    for mode, rs in runs.items():
+        out[mode] = []
+        for r in rs:
+            ends = np.array([0.0] + [w[0] for w in r["windows"]])
+            paced = np.cumsum([0.0] + [trips / pace[k] for _, k, trips, _ in r["windows"]])
+            # after the last window (a validation after steps no window closed yet): at that window's ratio
+            tail = (paced[-1] - paced[-2]) / (ends[-1] - ends[-2]) if len(ends) > 1 and ends[-1] > ends[-2] else 1.0
+            out[mode].append({**r, "curve": [(float(np.interp(t, ends, paced)) if t <= ends[-1]
+                                              else float(paced[-1] + (t - ends[-1]) * tail), m) for t, m in r["curve"]]})
+    return out
 
 
 def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:
@@ -499,10 +539,16 @@ def main(argv=None) -> int:
             t3, s3 = live_table(runs, TIGHT_TARGET_FACTOR)
             t, s = live_table(runs)
             t2, s2 = live_table(runs, LOOSE_TARGET_FACTOR)
-            results["live"][name] = {**s, "loose_target": s2, "tight_target": s3}
+            paced = paced_runs(runs)
+            pt3, ps3 = live_table(paced, TIGHT_TARGET_FACTOR)
+            pt, ps = live_table(paced)
+            results["live"][name] = {**s, "loose_target": s2, "tight_target": s3,
+                                     "paced": {**ps, "tight_target": ps3, "pace_trips_per_s": pace_per_k(runs)}}
             print(f"\n## (a) live: {name}, 2 Gloo ranks × 1 thread, budget {a.live_budget:g} s, seeds {seeds_l}, "
                   f"micro-batch {a.batch_size}, window {a.window} (per-seed values)\n\ntight {t3}\n\n{t}\n\n"
-                  f"looser {t2}")
+                  f"looser {t2}\n\n### the same runs on the paced clock (paced_runs: each window at its k's "
+                  f"median pace over all runs, {', '.join(f'k = {k}: {v:.0f}' for k, v in sorted(pace_per_k(runs).items()))} "
+                  f"trips/s)\n\ntight {pt3}\n\n{pt}")
         if a.calibrate:
             cal = calibrate({name: {m: r for m, r in runs.items() if m.isdigit()} for name, runs in live.items()})
             results["calibration"] = cal

@@ -70,6 +70,32 @@ def test_live_table_reads_a_run_folder(tmp_path):
     assert "| rl | 3 | 3.0 | 2 |" in table and "| 96 | 50 |" in table
 
 
+def test_paced_clock_removes_machine_drift_and_keeps_each_ks_pace():
+    """Two seeds of one arm, the same trips and validations, the second on a machine running 2× slower for its
+    first two windows: on the paced clock their times to target agree; an arm at k = 2 keeps its own, faster pace."""
+    from accumulation import live_table, pace_per_k, paced_runs
+
+    def run(k, window_s):  # four windows of 100 trips at k, a validation at the end of windows 2 and 4
+        ends = np.cumsum(window_s)
+        return {"windows": [(float(e), k, 100, w) for e, w in zip(ends, window_s)],
+                "curve": [(float(ends[1]) + 0.1, 0.30), (float(ends[3]) + 0.1, 0.20)],
+                "epoch_curve": [(1, 0.30), (2, 0.20)], "comm_s": 0.0, "window_s": float(ends[-1]), "comm_s_k1": 0.0,
+                "window_s_k1": 0.0, "trips": 400, "overhead_s": 0.0, "window_steps": 16, "steps": 16, "epochs": 2,
+                "test_mape": 0.2, "best_val_mape": 0.2, "k": [(float(e), k) for e in ends]}
+
+    runs = {"1": [run(1, [1.0, 1.0, 1.0, 1.0]), run(1, [2.0, 2.0, 1.0, 1.0])],
+            "2": [run(2, [0.5, 0.5, 0.5, 0.5]), run(2, [0.5, 0.5, 0.5, 0.5])]}
+    assert pace_per_k(runs) == {1: 100.0, 2: 200.0}  # median of 100, 100, 100, 100, 50, 50, 100, 100 trips/s
+    paced = paced_runs(runs)
+    assert [t for t, _ in paced["1"][0]["curve"]] == pytest.approx([2.1, 4.1])
+    assert [t for t, _ in paced["1"][1]["curve"]] == pytest.approx([2.1, 4.1])  # wall 4.1 and 6.1 s
+    assert [t for t, _ in paced["2"][0]["curve"]] == pytest.approx([1.1, 2.1])  # its own pace
+    _, summ = live_table(paced, factor=1.0)  # target 0.20 per seed: the second validation
+    assert summ["1"]["ttt_s"] == pytest.approx([4.1, 4.1]) and summ["2"]["ttt_s"] == pytest.approx([2.1, 2.1])
+    _, wall = live_table(runs, factor=1.0)
+    assert wall["1"]["ttt_s"] == pytest.approx([4.1, 6.1])
+
+
 def test_calibration_recovers_the_noise_scale_and_the_estimate_bias():
     """Fixed-k arms whose epochs to any target stretch by 1/E(kB) for φ = 2 micro-batches, and whose B_adam
     estimates grow as k^0.5 from 0.2 B at k = 1: calibrate() finds φ_eff = 2 B, bias 0.1, α = 0.5."""
