@@ -57,6 +57,7 @@ from stfast.accum.noise import ADAM_WARMUP_STEPS as ADAM_WARMUP
 from stfast.accum.profile import ComputeProfile, NoiseCalibration
 from stfast.accum.schedulers import GoodputScheduler
 from stfast.accum.window import DEFAULT_CHOICES
+from stfast.bench.pace import pace_by_key, paced_curve
 from stfast.train import plots
 from stfast.train.run_log import read_rows
 
@@ -233,37 +234,16 @@ def run_live(datasets: dict, seeds, budget_s: float, root: Path, n_synthetic: in
 
 def pace_per_k(runs: dict) -> dict[int, float]:
     """{k: the median trips/s of every window at k} over all arms and seeds of one data set's runs
-    ({mode: [read_run dicts]}): the machine's typical pace at each k over the hour the run set took."""
-    rates: dict[int, list[float]] = {}
-    for rs in runs.values():
-        for r in rs:
-            for _, k, trips, window_s in r["windows"]:
-                if window_s > 0:
-                    rates.setdefault(k, []).append(trips / window_s)
-    return {k: statistics.median(v) for k, v in rates.items()}
+    ({mode: [read_run dicts]}): the machine's typical pace at each k over the time the run set took."""
+    return pace_by_key(w for rs in runs.values() for r in rs for w in r["windows"])
 
 
 def paced_runs(runs: dict) -> dict:
-    """The same runs on the paced clock: every window lasts its trips ÷ pace_per_k(runs)[its k] instead of its
-    wall time, and each validation's time is interpolated between the windows' ends (validation time itself
-    scaled with the windows around it). This VM's speed drifts 3–4× within an hour (one process at k = 1 ran at
-    150–750 trips/s within one 45 s run, docs/accumulation.md §15), which swamps a 5 % comparison of arms run
-    minutes apart; the paced clock keeps what k does to the throughput (each k's own pace) and to the
-    statistical progress per trip, and removes when each arm happened to run. It also averages away any
-    per-arm difference in time per window at the same k (a scheduler's own cost), which stats_overhead and
-    the wall-clock table measure instead."""
+    """The same runs on the paced clock (stfast.bench.pace): every window lasts its trips ÷ pace_per_k(runs)[its
+    k] instead of its wall time. The fixed and adaptive arms at one k share its pace, so what remains between
+    arms is what k does to the throughput and to the progress per trip, not when each arm happened to run."""
     pace = pace_per_k(runs)
-    out = {}
-    for mode, rs in runs.items():
-        out[mode] = []
-        for r in rs:
-            ends = np.array([0.0] + [w[0] for w in r["windows"]])
-            paced = np.cumsum([0.0] + [trips / pace[k] for _, k, trips, _ in r["windows"]])
-            # after the last window (a validation after steps no window closed yet): at that window's ratio
-            tail = (paced[-1] - paced[-2]) / (ends[-1] - ends[-2]) if len(ends) > 1 and ends[-1] > ends[-2] else 1.0
-            out[mode].append({**r, "curve": [(float(np.interp(t, ends, paced)) if t <= ends[-1]
-                                              else float(paced[-1] + (t - ends[-1]) * tail), m) for t, m in r["curve"]]})
-    return out
+    return {mode: [{**r, "curve": paced_curve(r["curve"], r["windows"], pace)} for r in rs] for mode, rs in runs.items()}
 
 
 def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:

@@ -46,6 +46,7 @@ def test_bench_modes_runs_and_writes_json_md_png(tmp_path, capsys):
                          "data parallel + accumulation k=2"}
     for r in runs.values():
         assert r[0]["samples_per_s"] > 0 and 0 < r[0]["test_mape"] < 5 and r[0]["steps"] > 0
+        assert sum(w[2] for w in r[0]["windows"]) > 0  # the accumulation windows the paced clock re-times
     assert runs["data parallel + accumulation k=2"][0]["comm_share"] is not None
     md = (out / "modes.md").read_text()
     assert "| single process, fused kernels | 1 × 2 |" in md  # equal hardware: 2 ranks × 1 thread
@@ -167,6 +168,40 @@ def test_the_table_names_the_fastest_mode_on_equal_hardware_and_the_defaults_rat
     runs = res["modes"][DEFAULT_MODE]["runs"]
     runs[0]["curve"] = runs[1]["curve"] = [(1.0, 0.5)]  # two seeds of three never reach 30 %
     assert f"{default}: not reached in half or more of the seeds." in table(res["modes"], 0.3, res["cores"])
+
+
+def test_modes_run_seed_major_and_the_paced_clock_removes_a_slow_seed(tmp_path, monkeypatch):
+    """Every mode's seed 0, then every mode's seed 1, ...; a seed whose machine ran 3× slower reaches the target
+    later on the wall clock and at its mode's median pace on the paced clock."""
+    from types import SimpleNamespace
+
+    from stfast.bench import modes
+
+    order = []
+
+    def fake_run(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--out") + 1])
+        order.append((out.name, out.parent.name))
+        return SimpleNamespace(returncode=0)
+
+    def fake_measure(out):  # four windows of 100 trips; seed 1 of the k = 2 mode's first two windows 3× slower
+        slow = 3.0 if (out.name, out.parent.name) == ("seed1", "data-parallel-accumulation-k-2") else 1.0
+        lengths = [slow, slow, 1.0, 1.0]
+        ends = [sum(lengths[:i + 1]) for i in range(4)]
+        return {"curve": [(ends[3], 0.2)], "samples_per_s": 100.0, "test_mape": 0.2, "test_mae": 50.0,
+                "test_rmse": 70.0, "best_val_mape": 0.2, "steps": 5, "imbalance": None, "comm_share": None,
+                "windows": [(e, 2, 100, w) for e, w in zip(ends, lengths)]}
+
+    monkeypatch.setattr(modes.subprocess, "run", fake_run)
+    monkeypatch.setattr(modes, "_measure", fake_measure)
+    args = ["bench", "modes", "--nproc", "2", "--threads", "1", "--seeds", "3", "--only", "fused kernels",
+            "--only", "accumulation k=2", "--target-mape", "30", "--out", str(tmp_path)]
+    assert main(args) == 0
+    assert [seed for seed, _ in order] == ["seed0"] * 3 + ["seed1"] * 3 + ["seed2"] * 3
+    md = (tmp_path / "modes.md").read_text()
+    k2 = next(line for line in md.splitlines() if line.startswith("| data parallel + accumulation k=2 |"))
+    assert "| 4.0 (4.0–8.0) | 4.0 (4.0–4.0) |" in k2  # wall clock: 4, 8, 4 s; paced: 4 s each
+    assert "Fastest to target on equal hardware on the paced clock (each mode's windows at its median pace)" in md
 
 
 def test_modes_differ_from_the_default_in_their_configuration_or_are_one_mode():

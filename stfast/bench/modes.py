@@ -7,7 +7,10 @@ per process of the multi-process modes; default: the machine's cores over --npro
 mode runs with all of them as torch threads (see :func:`hardware`). The one row that does not — the fused
 kernels on one thread — says so in its name and in the table's "processes × threads" column, which every
 row has. Per mode the table gives the median (min–max over seeds) of: training throughput
-(trips/s), time to the target validation MAPE (s; validation runs at epoch ends), test MAPE / MAE / RMSE
+(trips/s), time to the target validation MAPE (s; validation runs at epoch ends) on the wall clock and on
+the paced clock (stfast.bench.pace: each window at its mode's median pace over the seeds, which removes the
+machine's speed drift between runs; the seeds run interleaved, every mode's first, then every mode's
+second, so a drift over the bench falls on all modes alike), test MAPE / MAE / RMSE
 of the best checkpoint, the measured imbalance across ranks (max/mean compute time, slicer rows) and the
 communication share of a step (accumulation window rows). The target MAPE, unless given, is the median
 best validation MAPE that the baseline mode (single process, reference kernels; with ``--only``, the
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..train import plots
+from .pace import pace_by_key, paced_curve
 from ..train.run_log import read_rows
 
 
@@ -153,6 +157,8 @@ def _measure(out: Path) -> dict:
         "imbalance": statistics.mean(m) if (m := [r["imbalance_measured"] for r in sl
                                                   if r.get("imbalance_measured")]) else None,
         "comm_share": sum(r["comm_s"] for r in win) / busy if busy else None,
+        # (end s, k, trips, window s) per accumulation window: what the paced clock re-times (paced_curves)
+        "windows": [(r["wall_s"], r["k"], r["trips"], r["window_s"]) for r in win],
     }
 
 
@@ -172,10 +178,18 @@ def time_to_target(curve, target: float | None) -> float | None:
     return next((t for t, m in curve if m <= target), None)
 
 
-def median_time_to_target(runs: list[dict], target: float | None) -> float:
-    """Median over seeds of the time to target (s), a seed that never reached it counting as infinite (so
-    the median is inf when half or more did not)."""
-    return statistics.median(math.inf if (t := time_to_target(r["curve"], target)) is None else t for r in runs)
+def median_time_to_target(curves: list, target: float | None) -> float:
+    """Median over seeds of the time to target (s) of their validation ``curves``, a seed that never reached
+    it counting as infinite (so the median is inf when half or more did not)."""
+    return statistics.median(math.inf if (t := time_to_target(c, target)) is None else t for c in curves)
+
+
+def paced_curves(runs: list[dict]) -> list:
+    """The validation curves of one mode's runs on the paced clock (stfast.bench.pace): each accumulation
+    window timed at the mode's median trips/s at its k over all its seeds, which removes this machine's speed
+    drift between runs (runs without windows: their wall clock)."""
+    pace = pace_by_key(w for r in runs for w in r.get("windows", ()))
+    return [paced_curve(r["curve"], r.get("windows", ()), pace) for r in runs]
 
 
 def _equal_hardware(res: dict, cores: int | None) -> bool:
@@ -200,20 +214,19 @@ def table(results: dict, target: float, cores: int | None = None) -> str:
         f"Target validation MAPE: {100 * target:.2f} %."
     hw = "" if cores is None else f" Equal hardware: {cores} cores per mode (processes × torch threads)."
     lines = [f"{head} Medians over seeds (min–max).{hw}", "",
-             "| mode | processes × threads | trips/s | time to target (s) | test MAPE | test MAE (s) | test RMSE (s) "
-             "| imbalance | comm. share |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| mode | processes × threads | trips/s | time to target (s) | paced clock (s) | test MAPE | test MAE (s) "
+             "| test RMSE (s) | imbalance | comm. share |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in results.items():
         if "skipped" in res:
-            lines.append(f"| {name} | {res['skipped']} | | | | | | | |")
+            lines.append(f"| {name} | {res['skipped']} | | | | | | | | |")
             continue
         runs = res["runs"]
         if "same_as" in res:
             name = f"{name} (= {res['same_as']}: the same configuration and runs)"
-        ttt = [time_to_target(r["curve"], target) for r in runs]
-        reached = [t for t in ttt if t is not None]
-        tt = _med(reached) + ("" if len(reached) == len(runs) else f" [{len(runs) - len(reached)} not reached]")
-        lines.append(f"| {name} | {_hardware_cell(res, cores)} | {_med([r['samples_per_s'] for r in runs])} | {tt} | "
+        tt, pt = (_ttt_cell([time_to_target(c, target) for c in curves])
+                  for curves in ([r["curve"] for r in runs], paced_curves(runs)))
+        lines.append(f"| {name} | {_hardware_cell(res, cores)} | {_med([r['samples_per_s'] for r in runs])} | {tt} | {pt} | "
                      f"{_med([r['test_mape'] for r in runs], 100, '{:.2f}')} % | {_med([r['test_mae'] for r in runs])} | "
                      f"{_med([r['test_rmse'] for r in runs])} | {_med([r['imbalance'] for r in runs], fmt='{:.3f}')} | "
                      f"{_med([r['comm_share'] for r in runs], 100)} % |")
@@ -221,20 +234,36 @@ def table(results: dict, target: float, cores: int | None = None) -> str:
     if fixed:
         best = min(fixed, key=lambda n: statistics.median(r["test_mape"] for r in fixed[n]["runs"]))
         lines += ["", f"Best fixed k in hindsight (lowest median test MAPE): {best}."]
-    equal = {n: median_time_to_target(r["runs"], target) for n, r in results.items()
-             if "runs" in r and _equal_hardware(r, cores)}
-    if target is not None and equal and min(equal.values()) < math.inf:
-        fastest = min(equal, key=equal.get)
-        line = (f"Fastest to target on equal hardware (median over seeds, a seed not reaching it counted as never): "
-                f"{fastest}, {equal[fastest]:.1f} s.")
-        if DEFAULT_MODE in equal:
-            d = equal[DEFAULT_MODE]
-            same = results[DEFAULT_MODE].get("same_as")
-            name = DEFAULT_MODE + (f" (= {same})" if same else "")
-            line += (f" {name}: {d:.1f} s, {d / equal[fastest]:.2f}× the fastest." if d < math.inf
-                     else f" {name}: not reached in half or more of the seeds.")
-        lines += ["", line]
+    equal_hw = {n: r for n, r in results.items() if "runs" in r and _equal_hardware(r, cores)}
+    clocks = (("", lambda runs: [r["curve"] for r in runs]),
+              (" on the paced clock (each mode's windows at its median pace)", paced_curves))
+    for clock, curves_of in clocks if target is not None else ():
+        equal = {n: median_time_to_target(curves_of(r["runs"]), target) for n, r in equal_hw.items()}
+        if (line := _fastest_line(results, equal, clock)) is not None:
+            lines += ["", line]
     return "\n".join(lines)
+
+
+def _ttt_cell(ttt: list) -> str:
+    reached = [t for t in ttt if t is not None]
+    return _med(reached) + ("" if len(reached) == len(ttt) else f" [{len(ttt) - len(reached)} not reached]")
+
+
+def _fastest_line(results: dict, equal: dict, clock: str) -> str | None:
+    """The closing comparison: the fastest mode to target on equal hardware ({mode: median time to target}) and
+    the stfast default's ratio to it; None when no mode reached the target."""
+    if not equal or min(equal.values()) == math.inf:
+        return None
+    fastest = min(equal, key=equal.get)
+    line = (f"Fastest to target on equal hardware{clock} (median over seeds, a seed not reaching it counted as "
+            f"never): {fastest}, {equal[fastest]:.1f} s.")
+    if DEFAULT_MODE in equal:
+        d = equal[DEFAULT_MODE]
+        same = results[DEFAULT_MODE].get("same_as")
+        name = DEFAULT_MODE + (f" (= {same})" if same else "")
+        line += (f" {name}: {d:.1f} s, {d / equal[fastest]:.2f}× the fastest." if d < math.inf
+                 else f" {name}: not reached in half or more of the seeds.")
+    return line
 
 
 def default_target(results: dict, baseline: str) -> float | None:
@@ -272,26 +301,38 @@ def run_modes(a) -> dict:
         raise ValueError(f"--only {a.only}: no mode matches; modes: {[m.name for m in default_modes()]}")
     baseline = modes[0].name  # the reference for the default target: the first mode that runs
     configs: dict = {}
-    for i, mode in enumerate(modes):
+    same_as: dict = {}  # a mode whose configuration an earlier mode has: that mode's runs, not a second sample
+    for mode in modes:
         cfg = configuration(mode, a)
-        same = next((n for n, c in configs.items() if c == cfg and "runs" in results.get(n, {})), None)
-        configs[mode.name] = cfg
-        if same is not None:  # another mode's configuration under another name: its runs, not a second sample
-            print(f"[{i + 1}/{len(modes)}] {mode.name}: the configuration of {same!r}, its runs", flush=True)
-            results[mode.name] = dict(results[same], group=mode.group, same_as=same)
-            continue
-        runs = []
-        try:
-            for seed in a.seeds_list:
-                print(f"[{i + 1}/{len(modes)}] {mode.name}, seed {seed} ...", flush=True)
-                runs.append(_run(mode, seed, a, out / mode.slug / f"seed{seed}"))
-        except RuntimeError as e:  # a failing mode is reported in its row; the other modes still run
-            print(f"stfast bench: {e}", file=sys.stderr, flush=True)
-            results[mode.name] = {"skipped": f"FAILED (see {out / mode.slug})"}
-            continue
-        procs, threads = hardware(mode, a)
-        results[mode.name] = {"flags": mode.flags, "nproc": procs, "threads": threads, "group": mode.group,
-                              "runs": runs}
+        if (same := next((n for n, c in configs.items() if c == cfg), None)) is not None:
+            same_as[mode.name] = same
+        else:
+            configs[mode.name] = cfg
+    own = [m for m in modes if m.name not in same_as]
+    runs: dict = {m.name: [] for m in own}
+    failed: dict = {}
+    # seed-major, as benchmarks/accumulation.py: every mode's first seed, then every mode's second, ..., so a
+    # drift of the machine's speed over the bench falls on all modes alike
+    for seed in a.seeds_list:
+        for i, mode in enumerate(own):
+            if mode.name in failed:
+                continue
+            print(f"[{i + 1}/{len(own)}] {mode.name}, seed {seed} ...", flush=True)
+            try:
+                runs[mode.name].append(_run(mode, seed, a, out / mode.slug / f"seed{seed}"))
+            except RuntimeError as e:  # a failing mode is reported in its row; the other modes still run
+                print(f"stfast bench: {e}", file=sys.stderr, flush=True)
+                failed[mode.name] = {"skipped": f"FAILED (see {out / mode.slug})"}
+    for mode in modes:
+        if mode.name in same_as:
+            print(f"{mode.name}: the configuration of {same_as[mode.name]!r}, its runs", flush=True)
+            results[mode.name] = dict(results[same_as[mode.name]], group=mode.group, same_as=same_as[mode.name])
+        elif mode.name in failed:
+            results[mode.name] = failed[mode.name]
+        else:
+            procs, threads = hardware(mode, a)
+            results[mode.name] = {"flags": mode.flags, "nproc": procs, "threads": threads, "group": mode.group,
+                                  "runs": runs[mode.name]}
     target = a.target_mape / 100 if a.target_mape else default_target(results, baseline)
     cores = bench_cores(a)
     md = table(results, target, cores)
