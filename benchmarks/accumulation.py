@@ -17,9 +17,9 @@
     reference run, k = 1 with the first seed; one table each), the per-seed ratios of the adaptive schedulers' times to
     the best fixed k's, the best validation and the test MAPE within the budget, and the measured
     communication share of a step (time in the gradient sync, including waiting for the other rank,
-    over the step time; from the windows in metrics.jsonl). Each table is printed twice: on the wall clock,
-    and on the paced clock (paced_runs: every window timed at its k's median pace over the whole run set),
-    which removes this machine's drift between runs and keeps what k does to the throughput. Rerunning a
+    over the step time; from the windows in metrics.jsonl). The tight and 1.1× tables are printed again on the
+    paced clock (paced_runs: every window timed at its k's median pace over the whole run set, validation
+    excluded), which removes this machine's drift between runs and keeps what k does to the throughput. Rerunning a
     command with the same --out re-reads its finished runs instead of repeating them.
 (c) a PNG of k over time for rl and goodput (the simulated cluster and, with --live, the live runs with
     the best fixed k at the tight target).
@@ -188,8 +188,10 @@ def read_run(out: Path) -> dict:
             "window_s_k1": sum(r["window_s"] for r in windows if r["k"] == 1),
             "trips": sum(r["trips"] for r in windows), "overhead_s": sum(r["overhead_s"] for r in windows),
             "window_steps": sum(r["steps"] for r in windows),
-            # (end of window s, k, trips, window s): what the paced clock (paced_runs) re-times
-            "windows": [(r["wall_s"], r["k"], r["trips"], r["window_s"]) for r in windows],
+            # (last optimizer step, k, trips, window s) per window and (step, MAPE) per validation: what the paced
+            # clock (paced_runs) re-times
+            "windows": [(r["step"], r["k"], r["trips"], r["window_s"]) for r in windows],
+            "step_curve": [(r["step"], r["val_mape"]) for r in epochs],
             "steps": summ["steps"], "epochs": summ["epochs"], "test_mape": summ["test_mape"],
             "best_val_mape": summ["best_val_mape"]}
 
@@ -240,10 +242,12 @@ def pace_per_k(runs: dict) -> dict[int, float]:
 
 def paced_runs(runs: dict) -> dict:
     """The same runs on the paced clock (stfast.bench.pace): every window lasts its trips ÷ pace_per_k(runs)[its
-    k] instead of its wall time. The fixed and adaptive arms at one k share its pace, so what remains between
-    arms is what k does to the throughput and to the progress per trip, not when each arm happened to run."""
+    k] instead of its wall time, and validation takes none. The fixed and adaptive arms at one k share its pace,
+    so what remains between arms is what k does to the throughput and to the progress per trip, not when each arm
+    happened to run. A run without windows keeps its wall-clock curve."""
     pace = pace_per_k(runs)
-    return {mode: [{**r, "curve": paced_curve(r["curve"], r["windows"], pace)} for r in rs] for mode, rs in runs.items()}
+    return {mode: [{**r, "curve": paced_curve(r["step_curve"], r["windows"], pace) if r["windows"] else r["curve"]}
+                   for r in rs] for mode, rs in runs.items()}
 
 
 def live_table(runs: dict, factor: float = TARGET_FACTOR) -> tuple[str, dict]:

@@ -53,16 +53,17 @@ def test_live_table_reads_a_run_folder(tmp_path):
 
     from accumulation import live_table, read_run
 
-    rows = [{"type": "epoch", "epoch": 1, "wall_s": 2.0, "val_mape": 0.30},
-            {"type": "epoch", "epoch": 2, "wall_s": 4.0, "val_mape": 0.20},
+    rows = [{"type": "epoch", "epoch": 1, "step": 4, "wall_s": 2.0, "val_mape": 0.30},
+            {"type": "epoch", "epoch": 2, "step": 8, "wall_s": 4.0, "val_mape": 0.20},
             {"type": "window", "window": 1, "k": 1, "steps": 4, "trips": 128, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 1.0,
-             "wall_s": 1.0},
+             "wall_s": 1.0, "step": 4},
             {"type": "window", "window": 2, "k": 2, "steps": 4, "trips": 256, "comm_s": 0.1, "overhead_s": 0.2, "window_s": 3.0,
-             "wall_s": 4.0}]
+             "wall_s": 4.0, "step": 8}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 8, "epochs": 2, "test_mape": 0.21,
                                                        "best_val_mape": 0.20}))
     run = read_run(tmp_path)
+    assert run["windows"] == [(4, 1, 128, 1.0), (8, 2, 256, 3.0)] and run["step_curve"] == [(4, 0.30), (8, 0.20)]
     table, summ = live_table({"1": [run], "rl": [run]}, factor=1.25)  # target 0.25: crossed at 3 s
     assert summ["target_val_mape"] == [0.25] and summ["rl"]["ttt_s"] == [3.0] and summ["rl"]["epochs_to_target"] == [1.5]
     assert summ["rl"]["trips_per_s"] == 384 / 4.0 and summ["rl"]["overhead_ms_per_step"] == 1e3 * 0.4 / 8
@@ -75,10 +76,11 @@ def test_paced_clock_removes_machine_drift_and_keeps_each_ks_pace():
     first two windows: on the paced clock their times to target agree; an arm at k = 2 keeps its own, faster pace."""
     from accumulation import live_table, pace_per_k, paced_runs
 
-    def run(k, window_s):  # four windows of 100 trips at k, a validation at the end of windows 2 and 4
+    def run(k, window_s):  # four windows of 4 steps and 100 trips at k, validations after steps 8 and 16
         ends = np.cumsum(window_s)
-        return {"windows": [(float(e), k, 100, w) for e, w in zip(ends, window_s)],
+        return {"windows": [(4 * (i + 1), k, 100, w) for i, w in enumerate(window_s)],
                 "curve": [(float(ends[1]) + 0.1, 0.30), (float(ends[3]) + 0.1, 0.20)],
+                "step_curve": [(8, 0.30), (16, 0.20)],
                 "epoch_curve": [(1, 0.30), (2, 0.20)], "comm_s": 0.0, "window_s": float(ends[-1]), "comm_s_k1": 0.0,
                 "window_s_k1": 0.0, "trips": 400, "overhead_s": 0.0, "window_steps": 16, "steps": 16, "epochs": 2,
                 "test_mape": 0.2, "best_val_mape": 0.2, "k": [(float(e), k) for e in ends]}
@@ -87,11 +89,11 @@ def test_paced_clock_removes_machine_drift_and_keeps_each_ks_pace():
             "2": [run(2, [0.5, 0.5, 0.5, 0.5]), run(2, [0.5, 0.5, 0.5, 0.5])]}
     assert pace_per_k(runs) == {1: 100.0, 2: 200.0}  # median of 100, 100, 100, 100, 50, 50, 100, 100 trips/s
     paced = paced_runs(runs)
-    assert [t for t, _ in paced["1"][0]["curve"]] == pytest.approx([2.1, 4.1])
-    assert [t for t, _ in paced["1"][1]["curve"]] == pytest.approx([2.1, 4.1])  # wall 4.1 and 6.1 s
-    assert [t for t, _ in paced["2"][0]["curve"]] == pytest.approx([1.1, 2.1])  # its own pace
+    assert [t for t, _ in paced["1"][0]["curve"]] == pytest.approx([2.0, 4.0])
+    assert [t for t, _ in paced["1"][1]["curve"]] == pytest.approx([2.0, 4.0])  # wall 4.1 and 6.1 s
+    assert [t for t, _ in paced["2"][0]["curve"]] == pytest.approx([1.0, 2.0])  # its own pace
     _, summ = live_table(paced, factor=1.0)  # target 0.20 per seed: the second validation
-    assert summ["1"]["ttt_s"] == pytest.approx([4.1, 4.1]) and summ["2"]["ttt_s"] == pytest.approx([2.1, 2.1])
+    assert summ["1"]["ttt_s"] == pytest.approx([4.0, 4.0]) and summ["2"]["ttt_s"] == pytest.approx([2.0, 2.0])
     _, wall = live_table(runs, factor=1.0)
     assert wall["1"]["ttt_s"] == pytest.approx([4.1, 6.1])
 

@@ -73,7 +73,8 @@ def run(data: str, seed: int, probe_batches: int) -> list[tuple[int, float, floa
                         batches = tr.data.epoch_batches(32, seed, epoch)
                     tr.train_step(batches[bi], True)
                     bi, step = bi + 1, step + 1
-                probe = tr.data.epoch_batches(32, seed + 1000, step)  # another shuffle than training's
+                # another shuffle than training's; full micro-batches only (the estimator takes one size b)
+                probe = [m for m in tr.data.epoch_batches(32, seed + 1000, step) if len(m) == 32]
                 grads = torch.stack([micro_gradient(tr, probe[i % len(probe)], params) for i in range(probe_batches)])
                 rows.append((step, *noise_scales(grads, len(probe[0]))))
         finally:

@@ -71,9 +71,12 @@ def test_a_failing_mode_is_reported_and_the_others_still_run(tmp_path, monkeypat
                 "comm_share": None}
 
     monkeypatch.setattr(modes, "_run", fake_run)
-    assert main(["bench", "modes", "--only", "fused kernels", "--only", "accumulation k=", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "modes", "--only", "fused kernels", "--only", "accumulation k=", "--only", "default",
+                 "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "modes.json").read_text())["modes"]
     assert "FAILED" in res["data parallel + accumulation k=2"]["skipped"]
+    # the default is k = 2's configuration: its row says so, not a row of runs
+    assert res[DEFAULT_MODE]["skipped"].startswith("FAILED (the configuration of data parallel + accumulation k=2; see ")
     assert res["data parallel + accumulation k=4"]["runs"][0]["steps"] == 5
     md = (tmp_path / "modes.md").read_text()
     assert "| data parallel + accumulation k=2 | FAILED" in md and "time to target" in md
@@ -187,10 +190,9 @@ def test_modes_run_seed_major_and_the_paced_clock_removes_a_slow_seed(tmp_path, 
     def fake_measure(out):  # four windows of 100 trips; seed 1 of the k = 2 mode's first two windows 3× slower
         slow = 3.0 if (out.name, out.parent.name) == ("seed1", "data-parallel-accumulation-k-2") else 1.0
         lengths = [slow, slow, 1.0, 1.0]
-        ends = [sum(lengths[:i + 1]) for i in range(4)]
-        return {"curve": [(ends[3], 0.2)], "samples_per_s": 100.0, "test_mape": 0.2, "test_mae": 50.0,
-                "test_rmse": 70.0, "best_val_mape": 0.2, "steps": 5, "imbalance": None, "comm_share": None,
-                "windows": [(e, 2, 100, w) for e, w in zip(ends, lengths)]}
+        return {"curve": [(sum(lengths) + 0.5, 0.2)], "step_curve": [(16, 0.2)], "samples_per_s": 100.0,
+                "test_mape": 0.2, "test_mae": 50.0, "test_rmse": 70.0, "best_val_mape": 0.2, "steps": 16,
+                "imbalance": None, "comm_share": None, "windows": [(4 * (i + 1), 2, 100, w) for i, w in enumerate(lengths)]}
 
     monkeypatch.setattr(modes.subprocess, "run", fake_run)
     monkeypatch.setattr(modes, "_measure", fake_measure)
@@ -200,7 +202,7 @@ def test_modes_run_seed_major_and_the_paced_clock_removes_a_slow_seed(tmp_path, 
     assert [seed for seed, _ in order] == ["seed0"] * 3 + ["seed1"] * 3 + ["seed2"] * 3
     md = (tmp_path / "modes.md").read_text()
     k2 = next(line for line in md.splitlines() if line.startswith("| data parallel + accumulation k=2 |"))
-    assert "| 4.0 (4.0–8.0) | 4.0 (4.0–4.0) |" in k2  # wall clock: 4, 8, 4 s; paced: 4 s each
+    assert "| 4.5 (4.5–8.5) | 4.0 (4.0–4.0) |" in k2  # wall clock (with 0.5 s of validation): 4.5, 8.5, 4.5 s
     assert "Fastest to target on equal hardware on the paced clock (each mode's windows at its median pace)" in md
 
 

@@ -8,8 +8,8 @@ mode runs with all of them as torch threads (see :func:`hardware`). The one row 
 kernels on one thread — says so in its name and in the table's "processes × threads" column, which every
 row has. Per mode the table gives the median (min–max over seeds) of: training throughput
 (trips/s), time to the target validation MAPE (s; validation runs at epoch ends) on the wall clock and on
-the paced clock (stfast.bench.pace: each window at its mode's median pace over the seeds, which removes the
-machine's speed drift between runs; the seeds run interleaved, every mode's first, then every mode's
+the paced clock (stfast.bench.pace: each window at its mode's median pace over the seeds, validation
+excluded, which removes the machine's speed drift between runs; the seeds run interleaved, every mode's first, then every mode's
 second, so a drift over the bench falls on all modes alike), test MAPE / MAE / RMSE
 of the best checkpoint, the measured imbalance across ranks (max/mean compute time, slicer rows) and the
 communication share of a step (accumulation window rows). The target MAPE, unless given, is the median
@@ -157,8 +157,10 @@ def _measure(out: Path) -> dict:
         "imbalance": statistics.mean(m) if (m := [r["imbalance_measured"] for r in sl
                                                   if r.get("imbalance_measured")]) else None,
         "comm_share": sum(r["comm_s"] for r in win) / busy if busy else None,
-        # (end s, k, trips, window s) per accumulation window: what the paced clock re-times (paced_curves)
-        "windows": [(r["wall_s"], r["k"], r["trips"], r["window_s"]) for r in win],
+        # (last optimizer step, k, trips, window s) per accumulation window and (step, MAPE) per validation: what
+        # the paced clock re-times (paced_curves)
+        "windows": [(r["step"], r["k"], r["trips"], r["window_s"]) for r in win],
+        "step_curve": [(r["step"], r["val_mape"]) for r in ep],
     }
 
 
@@ -186,10 +188,10 @@ def median_time_to_target(curves: list, target: float | None) -> float:
 
 def paced_curves(runs: list[dict]) -> list:
     """The validation curves of one mode's runs on the paced clock (stfast.bench.pace): each accumulation
-    window timed at the mode's median trips/s at its k over all its seeds, which removes this machine's speed
-    drift between runs (runs without windows: their wall clock)."""
+    window timed at the mode's median trips/s at its k over all its seeds, validation excluded, which removes
+    this machine's speed drift between runs (a run without windows: its wall clock)."""
     pace = pace_by_key(w for r in runs for w in r.get("windows", ()))
-    return [paced_curve(r["curve"], r.get("windows", ()), pace) for r in runs]
+    return [paced_curve(r["step_curve"], r["windows"], pace) if r.get("windows") else r["curve"] for r in runs]
 
 
 def _equal_hardware(res: dict, cores: int | None) -> bool:
@@ -322,13 +324,17 @@ def run_modes(a) -> dict:
                 runs[mode.name].append(_run(mode, seed, a, out / mode.slug / f"seed{seed}"))
             except RuntimeError as e:  # a failing mode is reported in its row; the other modes still run
                 print(f"stfast bench: {e}", file=sys.stderr, flush=True)
-                failed[mode.name] = {"skipped": f"FAILED (see {out / mode.slug})"}
+                failed[mode.name] = out / mode.slug  # its logs
     for mode in modes:
         if mode.name in same_as:
-            print(f"{mode.name}: the configuration of {same_as[mode.name]!r}, its runs", flush=True)
-            results[mode.name] = dict(results[same_as[mode.name]], group=mode.group, same_as=same_as[mode.name])
+            src = same_as[mode.name]
+            if src in failed:  # the same configuration failed under the other name
+                results[mode.name] = {"skipped": f"FAILED (the configuration of {src}; see {failed[src]})"}
+                continue
+            print(f"{mode.name}: the configuration of {src!r}, its runs", flush=True)
+            results[mode.name] = dict(results[src], group=mode.group, same_as=src)
         elif mode.name in failed:
-            results[mode.name] = failed[mode.name]
+            results[mode.name] = {"skipped": f"FAILED (see {failed[mode.name]})"}
         else:
             procs, threads = hardware(mode, a)
             results[mode.name] = {"flags": mode.flags, "nproc": procs, "threads": threads, "group": mode.group,
