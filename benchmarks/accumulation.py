@@ -523,15 +523,15 @@ def main(argv=None) -> int:
             t3, s3 = live_table(runs, TIGHT_TARGET_FACTOR)
             t, s = live_table(runs)
             t2, s2 = live_table(runs, LOOSE_TARGET_FACTOR)
-            paced = paced_runs(runs)
+            paced, pace = paced_runs(runs), pace_per_k(runs)
             pt3, ps3 = live_table(paced, TIGHT_TARGET_FACTOR)
             pt, ps = live_table(paced)
             results["live"][name] = {**s, "loose_target": s2, "tight_target": s3,
-                                     "paced": {**ps, "tight_target": ps3, "pace_trips_per_s": pace_per_k(runs)}}
+                                     "paced": {**ps, "tight_target": ps3, "pace_trips_per_s": pace}}
             print(f"\n## (a) live: {name}, 2 Gloo ranks × 1 thread, budget {a.live_budget:g} s, seeds {seeds_l}, "
                   f"micro-batch {a.batch_size}, window {a.window} (per-seed values)\n\ntight {t3}\n\n{t}\n\n"
                   f"looser {t2}\n\n### the same runs on the paced clock (paced_runs: each window at its k's "
-                  f"median pace over all runs, {', '.join(f'k = {k}: {v:.0f}' for k, v in sorted(pace_per_k(runs).items()))} "
+                  f"median pace over all runs, {', '.join(f'k = {k}: {v:.0f}' for k, v in sorted(pace.items()))} "
                   f"trips/s)\n\ntight {pt3}\n\n{pt}")
         if a.calibrate:
             cal = calibrate({name: {m: r for m, r in runs.items() if m.isdigit()} for name, runs in live.items()})

@@ -9,8 +9,8 @@ kernels on one thread — says so in its name and in the table's "processes × t
 row has. Per mode the table gives the median (min–max over seeds) of: training throughput
 (trips/s), time to the target validation MAPE (s; validation runs at epoch ends) on the wall clock and on
 the paced clock (stfast.bench.pace: each window at its mode's median pace over the seeds, validation
-excluded, which removes the machine's speed drift between runs; the seeds run interleaved, every mode's first, then every mode's
-second, so a drift over the bench falls on all modes alike), test MAPE / MAE / RMSE
+excluded, which removes the machine's speed drift between runs; the seeds run interleaved, every mode's
+first, then every mode's second, so a drift over the bench falls on all modes alike), test MAPE / MAE / RMSE
 of the best checkpoint, the measured imbalance across ranks (max/mean compute time, slicer rows) and the
 communication share of a step (accumulation window rows). The target MAPE, unless given, is the median
 best validation MAPE that the baseline mode (single process, reference kernels; with ``--only``, the
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..train import plots
-from .pace import pace_by_key, paced_curve
 from ..train.run_log import read_rows
+from .pace import pace_by_key, paced_curve
 
 
 @dataclass
