@@ -25,6 +25,8 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_chec
         over = {"data": {"help": "file or folder of trajectories (default: the data the checkpoint was trained on)"},
                 "format": {"default": None,
                            "help": help["format"] + "; default: auto with --data, else the checkpoint's"},
+                "on_error": {"default": None,
+                             "help": help["on_error"] + "; default: the checkpoint's without --data, else raise"},
                 **{k: {"default": None, "help": help[k] + ck} for k in DATA_OPTIONS}}
     add_arguments(p, DATA_ARGS, over)
 
@@ -121,9 +123,14 @@ def cmd_train(a) -> int:
     if cfg.ensemble > 1:
         from .train.ensemble import train_ensemble
 
-        train_ensemble(cfg)
+        result = train_ensemble(cfg)
     else:
-        train(cfg)
+        result = train(cfg)
+    # SIGINT/SIGTERM: last.pt is written, the run is not finished (a rank exits 0: its launcher reports it)
+    if "stopped_by" in result and not launched_by_torchrun():
+        import signal
+
+        return 128 + signal.Signals[result["stopped_by"]].value
     return 0
 
 
@@ -136,6 +143,12 @@ def _predict(a):
     from .train.trained import load_model
 
     models = [load_model(p, a.device) for p in a.checkpoint]
+    for m in models[1:]:  # an ensemble averages models of one training data (seeds of one configuration)
+        f0, f = models[0].data_fingerprint, m.data_fingerprint
+        if f0 is not None and f is not None and f != f0:
+            raise ValueError(f"--checkpoint {m.path} was trained on other trips than {models[0].path} (data "
+                             f"fingerprint {f[:12]}, not {f0[:12]}): an ensemble's members must share their "
+                             "training data")
     given = data_options_from_args(a)
     for m in models[1:]:  # an ensemble is read one way: every member must have been trained on it
         m.resolve_data_options(**models[0].data_options())

@@ -117,3 +117,65 @@ def test_deeptte_records_shorter_than_the_kernel_are_dropped_and_counted(trained
     assert len(list(csv.DictReader(open(out)))) == 3
     dropped = list(csv.DictReader(open(tmp_path / "p.dropped.csv")))
     assert [r["reason"] for r in dropped] == ["too_short", "too_short"]
+
+
+def test_out_that_is_a_file_and_a_random_split_beside_a_date_split_are_refused(trained, tmp_path, capsys):
+    _, data = trained
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["train", "--data", str(data), "--epochs", "1", "--out", str(afile)]) == 2
+    assert f"--out {afile} is a file" in capsys.readouterr().err
+    assert afile.read_text() == "x"
+    out = tmp_path / "r"
+    assert main(["train", "--data", str(data), "--split", "0.8/0.1/0.1", "--split-days", "24-28/29/30",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--split 0.8/0.1/0.1" in err and "--split-days" in err and not out.exists()
+    assert main(["train", "--data", str(data), "--split-days", "24-28/29/31", "--out", str(out)]) == 2
+    assert "the test split is empty: no trip falls on day(s) [31]" in capsys.readouterr().err
+
+
+def test_an_ensemble_of_models_trained_on_other_trips_is_refused(trained, tmp_path, capsys):
+    d, data = trained
+    other = tmp_path / "other.jsonl"
+    random_trips(60, seed=5, max_len=20).to_jsonl(other)
+    assert main(["train", "--data", str(other), "--epochs", "1", "--batch-size", "32", "--out", str(tmp_path / "o"),
+                 "--no-progress", "--threads", "1"]) == 0
+    cks = [str(d / "run" / "checkpoint.pt"), str(tmp_path / "o" / "checkpoint.pt")]
+    capsys.readouterr()
+    for order in (cks, cks[::-1]):
+        assert main(["evaluate", "--checkpoint", *order]) == 2
+        err = capsys.readouterr().err
+        assert "trained on other trips" in err and order[1] in err and order[0] in err
+
+
+def test_a_run_trained_with_on_error_skip_is_evaluated_on_its_own_data(tmp_path, capsys):
+    data = tmp_path / "two_bad.jsonl"
+    lines = [json.dumps(r) for r in random_trips(80, seed=9, max_len=20).records()]
+    lines[9] = "{not json"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--on-error", "skip", "--epochs", "1", "--batch-size", "32",
+                 "--out", str(out), "--no-progress", "--threads", "1"]) == 0
+    test_mape = json.load(open(out / "summary.json"))["test_mape"]
+    capsys.readouterr()
+    # no --data: the run's own data, read as it was (skipping the bad line); the same test score
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * test_mape, abs=0.006)
+    # other data given explicitly: strict unless asked
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--data", str(data)]) == 2
+    assert f"{data}:10" in capsys.readouterr().err
+
+
+def test_max_steps_within_the_first_epoch_keeps_the_checkpoint_it_scores(trained, tmp_path, capsys):
+    _, data = trained
+    out = tmp_path / "ms"
+    assert main(["train", "--data", str(data), "--max-steps", "1", "--batch-size", "32", "--out", str(out),
+                 "--no-progress", "--threads", "1"]) == 0
+    test_mape = json.load(open(out / "summary.json"))["test_mape"]
+    assert (out / "checkpoint.pt").is_file()
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * test_mape, abs=0.006)

@@ -87,7 +87,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'checkpoint': (('--checkpoint',), None, None, None, 'StoreAction', True, '+'),
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
         'format': (('--format',), None, ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
-        'on_error': (('--on-error',), 'raise', ('raise', 'skip'), None, 'StoreAction', False, None),
+        'on_error': (('--on-error',), None, ('raise', 'skip'), None, 'StoreAction', False, None),  # the run's, or raise
         'modes': (('--modes',), None, None, None, 'StoreAction', False, None),
         'min_spacing_km': (('--min-spacing-km',), None, None, 'float', 'StoreAction', False, None),
         'gap_min': (('--gap-min',), None, None, 'float', 'StoreAction', False, None),

@@ -120,6 +120,7 @@ def test_missing_key_is_named(tmp_path, key):
         ({"dateID": -1}, "dateID", "outside"),
         ({"dist": "9"}, "dist", "number"),
         ({"dist": -1.0}, "dist", "negative"),
+        ({"time_gap": [0.0, 0.0, 0.0], "time": 0.0}, "time", "must be > 0"),  # MAPE divides by it
         ({"driverID": [1]}, "driverID", "integer or string"),
     ],
 )

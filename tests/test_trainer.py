@@ -105,6 +105,27 @@ def test_resume_continues_where_it_stopped(trips_file, tmp_path, schedule, ema):
     assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-12)
 
 
+def test_resume_to_more_epochs_averages_the_weights_as_a_fresh_run(trips_file, tmp_path):
+    """--swa-start 0.5 averages from epoch ⌊0.5·epochs⌋: a finished 2-epoch run continued to --epochs 4
+    starts its average afresh at epoch 3, so it ends with the weights a fresh 4-epoch run ends with (it kept
+    the 2-epoch run's epoch-2 steps in the average before)."""
+    kw = dict(dtype="float64", swa_start=0.5, select="last")
+    Trainer(cfg(trips_file, tmp_path / "fresh", epochs=4, **kw)).fit()
+    Trainer(cfg(trips_file, tmp_path / "ext", epochs=2, **kw)).fit()
+    Trainer(cfg(trips_file, tmp_path / "ext", epochs=4, resume=True, **kw)).fit()
+    a, b = params(tmp_path / "fresh" / "checkpoint.pt"), params(tmp_path / "ext" / "checkpoint.pt")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_refuses_another_preset(trips_file, tmp_path):
+    out = tmp_path / "r"
+    Trainer(cfg(trips_file, out, preset="real", max_steps=2)).fit()
+    with pytest.raises(ValueError, match="trained with --preset real, not paper"):
+        cfg(trips_file, out, resume=True)  # preset="paper"
+    assert cfg(trips_file, out, resume=True, preset="auto").preset == "real"
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_ema_decay_validates_and_checkpoints_the_moving_average(trips_file, tmp_path, k):
     decay = 0.7

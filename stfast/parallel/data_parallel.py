@@ -169,7 +169,8 @@ def _child_pids() -> list[int]:
 
 def launch(nproc: int, argv: list[str]) -> int:
     """Start ``python -m stfast.cli argv`` on ``nproc`` local processes exactly as torchrun does
-    (standalone rendezvous). Returns the exit code: 0 when every rank exited 0.
+    (standalone rendezvous). Returns the exit code: 0 when every rank exited 0 and no SIGINT came, 130
+    (128 + SIGINT) when the ranks stopped cleanly on one, 1 when a rank failed.
 
     SIGINT (Ctrl-C): torchrun's agent starts each rank in a session of its own, so the signal reaches
     this launcher only. It is passed on to the ranks once, and each stops cleanly after its current
@@ -213,4 +214,4 @@ def launch(nproc: int, argv: list[str]) -> int:
         return 1
     finally:
         signal.signal(signal.SIGINT, previous)
-    return 0
+    return 128 + signal.SIGINT if last[0] > -math.inf else 0  # stopped by Ctrl-C: not finished

@@ -48,6 +48,9 @@ def _check_tz(tz: str) -> None:
         raise ValueError(f"--tz: {e}") from None
 
 
+DEFAULT_SPLIT = "0.7/0.15/0.15"  # --split: train/val/test fractions
+
+
 def _check_split(split: str) -> None:
     from ..data.splits import parse_fractions
 
@@ -135,7 +138,7 @@ class TrainConfig:
     data_seed: int | None = option(None, "seed of the synthetic city and of the random split (default: --seed)")
     ensemble: int = option(1, "train N models (seeds SEED..SEED+N-1, same data and split) into OUT/seed<k> and "
                               "score their mean prediction", ge=1)
-    split: str = option("0.7/0.15/0.15", "seeded random train/val/test fractions", check=_check_split)
+    split: str = option(DEFAULT_SPLIT, "seeded random train/val/test fractions", check=_check_split)
     split_by: str = option("random", "date: last day test, the day before validation, the rest training",
                            choices=("random", "date"))
     split_days: str | None = option(None, "explicit TRAIN/VAL/TEST days of month, e.g. 24-28/29/30",
@@ -257,6 +260,9 @@ class TrainConfig:
         if self.members > 1 and self.parallel != "dp":
             raise ValueError(f"--members {self.members} trains several whole models; --parallel {self.parallel} places "
                              "one model's components: use --parallel dp (or --members 1)")
+        if (self.split_days or self.split_by == "date") and self.split != DEFAULT_SPLIT:
+            given = "--split-days" if self.split_days else "--split-by date"
+            raise ValueError(f"--split {self.split} divides the trips at random, {given} by day: choose one")
         swa.check(self)  # the averaging options together
         if self.accum_start != 1:
             from ..accum.schedulers import check_start

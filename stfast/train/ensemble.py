@@ -31,7 +31,8 @@ def train_ensemble(cfg) -> dict:
     ``cfg.out/learning_curves.png`` (every member's validation MAPE per epoch). With ``cfg.resume``,
     members that already finished their ``cfg.epochs`` (summary.json present) are kept, an interrupted one
     continues, and a finished one continues to a larger ``--epochs``.
-    Returns the summary dict (MAPE as a fraction, MAE/RMSE in seconds).
+    Returns the summary dict (MAPE as a fraction, MAE/RMSE in seconds); a member stopped by SIGINT/SIGTERM
+    ends the ensemble there, returning that member's ``{"stopped_by": ...}`` (--resume continues it).
     """
     import json
     from dataclasses import replace
@@ -53,7 +54,10 @@ def train_ensemble(cfg) -> dict:
         print(f"ensemble member {k + 1}/{cfg.ensemble}: seed {seed} → {mcfg.out}", flush=True)
         kept = json.loads(done.read_text()) if cfg.resume and done.is_file() else None
         # a finished member is kept unless --epochs now asks for more (then it resumes, as a single run does)
-        members.append(kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg))
+        result = kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg)
+        if result.get("stopped_by"):  # SIGINT/SIGTERM: the rest waits for --resume
+            return result
+        members.append(result)
         dirs.append(Path(mcfg.out))
     models = [load_model(d / "checkpoint.pt", cfg.device) for d in dirs]
     trips = models[0].load_trips()  # the members' data (one split seed), read and split as they read it

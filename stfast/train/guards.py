@@ -105,11 +105,14 @@ def lock_out_dir(out) -> str:
     so that a second run started into the same folder while one writes there is refused instead of
     interleaving its metrics and checkpoints with the first's. Re-entrant within a process (a Trainer made
     again in the same process, e.g. by an environment's reset, shares the hold). Returns the key to give to
-    :func:`unlock_out_dir`. Raises ValueError naming the holder's pid when another process holds it."""
+    :func:`unlock_out_dir`. Raises ValueError naming the holder's pid when another process holds it, or when
+    ``out`` is a file."""
     import fcntl
     from pathlib import Path
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: give a folder (one run per folder)")
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     key = os.path.realpath(out)

@@ -20,8 +20,11 @@ class ErrorSums:
     n: int = 0
 
     def add(self, pred: np.ndarray, true: np.ndarray) -> None:
-        """pred, true: [B] float travel times in seconds (true > 0)."""
+        """pred, true: [B] float travel times in seconds. Raises ValueError unless every true time is > 0
+        (MAPE divides by it)."""
         pred, true = np.asarray(pred, np.float64), np.asarray(true, np.float64)
+        if not np.all(true > 0):
+            raise ValueError(f"true travel times must be > 0 s, got {float(np.min(true))} (MAPE divides by them)")
         err = pred - true
         self.ape += float(np.sum(np.abs(err) / true))
         self.ae += float(np.sum(np.abs(err)))

@@ -4,6 +4,7 @@ by tests/test_training_curve.py) and putting a Trainer back where a checkpoint w
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from .. import __version__
 from . import checkpoint as ckpt
 from . import guards
 from .config import TrainConfig
+
+log = logging.getLogger("stfast.train")
 
 
 def _candidates(out: Path) -> list[Path]:
@@ -29,7 +32,7 @@ def fill_from_checkpoint(cfg) -> None:
     A resumed run therefore ends where it was going (its --epochs, its averaging start, its width) even where
     the preset's values differ; options given on the command line still win. Nothing happens when no
     checkpoint loads: :func:`resume_checkpoint` raises then, naming the folder. Called by TrainConfig before
-    the preset fills the rest."""
+    the preset fills the rest. Raises ValueError when ``--preset`` is given and is not the run's."""
     from .presets import FIELDS
 
     if cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS):
@@ -41,6 +44,10 @@ def fill_from_checkpoint(cfg) -> None:
             saved = ckpt.load(path).get("train_config", {})
         except (OSError, ValueError):  # resume_checkpoint warns about it and reads the next one
             continue
+        was = saved.get("preset", "paper")
+        if cfg.preset not in ("auto", was):  # the options not given continue the run's own values, not --preset's
+            raise ValueError(f"--resume: the run in {cfg.out} was trained with --preset {was}, not {cfg.preset}: "
+                             f"omit --preset to continue it, or train into a new --out")
         for k in FIELDS:
             value = saved.get(k, BEFORE_OPTION.get(k))
             if getattr(cfg, k) is None and value is not None:
@@ -106,7 +113,7 @@ def restore(tr, state: dict, path: Path) -> None:
         tr.accum.load_state_dict(state["accumulation"])
     tr.model.load_state_dict(state["model_state"])
     tr.opt.load_state_dict(state["optimizer_state"])
-    if tr.ema is not None and state.get("ema_state") is not None:
+    if tr.ema is not None and state.get("ema_state") is not None and not _restart_average(tr, state):
         tr.ema.load_state_dict(state["ema_state"])
     tr.epoch, tr.step, tr.best = state["epoch"], state["step"], state["best_val_mape"]
     tr.epoch_batch = state.get("epoch_batch", 0)
@@ -115,3 +122,27 @@ def restore(tr, state: dict, path: Path) -> None:
     tr.epoch_progress = (loss_sum if tr.info.is_main else 0.0, n_done)
     tr.log.cut_back(state.get("metrics_bytes"))
     tr.say(f"resumed from {path} at epoch {tr.epoch}, step {tr.step}")
+
+
+def _restart_average(tr, state: dict) -> bool:
+    """Whether the run continued from ``state`` starts its --swa-start average afresh: the run's first averaged
+    epoch moved (``--resume --epochs N`` extends a finished run, and ⌊fraction · epochs⌋ moves with N) and the
+    run has not yet reached the new one, so a fresh N-epoch run's average is rebuilt exactly. When it moved to
+    an epoch already passed, the average kept is not a fresh run's: a warning says so."""
+    from .swa import OFF, TailAverage, swa_start_epoch
+
+    saved = state.get("train_config", {})
+    if not isinstance(tr.ema, TailAverage) or saved.get("swa_start") in (None, OFF) or not saved.get("epochs"):
+        return False
+    was, now = swa_start_epoch(float(saved["swa_start"]), int(saved["epochs"])), tr.ema.start
+    if was == now:
+        return False
+    epoch, batch = state["epoch"], state.get("epoch_batch", 0)
+    if epoch < now or (epoch == now and batch == 0):
+        tr.say(f"the weight average starts at epoch {now + 1} of {tr.cfg.epochs} (it started at {was + 1} of "
+               f"{saved['epochs']}): it starts afresh there, as in a fresh run")
+        return True
+    log.warning("--resume: the weight average began at epoch %d of %d; a fresh run of --epochs %d begins it at "
+                "epoch %d, which this run has passed: it continues the average it holds", was + 1,
+                int(saved["epochs"]), tr.cfg.epochs, now + 1)
+    return False

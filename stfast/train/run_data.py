@@ -59,15 +59,20 @@ def require_trips(trips: Trips, source: str) -> Trips:
 
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
     """Train/validation/test trips by the configured rule. Raises ValueError on an empty split."""
+    days = None
     if cfg.split_days or cfg.split_by == "date":
         days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
         idx = split_by_days(trips.date_id, days)
     else:
         idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
     parts = tuple(trips.subset(i) for i in idx)
-    for name, p in zip(("training", "validation", "test"), parts):
+    for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
+        if len(p) == 0 and days is not None:
+            have = sorted(set(int(d) for d in trips.date_id))
+            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days[i])} (the data's days "
+                             f"of month: {have}); change --split-days")
         if len(p) == 0:
-            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split/--split-days")
+            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
         if len(p) < MIN_SPLIT_WARN:
             log.warning("the %s split has only %d trips: its metrics are noisy", name, len(p))
     return parts  # type: ignore[return-value]

@@ -278,20 +278,29 @@ class Trainer:
         if self.info.is_main:
             st = self.state()
             if best:
-                ckpt.save_atomic(dict(st, model_state=self.eval_model.state_dict()), self.out / "checkpoint.pt")
+                self._save_checkpoint(st)
             ckpt.save_atomic(st, self.out / "last.pt", keep_previous=True)
+
+    def _save_checkpoint(self, st: dict) -> None:
+        """checkpoint.pt: the trainer state ``st`` with the validated weights (rank 0)."""
+        if self.info.is_main:
+            ckpt.save_atomic(dict(st, model_state=self.eval_model.state_dict()), self.out / "checkpoint.pt")
 
     def _step_limit(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
 
     def finish(self) -> dict:
-        """Score the best checkpoint (or the current model) and both baselines on the test split."""
+        """Score checkpoint.pt and both baselines on the test split; when no epoch ended, the current
+        weights (their average under --swa-start/--ema-decay) are written as checkpoint.pt first."""
         best, d = self.out / "checkpoint.pt", self.data
+        kept = best.is_file()
+        if not kept:  # no epoch ended (--max-steps, --time-budget): the weights scored become checkpoint.pt
+            self._save_checkpoint(self.state())
         if self.info.distributed:
             torch.distributed.barrier()
-        if best.is_file():
+        if kept:
             self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
-        test = evaluate(self.model if best.is_file() else self.eval_model, d.test_ds, self.info, self.device, self.show)
+        test = evaluate(self.model if kept else self.eval_model, d.test_ds, self.info, self.device, self.show)
         summary = d.summary(test, self.best, self.epoch, self.step, self.info.world_size)
         if self.info.is_main:
             written = self.log.write_outputs(summary)

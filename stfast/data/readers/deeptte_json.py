@@ -116,6 +116,8 @@ def _parse_record(rec, tol: float) -> tuple:
     time = _number(rec, "time")
     if dist < 0:
         raise _BadField("dist", f"negative: {dist}")
+    if not time > 0:  # MAPE divides by it: a zero-time trip would make every metric infinite
+        raise _BadField("time", f"must be > 0 s (the trip's travel time), got {time}")
     if abs(time - tg[-1]) > tol:
         raise _BadField("time", f"time {time} != time_gap[-1] {tg[-1]} (tolerance {tol} s)")
     drv = rec["driverID"]
@@ -158,7 +160,7 @@ def read_deeptte_jsonl(
         TrajectoryFormatError (path, 1-based line, JSON key): invalid JSON or not an object; a missing
         key; the 5 lists not lists of finite numbers of equal length ≥ 1; lat outside [-90, 90] or
         lng outside [-180, 180]; ``time_gap`` not starting within ``time_tolerance_s`` of 0 or
-        ``dist_gap`` not within 1 m of 0; either list decreasing; ``dist`` negative or not finite;
+        ``dist_gap`` not within 1 m of 0; either list decreasing; ``dist`` negative or not finite; ``time`` not > 0;
         ``|time - time_gap[-1]| > time_tolerance_s``; ``driverID`` not int/str; ``weekID`` not an
         integer in 0..6, ``timeID`` not in 0..1439, ``dateID`` negative; an optional key of the wrong
         type (``tripID`` not a non-empty str/int, ``segment`` not an integer >= 0, ``tz`` not a
