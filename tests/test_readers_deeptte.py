@@ -188,3 +188,31 @@ def test_roundtrip_to_jsonl(tmp_path):
     tr.to_jsonl(tmp_path / "out.jsonl")
     back = read_deeptte_jsonl(tmp_path / "out.jsonl")
     assert [back.record(i) for i in range(2)] == [tr.record(i) for i in range(2)]
+
+
+def test_a_folder_of_files_reads_as_their_concatenation(shared_data, chengdu, tmp_path):
+    """The original DeepTTE data is a folder of JSON-lines files (train_00 … train_04): read in name order,
+    the trips equal the one file's, identified as <file>:<line>; a bad line names its file and line."""
+    from stfast.data.readers import detect_format, read_any
+
+    lines = (shared_data / "chengdu_deeptte_sample" / "test").read_text().splitlines(keepends=True)
+    folder = tmp_path / "deeptte"
+    folder.mkdir()
+    (folder / "train_01").write_text("".join(lines[600:]))
+    (folder / "train_00").write_text("".join(lines[:600]))
+    (folder / ".hidden").write_text("not json\n")
+    assert detect_format(folder) == "deeptte"
+    got = read_any(folder)
+    assert len(got) == len(chengdu) and got.tz == chengdu.tz
+    for name in ("offsets", "lng", "lat", "time_gap", "dist_gap", "time", "date_id"):
+        assert np.array_equal(getattr(got, name), getattr(chengdu, name)), name
+    assert (got.trip_id[0], got.trip_id[599], got.trip_id[600]) == ("train_00:1", "train_00:600", "train_01:1")
+    assert len(set(got.trip_id)) == len(got)
+    (folder / "train_02").write_text(json.dumps(_rec()) + "\n" + json.dumps(_rec(time=0.0, time_gap=[0.0] * 3)) + "\n")
+    with pytest.raises(TrajectoryFormatError) as ei:
+        read_deeptte_jsonl(folder)
+    assert f"{folder / 'train_02'}:2" in str(ei.value) and ei.value.field == "time"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TrajectoryFormatError, match="holds no files"):
+        read_deeptte_jsonl(empty)

@@ -31,7 +31,7 @@ from pathlib import Path
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import _check_on_error, _is_didi_data_file, _require_file
 from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points
-from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, read_deeptte_jsonl
+from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, deeptte_files, read_deeptte_jsonl
 from stfast.data.readers.didi_gaia import read_didi_gaia
 from stfast.data.readers.geolife import GEOLIFE_EPOCH, GEOLIFE_HEADER_LINES, read_geolife
 
@@ -68,7 +68,8 @@ def detect_format(path: str | os.PathLike) -> str:
     """Guess the format of ``path`` from its content; returns one of :data:`FORMATS`.
 
     Rules, in order: a directory holding ``.plt`` files (at any depth) → ``"geolife"``; a directory
-    holding ``gps_*`` files → ``"didi"``; a ``.plt`` file or one whose first line is
+    holding ``gps_*`` files → ``"didi"``; a directory whose files (:func:`deeptte_files`) all start with
+    ``{`` → ``"deeptte"``; a ``.plt`` file or one whose first line is
     ``Geolife trajectory`` → ``"geolife"``; first non-blank line starting with ``{`` → ``"deeptte"``;
     a header line whose comma-separated names include ``trip_id,timestamp,lng,lat`` → ``"csv"``;
     a line of 5 comma fields whose third is a 10-digit integer (no header) → ``"didi"``.
@@ -83,7 +84,10 @@ def detect_format(path: str | os.PathLike) -> str:
             return "geolife"
         if any(_is_didi_data_file(c) for c in p.iterdir()):
             return "didi"
-        raise _unrecognized(path, "directory holds neither .plt nor gps_* files")
+        files = deeptte_files(p)
+        if files and all((_first_nonblank_line(f) or "").startswith("{") for f in files):
+            return "deeptte"
+        raise _unrecognized(path, "directory holds neither .plt nor gps_* files, nor only JSON-lines files")
     if p.suffix.lower() == ".plt":
         return "geolife"
     first = _first_nonblank_line(p)

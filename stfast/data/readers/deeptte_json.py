@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -137,12 +138,20 @@ def _parse_record(rec, tol: float) -> tuple:
     return lng, lat, state, tg, dg, dist, time, str(drv), week, tid, date, seg, tz
 
 
+def deeptte_files(folder: Path) -> list[Path]:
+    """The files a folder of DeepTTE JSON-lines files is read from: its regular, non-hidden files (not its
+    subfolders), in name order (the original DeepTTE data is such a folder: ``train_00`` … ``train_04``)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def read_deeptte_jsonl(
     path: str | os.PathLike, *, on_error: str = "raise", time_tolerance_s: float = 1.0
 ) -> Trips:
-    """Read a DeepTTE JSON-lines file into :class:`~stfast.data.trips.Trips`.
+    """Read a DeepTTE JSON-lines file, or a folder of them, into :class:`~stfast.data.trips.Trips`.
 
-    Blank lines are ignored. Every record needs the keys :data:`DEEPTTE_KEYS`.
+    Blank lines are ignored. Every record needs the keys :data:`DEEPTTE_KEYS`. A folder is read file by file
+    (:func:`deeptte_files`, name order) and its trips concatenated; a record without ``tripID`` is then
+    identified as ``<file name>:<line>``, unique across the files.
 
     Returns:
         Trips in file order: ``lng``, ``lat`` [N] float64 degrees; ``state`` [N] float32;
@@ -166,10 +175,21 @@ def read_deeptte_jsonl(
         type (``tripID`` not a non-empty str/int, ``segment`` not an integer >= 0, ``tz`` not a
         time-zone name).
     """
-    probs = _Problems(on_error)
     path = _require_file(path)
-    if path.is_dir():
-        raise TrajectoryFormatError(path, None, None, "is a directory, expected a JSON-lines file")
+    if not path.is_dir():
+        return _read_file(path, on_error, time_tolerance_s, "")
+    files = deeptte_files(path)
+    if not files:
+        raise TrajectoryFormatError(path, None, None, "folder holds no files (expected DeepTTE JSON-lines files)")
+    parts = [_read_file(f, on_error, time_tolerance_s, f"{f.name}:") for f in files]
+    trips = Trips.concat(parts)
+    trips.tz = ", ".join(sorted({z for p in parts for z in p.tz.split(", ")}))
+    return trips
+
+
+def _read_file(path: Path, on_error: str, time_tolerance_s: float, id_prefix: str) -> Trips:
+    """One JSON-lines file (see read_deeptte_jsonl); a record without tripID is ``id_prefix`` + its line."""
+    probs = _Problems(on_error)
     recs, ids, bad = [], [], []  # bad: (trip id, segment) of skipped lines
     for no, line in _iter_lines(path):
         if line is None:
@@ -177,7 +197,7 @@ def read_deeptte_jsonl(
             continue
         if not line.strip():
             continue
-        trip, seg = str(no), 0
+        trip, seg = f"{id_prefix}{no}", 0
         try:
             try:
                 obj = json.loads(line)
