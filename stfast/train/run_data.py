@@ -74,7 +74,7 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
         if len(p) == 0:
             raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
         if len(p) < MIN_SPLIT_WARN:
-            log.warning("the %s split has only %d trips: its metrics are noisy", name, len(p))
+            log.warning("the %s split has only %d trip%s: its metrics are noisy", name, len(p), "" if len(p) == 1 else "s")
     return parts  # type: ignore[return-value]
 
 
