@@ -55,7 +55,7 @@ def train_ensemble(cfg) -> dict:
         kept = json.loads(done.read_text()) if cfg.resume and done.is_file() else None
         # a finished member is kept unless --epochs now asks for more (then it resumes, as a single run does)
         result = kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg)
-        if result.get("stopped_by"):  # SIGINT/SIGTERM: the rest waits for --resume
+        if "stopped_by" in result:  # SIGINT/SIGTERM: the rest waits for --resume
             return result
         members.append(result)
         dirs.append(Path(mcfg.out))

@@ -281,9 +281,10 @@ class Trainer:
                 self._save_checkpoint(st)
             ckpt.save_atomic(st, self.out / "last.pt", keep_previous=True)
 
-    def _save_checkpoint(self, st: dict) -> None:
-        """checkpoint.pt: the trainer state ``st`` with the validated weights (rank 0)."""
+    def _save_checkpoint(self, st: dict | None = None) -> None:
+        """checkpoint.pt (rank 0): the trainer state ``st`` (default: the current one) with the validated weights."""
         if self.info.is_main:
+            st = self.state() if st is None else st
             ckpt.save_atomic(dict(st, model_state=self.eval_model.state_dict()), self.out / "checkpoint.pt")
 
     def _step_limit(self) -> bool:
@@ -295,7 +296,7 @@ class Trainer:
         best, d = self.out / "checkpoint.pt", self.data
         kept = best.is_file()
         if not kept:  # no epoch ended (--max-steps, --time-budget): the weights scored become checkpoint.pt
-            self._save_checkpoint(self.state())
+            self._save_checkpoint()
         if self.info.distributed:
             torch.distributed.barrier()
         if kept:
