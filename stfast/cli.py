@@ -102,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
     d = sub.add_parser("data", help="data tools")
     dsub = d.add_subparsers(dest="data_command", required=True)
-    c = dsub.add_parser("convert", help="read, preprocess and write DeepTTE JSON lines", formatter_class=fmt)
+    c = dsub.add_parser("convert", help="read and preprocess trajectories into a trips store (a folder of "
+                        "memory-mapped columns that --data takes) or DeepTTE JSON lines", formatter_class=fmt)
     _add_data_args(c, required=True)
-    c.add_argument("--out", required=True, help="DeepTTE JSON-lines file to write")
+    c.add_argument("--out", required=True, help="the trips store (folder) to write; a name ending in .jsonl: "
+                   "DeepTTE JSON lines")
     return ap
 
 
@@ -219,17 +221,23 @@ def dropped_path(predictions: Path) -> Path:
 
 
 def cmd_data_convert(a) -> int:
-    from .data.load import load_trips
+    from .data.load import load_trips, require_trips
     from .train.config import data_options_from_args
-    from .train.trainer import require_trips
 
     opts = data_options_from_args(a)
-    trips = require_trips(load_trips(a.data, a.format, on_error=a.on_error, modes=set(opts["modes"]) or None,
-                                     min_spacing_km=opts["min_spacing_km"], gap_s=opts["gap_s"], tz=opts["tz"]),
-                           a.data)
-    trips.to_jsonl(a.out)
+    kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
+              gap_s=opts["gap_s"], tz=opts["tz"])
+    if str(a.out).endswith(".jsonl"):
+        trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
+        trips.to_jsonl(a.out)
+        what = "DeepTTE JSON lines"
+    else:  # a trips store: streamed in bounded memory from DiDi / point CSV
+        from .data.convert import convert_to_store
+
+        trips = convert_to_store(a.data, a.out, a.format, **kw)
+        what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
     drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
-    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out}; dropped: {drops}")
+    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; dropped: {drops}")
     return 0
 
 

@@ -93,6 +93,11 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
         city = SyntheticCityConfig()
         return preprocess(generate_city(n_synthetic, seed=seed, config=city),
                           with_tz(preprocess_config or city.preprocess_config()))
+    from .store import is_store
+
+    if is_store(data):
+        return _open_store_as(data, fmt, tz, preprocess_config, modes=set(modes) if modes else None,
+                              min_spacing_km=min_spacing_km or None, gap_s=gap_s, **options)
     from .readers import read_any
 
     got = read_any(data, fmt, on_error=on_error)
@@ -106,6 +111,50 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
                     "does not change them", data, got.tz, tz)
     min_points = preprocess_config.min_points if preprocess_config is not None else options.get("min_points")
     return drop_short_records(got, PreprocessConfig.min_points if min_points is None else int(min_points))
+
+
+def _open_store_as(path, fmt: str, tz: str | None, preprocess_config, **asked) -> Trips:
+    """The store at ``path`` (memory-mapped, :func:`stfast.data.store.open_store`) when the settings asked
+    for agree with those it was made with; ValueError naming both values otherwise. ``preprocess_config``
+    (a checkpoint's) must match in every field; otherwise the settings in ``asked`` (PreprocessConfig field
+    names) that differ from the defaults of :func:`load_trips` count as asked for, the rest as not given."""
+    from .preprocess import PreprocessConfig
+    from .store import open_store
+
+    if fmt not in ("auto", "store"):
+        raise ValueError(f"{path} is a trips store (it has a manifest.json): --format {fmt} does not apply; "
+                         "omit --format")
+    trips = open_store(path)
+    made = trips.preprocess_config
+    if preprocess_config is not None:
+        want = {k: v for k, v in preprocess_config.to_dict().items() if k != "tz" or v is not None}
+    else:
+        defaults = {"modes": None, "min_spacing_km": 0.2, "gap_s": PreprocessConfig.gap_s}
+        want = {k: sorted(v) if k == "modes" and v is not None else v for k, v in asked.items()
+                if v != defaults.get(k, getattr(PreprocessConfig, k, None))}
+    have = {} if made is None else made.to_dict()
+    for k, v in want.items():
+        if made is None and k != "min_points":
+            raise ValueError(f"{path} is a store of DeepTTE records, which are not preprocessed: {k}={v!r} does not "
+                             "apply; omit it")
+        if made is not None and have.get(k) != v:
+            raise ValueError(f"{k}={v!r} differs from the trips store {path}'s {k}={have.get(k)!r}: its trips were "
+                             f"preprocessed with {k}={have.get(k)!r}; omit the setting, or convert the raw data again "
+                             "with the new one")
+    if tz is not None and check_tz(tz) != trips.tz:
+        raise ValueError(f"tz={tz!r} differs from the trips store {path}'s tz={trips.tz!r}: its calendar ids were "
+                         f"computed in {trips.tz}; omit the time zone, or convert the raw data again with the new one")
+    return trips
+
+
+def require_trips(trips: Trips, source: str) -> Trips:
+    """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
+    of ``source``, with the counts of what was dropped and why."""
+    if len(trips) == 0:
+        drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing was dropped: no input trips"
+        raise ValueError(f"{source}: reading and preprocessing left no trip (dropped: {drops}); check --format, "
+                         "--modes, --min-spacing-km and --gap-min")
+    return trips
 
 
 def drop_short_records(trips: Trips, min_points: int) -> Trips:

@@ -356,7 +356,7 @@ def _next_far_point(lng, lat, lk, j, end, s_km) -> np.ndarray:
     return out
 
 
-def _resample(lng, lat, gid, s_km) -> np.ndarray:
+def _resample(lng, lat, gid, s_km, carry: list | None = None) -> np.ndarray:
     """Keep mask: each kept point at least s_km (haversine) from the previous kept; last point kept.
 
     Sequential rule, run in rounds over all trips at once. Path length bounds haversine distance from
@@ -374,7 +374,11 @@ def _resample(lng, lat, gid, s_km) -> np.ndarray:
     adj = np.zeros(n)
     adj[1:] = _hav_idx(lng, lat, np.arange(n - 1), np.arange(1, n))
     adj[first] = 0.0
+    if carry is not None:  # the path sum continues from the chunks before: one sequential cumsum, as over all
+        adj[0] += carry[1]
     cum = np.cumsum(adj)
+    if carry is not None:
+        carry[1] = float(cum[-1])
     live = ends - starts > 2
     lk, end = starts[live], ends[live]
     while lk.size:
@@ -411,7 +415,7 @@ def _dropped_rows(traj: Trajectories, parts: list) -> DroppedTrips:
 # ---------------------------------------------------------------------------------------------------
 
 
-def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Trips:
+def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry: list | None = None) -> Trips:
     """Clean raw GPS trajectories and cut them into DeepTTE trips (steps in the module docstring).
 
     Args:
@@ -432,6 +436,11 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
         after ``traj.dropped_trips``; ``tz`` the time zone used; ``preprocess_config`` a copy of
         ``config`` whose ``tz`` is that zone. One INFO line on the ``stfast.data`` logger summarises
         the counts.
+
+    ``carry`` (streaming, :mod:`stfast.data.convert`): a two-element list holding the running sums of the
+    distances between consecutive points that ``dist_gap`` and resampling take differences of (start with
+    ``[0.0, 0.0]``); updated in place. Consecutive chunks of trajectories preprocessed in order with one
+    carry give, bit for bit, the trips of the whole input preprocessed at once.
 
     Raises:
         TypeError: ``traj`` is not a Trajectories or ``config`` not a PreprocessConfig.
@@ -526,7 +535,7 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
 
     # 5. resampling
     if cfg.min_spacing_km is not None and len(idx):
-        keep = _resample(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km)
+        keep = _resample(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km, carry)
         _add(dropped, "resampled", (~keep).sum())
         compact(keep)
         tid = tid[keep]  # trips keep their first and last point, so no trip vanishes
@@ -545,7 +554,11 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None) -> Tr
     adj = np.zeros(n)
     adj[1:] = haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:])
     adj[first] = 0.0
+    if carry is not None:  # as in _resample: dist_gap's sum continues from the chunks before
+        adj[0] += carry[0]
     cum = np.cumsum(adj)
+    if carry is not None:
+        carry[0] = float(cum[-1])
     dist_gap = cum - cum[starts][tg]
     time_gap = t - t[starts][tg]
     last = offsets[1:] - 1

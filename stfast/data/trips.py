@@ -25,6 +25,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
+_CHECK_CHUNK = 1 << 20  # offsets checked this many at a time
+
+
 def lengths_to_offsets(lengths: np.ndarray) -> np.ndarray:
     """[T] int lengths → [T + 1] int64 offsets starting at 0."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -81,7 +84,9 @@ class _CSR:
 
     def _validate(self) -> None:
         off = self.offsets
-        if off.ndim != 1 or len(off) < 1 or off[0] != 0 or np.any(np.diff(off) < 0):
+        # in slices, so a memory-mapped store of millions of trips is checked without a copy of its offsets
+        if off.ndim != 1 or len(off) < 1 or off[0] != 0 or any(
+                np.any(np.diff(off[s:s + _CHECK_CHUNK + 1]) < 0) for s in range(0, len(off), _CHECK_CHUNK)):
             raise ValueError("offsets must be a non-decreasing 1-D array starting at 0")
         n, t = int(off[-1]), len(off) - 1
         for name in self._POINT_FIELDS:
@@ -287,6 +292,9 @@ class Trips(_CSR):
     dropped_trips: DroppedTrips = field(default_factory=DroppedTrips.empty, compare=False)
     tz: str | None = field(default=None, compare=False)
     preprocess_config: object = field(default=None, compare=False)
+    # the data fingerprint when known without hashing (a trips store records it at conversion); not kept by
+    # subset or concat, which make other trips
+    fingerprint: str | None = field(default=None, compare=False, repr=False)
 
     _POINT_FIELDS = ("lng", "lat", "state", "time_gap", "dist_gap")
     _TRIP_FIELDS = ("dist", "time", "driver", "week_id", "time_id", "date_id", "trip_id", "segment")

@@ -144,3 +144,20 @@ def set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
     np.random.set_state(s["numpy"])
     random.setstate(s["python"])
+
+
+def save_last(trainer, best: bool = False) -> None:
+    """A :class:`~stfast.train.trainer.Trainer`'s last.pt (rank 0; keeping the previous one) and with ``best``
+    checkpoint.pt, whose weights are the validated ones: the weights' average under --swa-start or --ema-decay."""
+    if trainer.info.is_main:
+        st = trainer.state()
+        if best:
+            save_validated(trainer, st)
+        save_atomic(st, trainer.out / "last.pt", keep_previous=True)
+
+
+def save_validated(trainer, st: dict | None = None) -> None:
+    """A Trainer's checkpoint.pt (rank 0): its state ``st`` (default: the current one) with the validated weights."""
+    if trainer.info.is_main:
+        st = trainer.state() if st is None else st
+        save_atomic(dict(st, model_state=trainer.eval_model.state_dict()), trainer.out / "checkpoint.pt")

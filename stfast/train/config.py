@@ -8,6 +8,8 @@ are DeepTTEConfig's (:func:`stfast._options.same_option`). Units: the field's, g
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, fields
 
 from .. import _options
@@ -237,6 +239,15 @@ class TrainConfig:
         d = {k: getattr(self, k) for k in DATA_OPTIONS}
         d["modes"] = sorted(d["modes"])
         return d
+
+    def lr_factor(self, epoch: int) -> float:
+        """Epoch ``epoch``'s factor of the learning rate (lr_schedule "cosine": ½(1 + cos(π·epoch/epochs)),
+        Loshchilov & Hutter 2017, SGDR without restarts; else 1); the accumulation controller applies k's rule."""
+        return 0.5 * (1.0 + math.cos(math.pi * epoch / self.epochs)) if self.lr_schedule == "cosine" else 1.0
+
+    def steps_reached(self, step: int) -> bool:
+        """True when ``step`` optimizer steps reach --max-steps."""
+        return self.max_steps is not None and step >= self.max_steps
 
     def validate(self) -> None:
         """Reject inconsistent settings before any work. Raises ValueError with one clear line, naming the

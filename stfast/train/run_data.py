@@ -15,7 +15,7 @@ import torch
 from .. import __version__
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.fingerprint import trips_fingerprint
-from ..data.load import load_trips
+from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
 from ..data.splits import (
     default_date_split,
     parse_days,
@@ -45,16 +45,6 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
                        min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
                        seed=cfg.split_seed, preprocess_config=preprocess_config)
     return require_trips(trips, cfg.data or "the synthetic city")
-
-
-def require_trips(trips: Trips, source: str) -> Trips:
-    """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
-    of ``source``, with the counts of what was dropped and why."""
-    if len(trips) == 0:
-        drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing was dropped: no input trips"
-        raise ValueError(f"{source}: reading and preprocessing left no trip (dropped: {drops}); check --format, "
-                         "--modes, --min-spacing-km and --gap-min")
-    return trips
 
 
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:

@@ -32,11 +32,11 @@ from . import guards, steps, swa
 from .config import TrainConfig
 from .metrics import format_summary
 from .resume import restore, resume_state, trainer_state
-from .run_data import RunData, epoch_batches, evaluate, preflight, progress_bar, require_trips
+from .run_data import RunData, epoch_batches, evaluate, preflight, progress_bar
 from .run_log import RunLog
 from .steps import StepLoss
 
-__all__ = ["DTYPES", "Trainer", "epoch_batches", "preflight", "require_trips", "train"]  # stfast.cli imports these
+__all__ = ["DTYPES", "Trainer", "epoch_batches", "preflight", "train"]  # stfast.cli imports these
 log = logging.getLogger("stfast.train")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -98,7 +98,7 @@ class Trainer:
             cfg.noise_scale, reduce=lambda a: dp.all_reduce_sum(a, self.info), world_size=self.info.world_size,
             rank=self.info.rank, lr=cfg.lr, lr_scaling=cfg.lr_scaling, k0=cfg.accum_start,
             pretrained=resume is None or "accumulation" not in resume)  # a resumed agent is in the checkpoint
-        self.accum.apply_lr(self._lr_decay())
+        self.accum.apply_lr(self.cfg.lr_factor(self.epoch))
         if resume is not None:
             restore(self, resume, resume_path)
         self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
@@ -114,18 +114,12 @@ class Trainer:
 
     @property
     def eval_model(self) -> DeepTTE:
-        """What validation, checkpoint.pt and the test score use: the weights' average under --swa-start (once
-        it holds a step) or --ema-decay, else the trained model (swa.eval_model)."""
+        """What validation, checkpoint.pt and the test score use (swa.eval_model: the weights' average, if any)."""
         return swa.eval_model(self.model, self.ema)
 
     def state(self) -> dict:
         """What last.pt and checkpoint.pt hold (stfast.train.resume.trainer_state)."""
         return trainer_state(self)
-
-    def _lr_decay(self) -> float:
-        """The epoch's factor of the learning rate (cfg.lr_schedule "cosine": ½(1 + cos(π·epoch/epochs)),
-        Loshchilov & Hutter 2017, SGDR without restarts; else 1); the controller applies the rule for k."""
-        return 0.5 * (1.0 + math.cos(math.pi * self.epoch / self.cfg.epochs)) if self.cfg.lr_schedule == "cosine" else 1.0
 
     def train_step(self, gb, use_local: bool) -> StepLoss:
         """One optimizer step on global batch ``gb`` ([B] trip indices), or on a list of k global micro-batches
@@ -181,14 +175,14 @@ class Trainer:
         self.accum.start_clock()
         stopped = out_of_time = False
         stale = 0  # epochs since the best validation MAPE (early stopping)
-        while self.epoch < self.cfg.epochs and not stopped and not self._step_limit() and not out_of_time:
+        while self.epoch < self.cfg.epochs and not stopped and not self.cfg.steps_reached(self.step) and not out_of_time:
             stopped, out_of_time, improved = self._train_epoch()
             stale = 0 if improved else stale + 1
             if not stopped and self.cfg.patience is not None and stale >= self.cfg.patience:
                 self.say(f"early stop: no better validation MAPE for {stale} epochs")
                 break
         if stopped:
-            self._save_last()
+            ckpt.save_last(self)
             why = self.guards.signals.received or ("--time-budget" if out_of_time else "--max-steps")
             self.say(f"stopped after {self.step} steps ({why}); state in {self.out / 'last.pt'}"
                      + ("; continue with --resume" if self.guards.signals.received else ""))
@@ -201,7 +195,7 @@ class Trainer:
         checkpoints. Returns (stopped mid-epoch, out of --time-budget, validation MAPE improved)."""
         cfg = self.cfg
         self.model.train()  # fault 3 fixed: back to training mode every epoch
-        self.accum.apply_lr(self._lr_decay())  # the epoch's learning rate (cfg.lr_schedule)
+        self.accum.apply_lr(self.cfg.lr_factor(self.epoch))  # the epoch's learning rate (cfg.lr_schedule)
         use_local = cfg.compat != "original" or self.epoch == 0
         batches = self.data.epoch_batches(cfg.batch_size, cfg.seed, self.epoch)
         t0, trips_done, bi = time.perf_counter(), 0, self.epoch_batch
@@ -223,7 +217,7 @@ class Trainer:
                 break
             if self.accum.window_due() or self.guards.budget_spent:  # a partial last window when out of time
                 out_of_time = self._end_window(self.epoch + bi / len(batches))
-            if self._step_limit() or out_of_time:
+            if self.cfg.steps_reached(self.step) or out_of_time:
                 self.epoch_batch, stopped = bi, bi < len(batches)
                 break
         bar.close()
@@ -245,7 +239,7 @@ class Trainer:
                                   "wall_s": time.perf_counter() - self.t_start})
         improved = swa.keeps(self.cfg.select, val["mape"], self.best)
         self.best = val["mape"] if improved else self.best
-        self._save_last(best=improved)
+        ckpt.save_last(self, best=improved)
         self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
                  f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {samples_per_s:.0f} trips/s" + ("  *" if improved else ""))
         return improved
@@ -257,7 +251,7 @@ class Trainer:
         self.epoch_batch, self.epoch_progress = bi, (loss_sum, n_done)
         every = self.cfg.checkpoint_every
         if every and loss.skipped is None and self.step % every == 0:
-            self._save_last()
+            ckpt.save_last(self)
         return stop
 
     def _end_window(self, epoch_done: float) -> bool:
@@ -272,31 +266,13 @@ class Trainer:
             self.log.append("window", {**row, "step": self.step, "wall_s": elapsed, "accumulation": self.accum_spec})
         return stop
 
-    def _save_last(self, best: bool = False) -> None:
-        """last.pt (rank 0; keeping the previous one) and with ``best`` checkpoint.pt, whose weights are the
-        validated ones: the weights' average under --swa-start or --ema-decay."""
-        if self.info.is_main:
-            st = self.state()
-            if best:
-                self._save_checkpoint(st)
-            ckpt.save_atomic(st, self.out / "last.pt", keep_previous=True)
-
-    def _save_checkpoint(self, st: dict | None = None) -> None:
-        """checkpoint.pt (rank 0): the trainer state ``st`` (default: the current one) with the validated weights."""
-        if self.info.is_main:
-            st = self.state() if st is None else st
-            ckpt.save_atomic(dict(st, model_state=self.eval_model.state_dict()), self.out / "checkpoint.pt")
-
-    def _step_limit(self) -> bool:
-        return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
-
     def finish(self) -> dict:
         """Score checkpoint.pt and both baselines on the test split; when no epoch ended, the current
         weights (their average under --swa-start/--ema-decay) are written as checkpoint.pt first."""
         best, d = self.out / "checkpoint.pt", self.data
         kept = best.is_file()
         if not kept:  # no epoch ended (--max-steps, --time-budget): the weights scored become checkpoint.pt
-            self._save_checkpoint()
+            ckpt.save_validated(self)
         if self.info.distributed:
             torch.distributed.barrier()
         if kept:

@@ -6,11 +6,12 @@ import math
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.trips import DroppedTrips
 
 log = logging.getLogger("stfast.data")
-
 
 
 def _check_on_error(on_error: str) -> bool:
@@ -107,6 +108,98 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, str | None]]:
                 yield i, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 yield i, None
+
+
+BLOCK_BYTES = 32 << 20  # raw bytes parsed at a time by the block readers (bounded memory, any file size)
+
+
+def _iter_blocks(path: Path, size: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(1-based number of its first line, bytes) of consecutive blocks of whole lines of ``path``, each about
+    ``size`` bytes (default :data:`BLOCK_BYTES`; a longer line is one block); the last may lack a final newline."""
+    size = size or BLOCK_BYTES
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise TrajectoryFormatError(path, None, None, f"cannot open: {e.strerror or e}") from None
+    with f:
+        line, rest = 1, b""
+        while True:
+            buf = f.read(size)
+            if not buf:
+                if rest:
+                    yield line, rest
+                return
+            buf = rest + buf if rest else buf
+            cut = buf.rfind(b"\n") + 1
+            if cut == 0:
+                rest = buf
+                continue
+            block, rest = buf[:cut], buf[cut:]
+            yield line, block
+            line += block.count(b"\n")
+
+
+def _block_lines(first: int, block: bytes) -> Iterator[tuple[int, str | None]]:
+    """The lines of a block as :func:`_iter_lines` gives them (numbered from ``first``)."""
+    raws = block.split(b"\n")
+    if block.endswith(b"\n"):
+        raws.pop()
+    for i, raw in enumerate(raws, first):
+        try:
+            yield i, raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            yield i, None
+
+
+class _TripCodes:
+    """Trip id → code (0, 1, ... in order of first appearance) over a whole input, with each trip's driver
+    and source file: what the point readers share between the blocks of a file and between files."""
+
+    def __init__(self):
+        self.code: dict[str, int] = {}
+        self.driver: list[str] = []
+        self.source: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.driver)
+
+    def add(self, trip: str, driver: str, source: str) -> int:
+        c = self.code[trip] = len(self.driver)
+        self.driver.append(driver)
+        self.source.append(source)
+        return c
+
+    def of_row(self, trip: str, driver: str, source: str, conflict: str) -> int:
+        """The code of ``trip`` (added when new) for a row naming ``driver``; _BadField("driver_id",
+        ``conflict`` formatted with ``trip``, ``was``, ``now``) when the trip has another driver."""
+        c = self.code.get(trip)
+        if c is None:
+            return self.add(trip, driver, source)
+        if self.driver[c] != driver:
+            raise _BadField("driver_id", conflict.format(trip=trip, was=self.driver[c], now=driver))
+        return c
+
+    def encode_block(self, trips, drivers, source: str):
+        """Codes [n] int64 of a block's rows from its ``trips`` and ``drivers`` columns (pyarrow string arrays of
+        n rows), new trips added in order of first appearance; None when some row names another driver for
+        its trip than the trip's first row (the caller then reads the block line by line to name it), and
+        nothing is added."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        enc = pc.dictionary_encode(trips)
+        local = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        uniq = enc.dictionary.to_pylist()
+        # dictionary order is first appearance: a row starts a trip where its index exceeds all before it
+        first = np.flatnonzero(local > np.maximum.accumulate(np.concatenate([[-1], local[:-1]])))
+        first_drv = drivers.take(pa.array(first)).to_pylist()
+        known = [self.code.get(u) for u in uniq]
+        want = [first_drv[i] if c is None else self.driver[c] for i, c in enumerate(known)]
+        if not pc.all(pc.equal(pa.array(want, pa.string()).take(enc.indices), drivers)).as_py():
+            return None
+        codes = np.array([self.add(u, first_drv[i], source) if c is None else c for i, (u, c) in
+                          enumerate(zip(uniq, known))], dtype=np.int64)
+        return codes[local]
 
 
 def _is_didi_data_file(p: Path) -> bool:

@@ -9,22 +9,27 @@ columns ignored)::
 or Unix seconds (a number). The UTC offset an ISO timestamp carries is kept per point
 (``utc_offset_s``): by default preprocessing takes local time from it (UTC where a timestamp has
 none), see :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`. ``lng``/``lat`` are WGS-84 degrees. Read with the stdlib :mod:`csv`
-module (RFC 4180 quoting; UTF-8, an initial BOM is ignored).
+module's rules (RFC 4180 quoting; UTF-8, an initial BOM is ignored): blocks of rows are parsed by pyarrow's
+CSV reader, and a block where anything is amiss is read again with :mod:`csv`, row by row, to name the bad
+row (a quoted field may span lines only within one block of :data:`~stfast.data.readers._common.BLOCK_BYTES`).
 """
 from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import logging
 import math
 import os
-from array import array
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _finite, _lng_lat, _Problems, _require_file
-from stfast.data.trips import DroppedTrips, Trajectories, lengths_to_offsets
+from stfast.data.readers._common import (_BadField, _finite, _iter_blocks, _lng_lat, _Problems, _require_file,
+                                         _TripCodes)
+from stfast.data.trips import Trajectories, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS
 
 CSV_REQUIRED = ("trip_id", "timestamp", "lng", "lat")
@@ -90,110 +95,255 @@ def read_csv_points(path: str | os.PathLike, *, on_error: str = "raise") -> Traj
             (1-based line numbers; field = column name).
     """
     probs = _Problems(on_error)
+    codes = _TripCodes()
+    meta: dict = {}
+    parts = list(iter_csv_blocks(path, probs, codes, meta))
+    probs.warn(path)
+    if not parts and not probs.dropped:
+        logging.getLogger("stfast.data").warning("%s: header only, no points", path)
+
+    def cat(k, dt):
+        return np.concatenate([b[k] for b in parts]) if parts else np.zeros(0, dt)
+
+    code_a, t_a = cat("code", np.int64), cat("t", np.float64)
+    order = np.lexsort((t_a, code_a))
+    lengths = np.bincount(code_a, minlength=len(codes)).astype(np.int64)
+    return Trajectories(
+        offsets=lengths_to_offsets(lengths),
+        lng=cat("lng", np.float64)[order],
+        lat=cat("lat", np.float64)[order],
+        t=t_a[order],
+        state=cat("state", np.float32)[order],
+        driver=np.array(codes.driver, dtype=object),
+        source=np.array([str(path)] * len(codes), dtype=object),
+        mode=None,
+        trip_id=np.array(list(codes.code), dtype=object),
+        utc_offset_s=cat("off", np.float64)[order] if meta["offsets"] else None,
+        dropped=dict(probs.dropped),
+        dropped_trips=probs.dropped_trips(codes.code),
+        tz=meta["tz"],
+    )
+
+
+class _Header:
+    """The header row of a point CSV: column names and the positions of the columns read."""
+
+    def __init__(self, path, no: int, row: list[str]):
+        self.names = [c.strip().lower() for c in row]
+        if not "".join(self.names).isascii():
+            try:
+                "".join(self.names).encode("utf-8")
+            except UnicodeEncodeError:
+                raise TrajectoryFormatError(path, no, None, "header is not valid UTF-8") from None
+        idx: dict[str, int] = {}
+        for i, name in enumerate(self.names):
+            if name in idx and name in CSV_REQUIRED + CSV_OPTIONAL:
+                raise TrajectoryFormatError(path, no, name, f"column '{name}' named twice in the header")
+            idx.setdefault(name, i)
+        for name in CSV_REQUIRED:
+            if name not in idx:
+                raise TrajectoryFormatError(
+                    path, no, name, f"missing required column '{name}' (header: {','.join(self.names)})")
+        self.idx = idx
+        self.i_trip, self.i_ts, self.i_lng, self.i_lat = (idx[k] for k in CSV_REQUIRED)
+        self.i_drv, self.i_state = idx.get("driver_id"), idx.get("state")
+
+
+def iter_csv_blocks(path, probs: _Problems, codes: _TripCodes, meta: dict) -> Iterator[dict]:
+    """The points of the point CSV ``path`` block by block (see :func:`read_csv_points` for the rules): dicts
+    of ``code`` [n] int64 (the trip's number in ``codes``, which gains new trips in order of first
+    appearance), ``t`` [n] float64 Unix seconds UTC, ``off`` [n] float64 UTC offsets (NaN: none), ``lng``,
+    ``lat`` [n] float64 degrees, ``state`` [n] float32. Bad rows are raised or counted by ``probs``. When
+    exhausted, ``meta`` holds ``offsets`` (whether any timestamp carried an offset) and ``tz``
+    (:data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS` if so, else "UTC").
+
+    Raises:
+        TrajectoryFormatError: as :func:`read_csv_points`.
+    """
     p = _require_file(path)
     if p.is_dir():
         raise TrajectoryFormatError(path, None, None, "is a directory, expected a CSV file")
-    lng, lat, t, st, tzo = array("d"), array("d"), array("d"), array("d"), array("d")
-    code = array("q")
-    trips: dict[str, int] = {}
-    drivers: list[str] = []
-    try:
-        f = open(p, newline="", encoding="utf-8-sig", errors="surrogateescape")
-    except OSError as e:
-        raise TrajectoryFormatError(path, None, None, f"cannot open: {e.strerror or e}") from None
-    with f:
-        reader = csv.reader(f)
-        header = None
-        idx: dict[str, int] = {}
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                if header is None:
-                    raise TrajectoryFormatError(path, reader.line_num, None, f"CSV error: {e}") from None
-                probs.bad(path, reader.line_num, None, f"CSV error: {e}")
-                continue
-            no = reader.line_num
-            trip = None
-            if not row or all(not c.strip() for c in row):
-                continue
+    header = None
+    any_offset = False
+    for first, block in _iter_blocks(p):
+        if first == 1 and block.startswith(b"\xef\xbb\xbf"):
+            block = block[3:]
+        if header is None:  # rows up to the header: read by the csv module
+            header, first, block = _find_header(p, first, block)
             if header is None:
-                header = [c.strip().lower() for c in row]
-                if not "".join(header).isascii():
-                    try:
-                        "".join(header).encode("utf-8")
-                    except UnicodeEncodeError:
-                        raise TrajectoryFormatError(path, no, None, "header is not valid UTF-8") from None
-                for i, name in enumerate(header):
-                    if name in idx and name in CSV_REQUIRED + CSV_OPTIONAL:
-                        raise TrajectoryFormatError(path, no, name, f"column '{name}' named twice in the header")
-                    idx.setdefault(name, i)
-                for name in CSV_REQUIRED:
-                    if name not in idx:
-                        raise TrajectoryFormatError(
-                            path, no, name, f"missing required column '{name}' (header: {','.join(header)})"
-                        )
-                i_trip, i_ts, i_lng, i_lat = (idx[k] for k in CSV_REQUIRED)
-                i_drv, i_state = idx.get("driver_id"), idx.get("state")
                 continue
-            try:
-                if len(row) != len(header):
-                    raise _BadField(None, f"expected {len(header)} fields as in the header, got {len(row)}")
-                joined = "".join(row)
-                if not joined.isascii():
-                    try:
-                        joined.encode("utf-8")
-                    except UnicodeEncodeError:
-                        raise _BadField(None, "row is not valid UTF-8 text") from None
-                trip = row[i_trip].strip()
-                if not trip:
-                    raise _BadField("trip_id", "empty")
-                ts, off = parse_timestamp_offset(row[i_ts])
-                x, y = _lng_lat(row[i_lng], row[i_lat])
-                s = _finite(row[i_state], "state") if i_state is not None else 0.0
-                drv = row[i_drv].strip() if i_drv is not None else ""
-                c = trips.get(trip)
-                if c is None:
-                    c = trips[trip] = len(drivers)
-                    drivers.append(drv)
-                elif drivers[c] != drv:
-                    raise _BadField("driver_id", f"trip {trip} has driver {drivers[c]!r}, now {drv!r}")
-            except _BadField as e:
-                probs.bad(path, no, e.field, e.reason, trip=trip)
-                continue
-            code.append(c)
-            t.append(ts)
-            tzo.append(off)
-            lng.append(x)
-            lat.append(y)
-            st.append(s)
+        got = _fast_block(block, header, codes, str(p))
+        if got is None:
+            got = _slow_block(p, first, block, header, probs, codes)
+        if len(got["t"]):
+            any_offset = any_offset or bool(np.isfinite(got["off"]).any())
+            yield got
     if header is None:
         raise TrajectoryFormatError(path, None, None, "empty file: no header row")
-    probs.warn(path)
-    if not code and not probs.dropped:
-        logging.getLogger("stfast.data").warning("%s: header only, no points", path)
+    meta["offsets"] = any_offset
+    meta["tz"] = TZ_FROM_TIMESTAMPS if any_offset else "UTC"
 
-    def arr(a, dt):
-        return np.frombuffer(a, dtype=dt) if len(a) else np.zeros(0, dtype=dt)
 
-    code_a, t_a, off_a = arr(code, np.int64), arr(t, np.float64), arr(tzo, np.float64)
-    order = np.lexsort((t_a, code_a))
-    lengths = np.bincount(code_a, minlength=len(drivers)).astype(np.int64)
-    has_offsets = bool(np.isfinite(off_a).any())
-    return Trajectories(
-        offsets=lengths_to_offsets(lengths),
-        lng=arr(lng, np.float64)[order],
-        lat=arr(lat, np.float64)[order],
-        t=t_a[order],
-        state=arr(st, np.float64)[order].astype(np.float32),
-        driver=np.array(drivers, dtype=object),
-        source=np.array([str(path)] * len(drivers), dtype=object),
-        mode=None,
-        trip_id=np.array(list(trips), dtype=object),
-        utc_offset_s=off_a[order] if has_offsets else None,
-        dropped=dict(probs.dropped),
-        dropped_trips=probs.dropped_trips(trips),
-        tz=TZ_FROM_TIMESTAMPS if has_offsets else "UTC",
-    )
+def _rows(first: int, block: bytes):
+    """csv.reader over a block's text (UTF-8, undecodable bytes kept as surrogates) and a function giving the
+    1-based file line of the row just read."""
+    reader = csv.reader(io.StringIO(block.decode("utf-8", errors="surrogateescape"), newline=""))
+    return reader, lambda: first - 1 + reader.line_num
+
+
+def _find_header(path: Path, first: int, block: bytes):
+    """(header, first line after it, rest of the block) — header None when the block holds only blank rows."""
+    reader, line = _rows(first, block)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return None, first, b""
+        except csv.Error as e:
+            raise TrajectoryFormatError(path, line(), None, f"CSV error: {e}") from None
+        if row and any(c.strip() for c in row):
+            no = line()
+            header = _Header(path, no, row)
+            rest = block
+            for _ in range(no - first + 1):  # the header's physical lines
+                rest = rest[rest.index(b"\n") + 1:] if b"\n" in rest else b""
+            return header, no + 1, rest
+
+
+def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dict | None:
+    """A block's points parsed with pyarrow and checked with numpy; None when anything is off (not ASCII, a
+    lone CR, a parse error, an empty trip id, a value out of range or not finite, a timestamp the vectorized
+    parse does not take, a trip with another driver)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import csv as pacsv
+
+    if not block.isascii() or (b"\r" in block and block.count(b"\r") != block.count(b"\r\n")):
+        return None
+    names = [f"c{i}" for i in range(len(h.names))]
+    s, f64 = pa.string(), pa.float64()
+    types = {names[h.i_trip]: s, names[h.i_ts]: s, names[h.i_lng]: f64, names[h.i_lat]: f64}
+    if h.i_drv is not None:
+        types[names[h.i_drv]] = s
+    if h.i_state is not None:
+        types[names[h.i_state]] = f64
+    try:
+        tab = pacsv.read_csv(
+            pa.py_buffer(block), read_options=pacsv.ReadOptions(column_names=names, block_size=len(block) + 1),
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types),
+                                                 strings_can_be_null=False, null_values=[],
+                                                 quoted_strings_can_be_null=False))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    n = tab.num_rows
+    if n == 0:
+        return {k: np.zeros(0, np.float32 if k == "state" else np.int64 if k == "code" else np.float64)
+                for k in ("code", "t", "off", "lng", "lat", "state")}
+    blanks = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what str.strip removes in ASCII text
+    trip = pc.utf8_trim(tab.column(names[h.i_trip]).combine_chunks(), characters=blanks)
+    drv = (pc.utf8_trim(tab.column(names[h.i_drv]).combine_chunks(), characters=blanks) if h.i_drv is not None
+           else pa.array([""], s).take(pa.array(np.zeros(n, np.int64))))
+    x, y = tab.column(names[h.i_lng]).to_numpy(), tab.column(names[h.i_lat]).to_numpy()
+    st = tab.column(names[h.i_state]).to_numpy() if h.i_state is not None else np.zeros(n)
+    ts = _timestamps(tab.column(names[h.i_ts]).combine_chunks())
+    if (ts is None or pc.min(pc.utf8_length(trip)).as_py() == 0
+            or not (np.isfinite(x).all() and np.isfinite(y).all() and np.isfinite(st).all())
+            or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
+        return None
+    code = codes.encode_block(trip, drv, source)
+    if code is None:
+        return None
+    return {"code": code, "t": ts[0], "off": ts[1], "lng": x, "lat": y, "state": st.astype(np.float32)}
+
+
+# ISO-8601 forms the vectorized parse takes (others, and any value it cannot check, go to the csv module):
+# date, T or blank, time with optional fraction, optional Z or ±HH:MM
+_ISO = (r"^(?P<dt>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})(?P<frac>\.\d{1,6})?"
+        r"(?P<z>[Zz]|[+-]\d{2}:\d{2})?$")
+
+
+def _timestamps(col) -> tuple[np.ndarray, np.ndarray] | None:
+    """(Unix seconds, UTC offsets in seconds or NaN) [n] float64 of a string column of timestamps, as
+    :func:`parse_timestamp_offset` gives them; None when some value is not of a form parsed here."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = pc.utf8_trim_whitespace(col)
+    try:
+        v = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    else:
+        return (v, np.full(len(v), np.nan)) if np.isfinite(v).all() else None
+    m = pc.extract_regex(col, _ISO)
+    if m.null_count:
+        return None
+    dt = pc.replace_substring(m.field("dt"), " ", "T")
+    hh = pc.cast(pc.utf8_slice_codeunits(dt, 11, 13), pa.int64()).to_numpy()
+    ss = pc.cast(pc.utf8_slice_codeunits(dt, 17, 19), pa.int64()).to_numpy()
+    if hh.max() > 23 or ss.max() > 59:  # fromisoformat refuses 24:00 and leap seconds
+        return None
+    try:
+        wall = pc.cast(pc.cast(dt, pa.timestamp("s")), pa.int64()).to_numpy().astype(np.float64)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    frac = m.field("frac")
+    if frac.null_count < len(frac):  # microseconds, as datetime keeps them: (s·10⁶ + µs) / 10⁶
+        us = pc.cast(pc.utf8_rpad(pc.utf8_slice_codeunits(pc.fill_null(frac, ".0"), 1, 7), 6, "0"), pa.int64())
+        wall = (wall * 1e6 + us.to_numpy()) / 1e6
+    z = m.field("z")
+    off = np.full(len(col), np.nan)
+    if z.null_count < len(z):
+        zs = pc.fill_null(z, "")
+        has = pc.greater(pc.utf8_length(zs), 1).to_numpy(zero_copy_only=False)
+        off[pc.is_in(zs, pa.array(["Z", "z"])).to_numpy(zero_copy_only=False)] = 0.0
+        if has.any():
+            hz = pc.cast(pc.utf8_slice_codeunits(pc.fill_null(pc.if_else(has, zs, "+00:00"), ""), 1, 3), pa.int64()).to_numpy()
+            mz = pc.cast(pc.utf8_slice_codeunits(pc.if_else(has, zs, "+00:00"), 4, 6), pa.int64()).to_numpy()
+            if hz.max() > 23 or mz.max() > 59:
+                return None
+            sign = np.where(pc.starts_with(pc.if_else(has, zs, "+"), "-").to_numpy(zero_copy_only=False), -1.0, 1.0)
+            off[has] = (sign * (hz * 3600.0 + mz * 60.0))[has]
+    t = np.where(np.isnan(off), wall, wall - np.nan_to_num(off))
+    return t, off
+
+
+def _slow_block(path: Path, first: int, block: bytes, h: _Header, probs: _Problems, codes: _TripCodes) -> dict:
+    """A block's rows read by the csv module, checked one by one (the exact checks and messages)."""
+    rows = []  # (code, t, offset, lng, lat, state)
+    reader, line = _rows(first, block)
+    n_fields = len(h.names)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            probs.bad(path, line(), None, f"CSV error: {e}")
+            continue
+        no = line()
+        trip = None
+        if not row or all(not c.strip() for c in row):
+            continue
+        try:
+            if len(row) != n_fields:
+                raise _BadField(None, f"expected {n_fields} fields as in the header, got {len(row)}")
+            joined = "".join(row)
+            if not joined.isascii():
+                try:
+                    joined.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise _BadField(None, "row is not valid UTF-8 text") from None
+            trip = row[h.i_trip].strip()
+            if not trip:
+                raise _BadField("trip_id", "empty")
+            ts, off = parse_timestamp_offset(row[h.i_ts])
+            x, y = _lng_lat(row[h.i_lng], row[h.i_lat])
+            s = _finite(row[h.i_state], "state") if h.i_state is not None else 0.0
+            drv = row[h.i_drv].strip() if h.i_drv is not None else ""
+            rows.append((codes.of_row(trip, drv, str(path), "trip {trip} has driver {was!r}, now {now!r}"),
+                         ts, off, x, y, s))
+        except _BadField as e:
+            probs.bad(path, no, e.field, e.reason, trip=trip)
+    c = np.array(rows, np.float64).reshape(-1, 6).T
+    return {"code": c[0].astype(np.int64), "t": c[1], "off": c[2], "lng": c[3], "lat": c[4], "state": c[5].astype(np.float32)}

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _block_lines, _iter_blocks, _Problems, _require_file
 from stfast.data.trips import DroppedTrips, Trips, lengths_to_offsets
 from stfast.data.tz import check_tz
 
@@ -188,10 +188,44 @@ def read_deeptte_jsonl(
 
 
 def _read_file(path: Path, on_error: str, time_tolerance_s: float, id_prefix: str) -> Trips:
-    """One JSON-lines file (see read_deeptte_jsonl); a record without tripID is ``id_prefix`` + its line."""
+    """One JSON-lines file (see read_deeptte_jsonl); a record without tripID is ``id_prefix`` + its line.
+    Read in blocks parsed by pyarrow's JSON reader and checked with numpy; a block where that finds anything
+    amiss is read again line by line (json.loads and the checks of :func:`_parse_record`), which names the
+    line and key of the bad record."""
     probs = _Problems(on_error)
-    recs, ids, bad = [], [], []  # bad: (trip id, segment) of skipped lines
-    for no, line in _iter_lines(path):
+    parts, bad = [], []  # bad: (trip id, segment) of skipped lines
+    for first, block in _iter_blocks(path):
+        got = _fast_block(block, first, time_tolerance_s, id_prefix)
+        parts.append(got if got is not None else _slow_block(path, first, block, probs, time_tolerance_s,
+                                                              id_prefix, bad))
+    probs.warn(path)
+    n = sum(len(p["dist"]) for p in parts)
+    if not n and not probs.dropped:
+        logging.getLogger("stfast.data").warning("%s: no records (empty file)", path)
+        probs.count("empty_file")
+    zones = sorted(set().union(*(p["zones"] for p in parts)))
+
+    def cat(k, dt):
+        return np.concatenate([np.asarray(p[k], dt) for p in parts]) if parts else np.zeros(0, dt)
+
+    return Trips(
+        offsets=lengths_to_offsets(cat("lengths", np.int64)),
+        lng=cat("lng", np.float64), lat=cat("lat", np.float64), state=cat("state", np.float32),
+        time_gap=cat("time_gap", np.float64), dist_gap=cat("dist_gap", np.float64),
+        dist=cat("dist", np.float64), time=cat("time", np.float64), driver=cat("driver", object),
+        week_id=cat("week_id", np.int64), time_id=cat("time_id", np.int64), date_id=cat("date_id", np.int64),
+        trip_id=cat("trip_id", object), segment=cat("segment", np.int64),
+        dropped=dict(probs.dropped),
+        dropped_trips=DroppedTrips.of([i for i, _ in bad], "bad_line", [s for _, s in bad]),
+        tz=", ".join(zones) if zones else DEEPTTE_TZ,
+    )
+
+
+def _slow_block(path: Path, first: int, block: bytes, probs: _Problems, tol: float, id_prefix: str,
+                bad: list) -> dict:
+    """A block read line by line: json.loads and :func:`_parse_record` (the exact checks and messages)."""
+    recs, ids = [], []
+    for no, line in _block_lines(first, block):
         if line is None:
             probs.bad(path, no, None, "line is not valid UTF-8 text")
             continue
@@ -207,37 +241,138 @@ def _read_file(path: Path, on_error: str, time_tolerance_s: float, id_prefix: st
                 if isinstance(obj, dict) and type(obj.get("segment")) is int:
                     seg = obj["segment"]
                 trip = _trip_key(obj) or trip
-                recs.append(_parse_record(obj, time_tolerance_s))
+                recs.append(_parse_record(obj, tol))
                 ids.append(trip)
             except OverflowError:
                 raise _BadField(None, "number too large for float64") from None
         except _BadField as e:
             probs.bad(path, no, e.field, e.reason)
             bad.append((trip, seg))
-    probs.warn(path)
-    if not recs and not probs.dropped:
-        logging.getLogger("stfast.data").warning("%s: no records (empty file)", path)
-        probs.count("empty_file")
     cols = list(zip(*recs)) if recs else [()] * 13
-    zones = sorted({DEEPTTE_TZ if z is None else z for z in cols[12]})
-    f64, i64 = np.zeros(0, np.float64), np.zeros(0, np.int64)
-    lengths = np.array([len(a) for a in cols[0]], dtype=np.int64)
-    return Trips(
-        offsets=lengths_to_offsets(lengths),
-        lng=np.concatenate(cols[0]) if recs else f64,
-        lat=np.concatenate(cols[1]) if recs else f64,
-        state=np.concatenate(cols[2]) if recs else np.zeros(0, np.float32),
-        time_gap=np.concatenate(cols[3]) if recs else f64,
-        dist_gap=np.concatenate(cols[4]) if recs else f64,
-        dist=np.array(cols[5], dtype=np.float64),
-        time=np.array(cols[6], dtype=np.float64),
-        driver=np.array(cols[7], dtype=object),
-        week_id=np.array(cols[8], dtype=np.int64) if recs else i64,
-        time_id=np.array(cols[9], dtype=np.int64) if recs else i64,
-        date_id=np.array(cols[10], dtype=np.int64) if recs else i64,
-        trip_id=np.array(ids, dtype=object),
-        segment=np.array(cols[11], dtype=np.int64) if recs else i64,
-        dropped=dict(probs.dropped),
-        dropped_trips=DroppedTrips.of([i for i, _ in bad], "bad_line", [s for _, s in bad]),
-        tz=", ".join(zones) if zones else DEEPTTE_TZ,
-    )
+    f64 = np.zeros(0)
+    return {"lengths": [len(a) for a in cols[0]],
+            **{k: np.concatenate(cols[i]) if recs else f64 for i, k in
+               enumerate(("lng", "lat", "state", "time_gap", "dist_gap"))},
+            "dist": cols[5], "time": cols[6], "driver": np.array(cols[7], object), "week_id": cols[8],
+            "time_id": cols[9], "date_id": cols[10], "segment": cols[11], "trip_id": np.array(ids, object),
+            "zones": {DEEPTTE_TZ if z is None else z for z in cols[12]}}
+
+
+def _schema():
+    import pyarrow as pa
+
+    lst = pa.list_(pa.float64())
+    return pa.schema([(k, lst) for k in DEEPTTE_LIST_KEYS] + [("dist", pa.float64()), ("time", pa.float64())]
+                     + [(k, pa.int64()) for k in ("weekID", "timeID", "dateID")])
+
+
+def _fast_block(block: bytes, first: int, tol: float, id_prefix: str) -> dict | None:
+    """A block's records parsed by pyarrow's JSON reader and checked with numpy, as :func:`_parse_record`
+    checks one record; None when anything is off (the caller then reads the block line by line)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import json as pj
+
+    raw = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(raw == 10)
+    if not len(ends) or ends[-1] != len(raw) - 1:
+        ends = np.append(ends, len(raw))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    size = ends - starts - (raw[np.maximum(ends - 1, 0)] == 13) * (ends > starts)  # without a CR before the LF
+    blank = size <= 0
+    if not block.isascii() and not _utf8(block):
+        return None
+    if (raw[starts[~blank]] != ord("{")).any():  # blanks around a record, or something else: line by line
+        return None
+    try:
+        tab = pj.read_json(pa.py_buffer(block), read_options=pj.ReadOptions(block_size=len(block) + 1),
+                           parse_options=pj.ParseOptions(explicit_schema=_schema(), unexpected_field_behavior="infer"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    n = tab.num_rows
+    lines = first + np.flatnonzero(~blank)
+    if n != len(lines):
+        return None
+    if n == 0:
+        return {"lengths": [], **{k: np.zeros(0) for k in ("lng", "lat", "state", "time_gap", "dist_gap", "dist",
+                "time", "week_id", "time_id", "date_id", "segment")}, "driver": np.zeros(0, object),
+                "trip_id": np.zeros(0, object), "zones": set()}
+    lists = {}
+    for k in DEEPTTE_LIST_KEYS:
+        c = tab.column(k).combine_chunks()
+        if c.null_count or c.values.null_count or c.offset:
+            return None
+        lists[k] = (np.asarray(c.offsets) - c.offsets[0].as_py(), c.flatten().to_numpy())
+    off = lists["lngs"][0]
+    if any(not np.array_equal(lists[k][0], off) for k in DEEPTTE_LIST_KEYS) or (np.diff(off) < 1).any():
+        return None
+    lng, lat, st, tg, dg = (lists[k][1] for k in DEEPTTE_LIST_KEYS)
+    sc = {}
+    for k in ("dist", "time", "weekID", "timeID", "dateID"):
+        c = tab.column(k)
+        if c.null_count:
+            return None
+        sc[k] = c.to_numpy()
+    if not all(np.isfinite(a).all() for a in (lng, lat, st, tg, dg, sc["dist"], sc["time"])):
+        return None
+    head, last = off[:-1], off[1:] - 1
+    inner = np.ones(len(tg), bool)
+    inner[head] = False  # diff i-1 → i inside a trip
+    dtg, ddg = np.diff(tg, prepend=0.0)[inner], np.diff(dg, prepend=0.0)[inner]
+    if ((np.abs(lat) > 90.0).any() or (np.abs(lng) > 180.0).any() or (np.abs(tg[head]) > tol).any()
+            or (np.abs(dg[head]) > DIST_GAP_TOLERANCE_KM).any() or (dtg < -_MONOTONE_SLACK).any()
+            or (ddg < -_MONOTONE_SLACK).any() or (sc["dist"] < 0).any() or not (sc["time"] > 0).all()
+            or (np.abs(sc["time"] - tg[last]) > tol).any()
+            or not ((sc["weekID"] >= 0) & (sc["weekID"] <= 6)).all()
+            or not ((sc["timeID"] >= 0) & (sc["timeID"] <= 1439)).all() or (sc["dateID"] < 0).any()):
+        return None
+    names = set(tab.column_names)
+    drv = tab.column("driverID") if "driverID" in names else None
+    if drv is None or drv.null_count or drv.type not in (pa.int64(), pa.string()):
+        return None
+    ids = np.char.add(id_prefix, lines.astype(str)).astype(object)
+    if "tripID" in names:
+        c = tab.column("tripID")
+        if c.type not in (pa.int64(), pa.string(), pa.null()):
+            return None
+        if c.type == pa.string() and pc.any(pc.equal(c, "")).as_py():
+            return None
+        if c.null_count < n:
+            given = pc.cast(c, pa.string()).to_numpy(zero_copy_only=False)
+            has = ~pc.is_null(c).to_numpy(zero_copy_only=False)
+            ids[has] = given[has]
+    seg = np.zeros(n, np.int64)
+    if "segment" in names:
+        c = tab.column("segment")
+        if c.type not in (pa.int64(), pa.null()):
+            return None
+        if c.null_count < n:
+            v = pc.fill_null(c, 0).to_numpy()
+            if (v < 0).any():
+                return None
+            seg = v
+    zones = {DEEPTTE_TZ}
+    if "tz" in names:
+        c = tab.column("tz")
+        if c.type not in (pa.string(), pa.null()):
+            return None
+        zones = {DEEPTTE_TZ} if c.null_count else set()
+        for z in pc.unique(c.drop_null()).to_pylist():
+            try:
+                check_tz(z)
+            except ValueError:
+                return None
+            zones.add(z)
+    return {"lengths": np.diff(off), "lng": lng, "lat": lat, "state": st.astype(np.float32), "time_gap": tg,
+            "dist_gap": dg, "dist": sc["dist"], "time": sc["time"],
+            "driver": pc.cast(drv, pa.string()).to_numpy(zero_copy_only=False),
+            "week_id": sc["weekID"], "time_id": sc["timeID"], "date_id": sc["dateID"], "trip_id": ids,
+            "segment": seg, "zones": zones}
+
+
+def _utf8(block: bytes) -> bool:
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -13,19 +13,30 @@ from __future__ import annotations
 
 import logging
 import os
-from array import array
+from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.geo import gcj02_to_wgs84
-from stfast.data.readers._common import _BadField, _finite, _lng_lat, _is_didi_data_file, _iter_lines, _Problems, _require_file
+from stfast.data.readers._common import (_BadField, _block_lines, _finite, _is_didi_data_file, _iter_blocks, _lng_lat,
+                                         _Problems, _require_file, _TripCodes)
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 DIDI_TZ = "Asia/Shanghai"
 """Default time zone of DiDi GAIA data (Chengdu, Xi'an)."""
 
 DIDI_FIELDS = ("driver_id", "order_id", "unix_ts", "lng", "lat")
+# bytes on which the fast path could read a line otherwise than ``line.split(",")`` + ``str.strip`` +
+# ``float`` do (blanks around a field; a lone CR): a block holding one is read line by line
+_BLANKS = (b" ", b"\t", b"\x0b", b"\x0c", b"\x1c", b"\x1d", b"\x1e", b"\x1f")
+
+
+def _plain(block: bytes) -> bool:
+    """True when ``block`` is ASCII without blanks and every CR ends a line (each test a memchr-speed scan)."""
+    return (block.isascii() and not any(b in block for b in _BLANKS)
+            and (b"\r" not in block or block.count(b"\r") == block.count(b"\r\n")))
 
 
 
@@ -55,80 +66,131 @@ def read_didi_gaia(path: str | os.PathLike, *, on_error: str = "raise") -> Traje
             names as in :data:`DIDI_FIELDS`, 1-based line numbers).
     """
     probs = _Problems(on_error)
-    p = _require_file(path)
-    if p.is_dir():
-        files = sorted(c for c in p.iterdir() if _is_didi_data_file(c))
-        if not files:
-            raise TrajectoryFormatError(path, None, None, "directory holds no gps_* files")
-    else:
-        files = [p]
+    codes = _TripCodes()
+    parts = list(iter_didi_blocks(path, probs, codes))
+    probs.warn(path)
 
-    lng, lat, t = array("d"), array("d"), array("d")
-    code = array("q")
-    orders: dict[str, int] = {}
-    drivers: list[str] = []
-    sources: list[str] = []
+    def cat(k, dt):
+        return np.concatenate([b[k] for b in parts]) if parts else np.zeros(0, dt)
+
+    code_a, t_a = cat("code", np.int64), cat("t", np.float64)
+    order_idx = np.lexsort((t_a, code_a))  # by order, then time; stable
+    lengths = np.bincount(code_a, minlength=len(codes)).astype(np.int64)
+    return Trajectories(
+        offsets=lengths_to_offsets(lengths),
+        lng=cat("lng", np.float64)[order_idx],
+        lat=cat("lat", np.float64)[order_idx],
+        t=t_a[order_idx],
+        state=np.ones(len(t_a), dtype=np.float32),
+        driver=np.array(codes.driver, dtype=object),
+        source=np.array(codes.source, dtype=object),
+        mode=None,
+        trip_id=np.array(list(codes.code), dtype=object),
+        dropped=dict(probs.dropped),
+        dropped_trips=probs.dropped_trips(codes.code),
+        tz=DIDI_TZ,
+    )
+
+
+def didi_files(path) -> list[Path]:
+    """The ``gps_*`` files ``path`` names: itself, or a folder's, in name order. Raises TrajectoryFormatError
+    (missing path, a folder without such files)."""
+    p = _require_file(path)
+    if not p.is_dir():
+        return [p]
+    files = sorted(c for c in p.iterdir() if _is_didi_data_file(c))
+    if not files:
+        raise TrajectoryFormatError(path, None, None, "directory holds no gps_* files")
+    return files
+
+
+def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict]:
+    """The points of ``path`` (a file or folder, as :func:`read_didi_gaia` reads it), block by block, in file
+    order: dicts of ``code`` [n] int64 (the order's number in ``codes``, which gains the new orders), ``t``
+    [n] float64 Unix seconds, ``lng``/``lat`` [n] float64 WGS-84 degrees. Bad rows are raised or counted by
+    ``probs``; empty files counted (``"empty_file"``) with a warning. Each block is parsed by pyarrow's CSV
+    reader and checked with numpy; a block where that finds anything amiss is read again line by line,
+    which names the file, line and field of the bad row, as :func:`read_didi_gaia` documents."""
     empty = []
-    for f in files:
-        fs = str(f)
-        n_before = probs.dropped.get("bad_line", 0) + len(code)
-        for no, line in _iter_lines(f):
-            if line is None:
-                probs.bad(f, no, None, "line is not valid UTF-8 text")
-                continue
-            if not line.strip():
-                continue
-            parts = line.split(",")
-            order = None
-            try:
-                if len(parts) != 5:
-                    raise _BadField(None, f"expected 5 comma-separated fields, got {len(parts)}")
-                drv, order = parts[0].strip(), parts[1].strip()
-                if not drv:
-                    raise _BadField("driver_id", "empty")
-                if not order:
-                    raise _BadField("order_id", "empty")
-                ts = _finite(parts[2], "unix_ts")
-                x, y = _lng_lat(parts[3], parts[4])
-                c = orders.get(order)
-                if c is None:
-                    c = orders[order] = len(drivers)
-                    drivers.append(drv)
-                    sources.append(fs)
-                elif drivers[c] != drv:
-                    raise _BadField("driver_id", f"order {order} was driven by {drivers[c]}, now by {drv}")
-            except _BadField as e:
-                probs.bad(f, no, e.field, e.reason, trip=order)
-                continue
-            code.append(c)
-            t.append(ts)
-            lng.append(x)
-            lat.append(y)
-        if probs.dropped.get("bad_line", 0) + len(code) == n_before:
+    for f in didi_files(path):
+        n_rows = 0
+        for first, block in _iter_blocks(f):
+            got = _fast_block(block, codes, str(f))
+            if got is None:
+                got = _slow_block(f, first, block, probs, codes)
+            n_rows += len(got["t"]) + got.pop("bad", 0)
+            if len(got["t"]):
+                yield got
+        if n_rows == 0:
             empty.append(f)
     if empty:
         probs.count("empty_file", len(empty))
         logging.getLogger("stfast.data").warning("skipped %d empty gps file(s) (first: %s)", len(empty), empty[0])
-    probs.warn(path)
 
-    code_a = np.frombuffer(code, dtype=np.int64) if len(code) else np.zeros(0, np.int64)
-    t_a = np.frombuffer(t, dtype=np.float64) if len(t) else np.zeros(0)
-    order_idx = np.lexsort((t_a, code_a))  # by order, then time; stable
-    lengths = np.bincount(code_a, minlength=len(drivers)).astype(np.int64)
-    g_lng = np.frombuffer(lng, dtype=np.float64)[order_idx] if len(lng) else np.zeros(0)
-    g_lat = np.frombuffer(lat, dtype=np.float64)[order_idx] if len(lat) else np.zeros(0)
-    w_lng, w_lat = gcj02_to_wgs84(g_lng, g_lat)
-    return Trajectories(
-        offsets=lengths_to_offsets(lengths),
-        lng=np.asarray(w_lng, dtype=np.float64),
-        lat=np.asarray(w_lat, dtype=np.float64),
-        t=t_a[order_idx].copy(),
-        state=np.ones(len(t_a), dtype=np.float32),
-        driver=np.array(drivers, dtype=object),
-        source=np.array(sources, dtype=object),
-        mode=None,
-        trip_id=np.array(list(orders), dtype=object),
-        dropped=dict(probs.dropped),
-        dropped_trips=probs.dropped_trips(orders),
-        tz=DIDI_TZ,
-    )
+
+def _fast_block(block: bytes, codes: _TripCodes, source: str) -> dict | None:
+    """A block's points parsed with pyarrow and checked with numpy; None when anything is off (not ASCII,
+    blanks around fields, a parse error, an empty id, a value out of range, an order with another driver)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import csv as pacsv
+
+    if not _plain(block):
+        return None
+    s = pa.string()
+    try:
+        tab = pacsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pacsv.ReadOptions(column_names=list(DIDI_FIELDS), block_size=len(block) + 1),
+            parse_options=pacsv.ParseOptions(quote_char=False, double_quote=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={"driver_id": s, "order_id": s, "unix_ts": pa.float64(), "lng": pa.float64(),
+                              "lat": pa.float64()},
+                strings_can_be_null=False, null_values=[], quoted_strings_can_be_null=False))
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None
+    if tab.num_rows == 0:
+        return {"code": np.zeros(0, np.int64), "t": np.zeros(0), "lng": np.zeros(0), "lat": np.zeros(0)}
+    drv, order = (tab.column(k).combine_chunks() for k in ("driver_id", "order_id"))
+    t, x, y = (tab.column(k).to_numpy() for k in ("unix_ts", "lng", "lat"))
+    if (pc.min(pc.utf8_length(drv)).as_py() == 0 or pc.min(pc.utf8_length(order)).as_py() == 0
+            or not (np.isfinite(t).all() and np.isfinite(x).all() and np.isfinite(y).all())
+            or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
+        return None
+    code = codes.encode_block(order, drv, source)
+    if code is None:
+        return None
+    lng, lat = gcj02_to_wgs84(x, y)
+    return {"code": code, "t": t, "lng": np.asarray(lng, np.float64), "lat": np.asarray(lat, np.float64)}
+
+
+def _slow_block(f: Path, first: int, block: bytes, probs: _Problems, codes: _TripCodes) -> dict:
+    """A block read line by line (the exact checks and messages); ``bad``: its rows skipped."""
+    fs = str(f)
+    rows = []  # (code, unix_ts, lng, lat)
+    bad0 = sum(probs.dropped.values())
+    for no, line in _block_lines(first, block):
+        if line is None:
+            probs.bad(f, no, None, "line is not valid UTF-8 text")
+            continue
+        if not line.strip():
+            continue
+        parts = line.split(",")
+        order = None
+        try:
+            if len(parts) != 5:
+                raise _BadField(None, f"expected 5 comma-separated fields, got {len(parts)}")
+            drv, order = parts[0].strip(), parts[1].strip()
+            if not drv:
+                raise _BadField("driver_id", "empty")
+            if not order:
+                raise _BadField("order_id", "empty")
+            ts = _finite(parts[2], "unix_ts")
+            x, y = _lng_lat(parts[3], parts[4])
+            rows.append((codes.of_row(order, drv, fs, "order {trip} was driven by {was}, now by {now}"), ts, x, y))
+        except _BadField as e:
+            probs.bad(f, no, e.field, e.reason, trip=order)
+    cols = np.array(rows, np.float64).reshape(-1, 4).T
+    w_lng, w_lat = gcj02_to_wgs84(cols[2], cols[3])
+    return {"code": cols[0].astype(np.int64), "t": cols[1], "lng": np.asarray(w_lng, np.float64),
+            "lat": np.asarray(w_lat, np.float64), "bad": sum(probs.dropped.values()) - bad0}

@@ -1,0 +1,162 @@
+"""Streaming conversion of raw trajectories into a trips store (:mod:`stfast.data.store`) in bounded memory.
+
+DiDi GAIA and point-CSV files are read block by block (:data:`~stfast.data.readers._common.BLOCK_BYTES` of
+raw text at a time, parsed by pyarrow, checked with numpy). Their rows need not be sorted: a trip's rows may
+be scattered over the whole input, so the points are first spilled to disk, partitioned by trip number
+(trips numbered in order of first appearance, :data:`TRIPS_PER_BUCKET` trips a partition, one file each);
+then each partition is read back, its points sorted by trip and time, preprocessed and appended to the
+store. Peak memory is one block plus one partition, whatever the input's size, and the result is exactly
+what reading the whole input at once and preprocessing it gives (same trips, same order, same
+fingerprint). Other formats (GeoLife, DeepTTE JSON lines, the synthetic city) are read whole, then written.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from .load import DEFAULT_TZ, load_trips, require_trips
+from .store import StoreWriter, write_store
+from .trips import Trajectories, Trips, lengths_to_offsets
+
+log = logging.getLogger("stfast.data")
+
+TRIPS_PER_BUCKET = 8192  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
+MAX_POINTS_PER_PART = 2_000_000  # points preprocessed at a time (about 0.5 GB of working arrays)
+_SPILL = np.dtype([("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"),
+                   ("off", "<f8")])
+
+
+class _Spill:
+    """Points appended to per-partition files under ``folder`` (partition = trip code // TRIPS_PER_BUCKET)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.points: dict[int, int] = {}
+
+    def add(self, block: dict) -> None:
+        rec = np.empty(len(block["code"]), _SPILL)
+        for k in ("code", "t", "lng", "lat"):
+            rec[k] = block[k]
+        rec["state"] = block.get("state", 1.0)
+        rec["off"] = block.get("off", np.nan)
+        part = rec["code"] // TRIPS_PER_BUCKET
+        if part[0] == part[-1] and (len(part) < 2 or (part == part[0]).all()):
+            self._write(int(part[0]), rec)
+            return
+        order = np.argsort(part, kind="stable")
+        rec, part = rec[order], part[order]
+        cuts = np.flatnonzero(np.diff(part)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(part)]):
+            self._write(int(part[lo]), rec[lo:hi])
+
+    def _write(self, k: int, rec: np.ndarray) -> None:
+        with open(self.folder / f"{k}.bin", "ab") as f:
+            f.write(rec.data)
+        self.points[k] = self.points.get(k, 0) + len(rec)
+
+    def parts(self, n_trips: int):
+        """(first trip code, end code, points sorted by code then time) of consecutive runs of partitions of
+        up to MAX_POINTS_PER_PART points (one partition at least); each file is removed once read."""
+        n_parts = -(-n_trips // TRIPS_PER_BUCKET)
+        k = 0
+        while k < n_parts:
+            ks = [k]
+            total = self.points.get(k, 0)
+            while ks[-1] + 1 < n_parts and total + self.points.get(ks[-1] + 1, 0) <= MAX_POINTS_PER_PART:
+                ks.append(ks[-1] + 1)
+                total += self.points.get(ks[-1], 0)
+            recs = []
+            for j in ks:
+                p = self.folder / f"{j}.bin"
+                if p.exists():
+                    recs.append(np.fromfile(p, _SPILL))
+                    p.unlink()
+            rec = np.concatenate(recs) if recs else np.empty(0, _SPILL)
+            rec = rec[np.lexsort((rec["t"], rec["code"]))]  # by trip, then time; stable as the readers sort
+            yield ks[0] * TRIPS_PER_BUCKET, min((ks[-1] + 1) * TRIPS_PER_BUCKET, n_trips), rec
+            k = ks[-1] + 1
+
+
+def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", modes=None,
+                     min_spacing_km: float | None = 0.2, gap_s: float = 1200.0, tz: str | None = None,
+                     n_synthetic: int = 20000, seed: int = 0, **options) -> Trips:
+    """Read ``data`` (file or folder; None: the synthetic city), preprocess it as
+    :func:`stfast.data.load.load_trips` does with the same arguments, and write a trips store at ``out``.
+
+    DiDi GAIA and point CSV stream in bounded memory (module docstring); the other formats are read whole.
+    ``out`` appears only when complete (a temporary folder beside it is renamed), so an interrupted or failed
+    conversion leaves nothing half-written there, and an older store at ``out`` intact.
+
+    Returns:
+        The store, opened (:func:`stfast.data.store.open_store`): memory-mapped Trips with the fingerprint.
+
+    Raises:
+        TrajectoryFormatError: bad input (file, line, field), as the readers raise it.
+        ValueError: ``out`` exists and is not a store; no trip survived reading and preprocessing; bad
+            settings (see load_trips).
+    """
+    from .preprocess import PreprocessConfig, preprocess
+    from .readers import detect_format
+
+    kw = dict(on_error=on_error, modes=modes, min_spacing_km=min_spacing_km, gap_s=gap_s, tz=tz, **options)
+    if data is not None and fmt != "synthetic":
+        fmt = detect_format(data) if fmt == "auto" else fmt
+    if data is None or fmt not in ("didi", "csv"):
+        trips = load_trips(data, fmt, n_synthetic=n_synthetic, seed=seed, **kw)
+        require_trips(trips, str(data) if data is not None else "the synthetic city")
+        return write_store(trips, out, {"data": None if data is None else str(data), "format": fmt or "synthetic"})
+    from .readers._common import _Problems, _TripCodes
+    from .readers.csv_points import iter_csv_blocks
+    from .readers.didi_gaia import iter_didi_blocks
+
+    cfg = PreprocessConfig(modes=set(modes) if modes else None, min_spacing_km=min_spacing_km or None,
+                           gap_s=gap_s, **options)
+    if tz is not None:
+        cfg.tz = tz
+    probs, codes = _Problems(on_error), _TripCodes()
+    out = Path(out)
+    with StoreWriter(out, {"data": str(data), "format": fmt}) as w:
+        spill = out.with_name(f".{out.name}.spill{os.getpid()}")
+        spill.mkdir(parents=True, exist_ok=True)
+        try:
+            sp = _Spill(spill)
+            if fmt == "didi":
+                blocks, meta = iter_didi_blocks(data, probs, codes), {"tz": DEFAULT_TZ["didi"], "offsets": False}
+            else:
+                meta = {}
+                blocks = iter_csv_blocks(data, probs, codes, meta)
+            for b in blocks:
+                sp.add(b)
+            probs.warn(data)
+            ids = list(codes.code)  # trip ids in code order (a dict keeps insertion order)
+            w.add_dropped(probs.dropped, probs.dropped_trips(codes.code))
+            carry = [0.0, 0.0]  # dist_gap's and resampling's running sums, continued from chunk to chunk (see preprocess)
+            data_log = logging.getLogger("stfast.data")
+            level = data_log.level
+            data_log.setLevel(logging.WARNING)  # preprocess logs a summary per call: one for the whole input below
+            try:
+                for lo, hi, rec in sp.parts(len(codes)):
+                    n = hi - lo
+                    traj = Trajectories(
+                        offsets=lengths_to_offsets(np.bincount(rec["code"] - lo, minlength=n)),
+                        lng=rec["lng"], lat=rec["lat"], t=rec["t"], state=rec["state"],
+                        driver=np.array(codes.driver[lo:hi], object), source=np.array(codes.source[lo:hi], object),
+                        trip_id=np.array(ids[lo:hi], object),
+                        utc_offset_s=rec["off"] if meta["offsets"] else None, tz=meta["tz"])
+                    w.append(preprocess(traj, cfg, carry))
+            finally:
+                data_log.setLevel(level)
+            if w.n_trips == 0:
+                none = Trips.empty()
+                none.dropped = w.dropped
+                require_trips(none, str(data))
+            done = w.finish()
+        finally:
+            shutil.rmtree(spill, ignore_errors=True)
+    log.info("%s: %d trips, %d points → %s; dropped: %s", data, len(done), done.n_points, out,
+             ", ".join(f"{k} {v}" for k, v in sorted(done.dropped.items())) or "nothing")
+    return done

@@ -1,0 +1,184 @@
+"""The trips store (stfast.data.store), streaming conversion (stfast.data.convert) and the block readers:
+a store equals the in-memory read of the same raw data, opens memory-mapped with the fingerprint recorded,
+refuses other preprocessing settings, and a failed conversion leaves nothing; `stfast data convert --out DIR`,
+`train --data DIR`, `predict --split test` and `load_model(...).load_trips(DIR)` work from it."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import random_trips
+from stfast.cli import main
+from stfast.data import convert as conv
+from stfast.data.errors import TrajectoryFormatError
+from stfast.data.fingerprint import compute_fingerprint, trips_fingerprint
+from stfast.data.load import load_trips
+from stfast.data.readers import _common, read_deeptte_jsonl
+from stfast.data.readers import deeptte_json as dj
+from stfast.data.store import MANIFEST, STORE_FORMAT, open_store
+
+FIELDS = ("offsets", "lng", "lat", "state", "time_gap", "dist_gap", "dist", "time", "week_id", "time_id",
+          "date_id", "segment")
+
+
+def _didi(path, n_orders=120, n_pts=30, seed=0, shuffle=False):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for o in range(n_orders):
+        t0 = 1477955400 + int(rng.integers(0, 80000))
+        x, y = 104.0 + rng.uniform(0, 0.1), 30.6 + rng.uniform(0, 0.1)
+        for k in range(n_pts):
+            x, y = x + rng.uniform(0.0005, 0.003), y + rng.uniform(-0.001, 0.002)
+            rows.append(f"{'%032x' % (o % 17)},{'%032x' % (1000 + o)},{t0 + 3 * k + int(rng.integers(0, 3))},"
+                        f"{x:.5f},{y:.5f}")
+    if shuffle:
+        rng.shuffle(rows)
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _same(a, b):
+    for f in FIELDS:
+        assert np.array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f))), f
+    assert list(map(str, a.driver)) == list(map(str, b.driver))
+    assert list(map(str, a.trip_id)) == list(map(str, b.trip_id))
+    assert a.dropped == b.dropped
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Blocks of ~4 KB and spill partitions of 7 trips: many blocks, partitions and preprocessing chunks."""
+    monkeypatch.setattr(_common, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(conv, "TRIPS_PER_BUCKET", 7)
+    monkeypatch.setattr(conv, "MAX_POINTS_PER_PART", 300)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_didi_store_equals_in_memory_read(tmp_path, small_parts, shuffle):
+    raw = _didi(tmp_path / "gps_20161101", shuffle=shuffle)
+    whole = load_trips(str(raw))
+    store = conv.convert_to_store(str(raw), tmp_path / "store")
+    _same(whole, store)
+    assert store.fingerprint == compute_fingerprint(whole) == trips_fingerprint(store)
+    assert isinstance(store.lng, np.memmap) and not store.lng.flags.writeable
+    m = json.loads((tmp_path / "store" / MANIFEST).read_text())
+    assert m["format"] == STORE_FORMAT and m["n_trips"] == len(whole) and m["tz"] == "Asia/Shanghai"
+    assert m["preprocess_config"]["gap_s"] == 1200.0 and m["fingerprint"] == store.fingerprint
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp or spill folder left
+
+
+def test_csv_store_equals_in_memory_read(tmp_path, small_parts):
+    rng = np.random.default_rng(3)
+    lines = ["trip_id,timestamp,lng,lat,driver_id"]
+    for tr in range(60):
+        for k in range(25):
+            s = 1478000000 + 86000 * (tr % 3) + 11 * k
+            ts = {0: str(s), 1: f"2016-11-01T{(s // 3600) % 24:02d}:{(s // 60) % 60:02d}:{s % 60:02d}+08:00",
+                  2: f"2016-11-02 {(s // 3600) % 24:02d}:{(s // 60) % 60:02d}:{s % 60:02d}.25Z"}[tr % 3]
+            lines.append(f"t{tr},{ts},{-9.1 + 0.002 * k + rng.uniform(0, 1e-4):.6f},{38.7 + 0.001 * k:.6f},d{tr % 5}")
+    order = rng.permutation(len(lines) - 1) + 1
+    raw = tmp_path / "points.csv"
+    raw.write_text("\n".join([lines[0]] + [lines[i] for i in order]) + "\n")
+    whole = load_trips(str(raw))
+    assert len(whole) > 30
+    _same(whole, conv.convert_to_store(str(raw), tmp_path / "s"))
+
+
+def test_fast_csv_path_parses_as_the_csv_module(tmp_path, monkeypatch):
+    """Blocks the vectorized parse takes give what the csv module + parse_timestamp_offset give."""
+    from stfast.data.readers import csv_points, read_csv_points
+
+    raw = tmp_path / "p.csv"
+    raw.write_text("trip_id,timestamp,lng,lat,state\n" + "".join(
+        f"a,2016-03-27T0{k}:30:00.5+01:00,1.0{k},2.0,1\nb,2016-03-27 0{k}:00:00,1.{k},2.0,0\n" for k in range(9)))
+    fast = read_csv_points(raw)
+    monkeypatch.setattr(csv_points, "_fast_block", lambda *a: None)
+    slow = read_csv_points(raw)
+    for f in ("offsets", "lng", "lat", "t", "state", "utc_offset_s"):
+        assert np.array_equal(getattr(fast, f), getattr(slow, f), equal_nan=True), f
+    assert fast.tz == slow.tz and list(fast.trip_id) == ["a", "b"]
+
+
+def test_deeptte_blocks_equal_line_by_line(tmp_path, monkeypatch):
+    data = tmp_path / "t.jsonl"
+    trips = random_trips(200, seed=5)
+    trips.to_jsonl(data)
+    text = data.read_text().splitlines()
+    data.write_text("\n".join(text[:50] + [""] + [json.dumps({k: v for k, v in json.loads(t).items() if k != "tripID"})
+                                                   for t in text[50:]]) + "\n")
+    monkeypatch.setattr(_common, "BLOCK_BYTES", 8192)
+    fast = read_deeptte_jsonl(data)
+    monkeypatch.setattr(dj, "_fast_block", lambda *a: None)
+    slow = read_deeptte_jsonl(data)
+    _same(fast, slow)
+    assert fast.trip_id[60] == "62"  # the line number (a blank line 51) where a record has no tripID
+    assert fast.tz == slow.tz
+
+
+def test_bad_line_in_a_later_block_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(_common, "BLOCK_BYTES", 2048)
+    raw = _didi(tmp_path / "gps_1", n_orders=40)
+    lines = raw.read_text().splitlines()
+    lines[700] = lines[700].rsplit(",", 1)[0] + ",95.0"
+    raw.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TrajectoryFormatError, match=r"gps_1:701: field 'lat'"):
+        conv.convert_to_store(str(raw), tmp_path / "s")
+    assert not (tmp_path / "s").exists() and [p.name for p in tmp_path.iterdir()] == ["gps_1"]
+    skipped = conv.convert_to_store(str(raw), tmp_path / "s", on_error="skip")
+    assert skipped.dropped["bad_line"] == 1
+
+
+def test_failed_conversion_keeps_the_old_store(tmp_path, small_parts):
+    raw = _didi(tmp_path / "gps_1", n_orders=20)
+    first = conv.convert_to_store(str(raw), tmp_path / "s")
+    raw.write_text(raw.read_text() + "x,y,not-a-time,1,2\n")
+    with pytest.raises(TrajectoryFormatError, match="unix_ts"):
+        conv.convert_to_store(str(raw), tmp_path / "s")
+    assert open_store(tmp_path / "s").fingerprint == first.fingerprint
+    (tmp_path / "notastore").mkdir()
+    with pytest.raises(ValueError, match="not a trips store"):
+        conv.convert_to_store(str(raw), tmp_path / "notastore")
+
+
+def test_store_settings_conflicts_are_refused(tmp_path):
+    raw = _didi(tmp_path / "gps_1", n_orders=20)
+    conv.convert_to_store(str(raw), tmp_path / "s", gap_s=600.0)
+    assert len(load_trips(str(tmp_path / "s"))) > 0  # defaults: not given, the store's settings hold
+    with pytest.raises(ValueError, match=r"gap_s=300.0 differs .*gap_s=600.0"):
+        load_trips(str(tmp_path / "s"), gap_s=300.0)
+    with pytest.raises(ValueError, match=r"tz='UTC' differs .*Asia/Shanghai"):
+        load_trips(str(tmp_path / "s"), tz="UTC")
+    with pytest.raises(ValueError, match="--format didi does not apply"):
+        load_trips(str(tmp_path / "s"), "didi")
+
+
+def test_cli_store_train_predict_and_load_model(tmp_path, capsys):
+    import stfast
+
+    data = tmp_path / "trips.jsonl"
+    random_trips(90, seed=31, max_len=20).to_jsonl(data)
+    store = tmp_path / "store"
+    assert main(["data", "convert", "--data", str(data), "--out", str(store)]) == 0
+    assert "trips store" in capsys.readouterr().out
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(store), "--epochs", "1", "--batch-size", "32", "--out", str(run),
+                 "--no-progress", "--threads", "1"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    preds = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(run / "checkpoint.pt"), "--split", "test", "--out", str(preds)]) == 0
+    rows = list(csv.DictReader(open(preds)))
+    true = np.array([float(r["true_time_s"]) for r in rows])
+    pred = np.array([float(r["pred_time_s"]) for r in rows])
+    assert len(rows) == summary["n_test"] and np.mean(np.abs(pred - true) / true) == pytest.approx(
+        summary["test_mape"], abs=1e-4)  # the CSV rounds the times
+    m = stfast.load_model(run / "checkpoint.pt")
+    assert m.data_fingerprint == open_store(store).fingerprint == compute_fingerprint(read_deeptte_jsonl(data))
+    assert len(m.load_trips(str(store))) == 90
+    assert main(["evaluate", "--checkpoint", str(run / "checkpoint.pt"), "--data", str(store), "--gap-min", "5"]) == 2
+    assert "differs" in capsys.readouterr().err
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    assert os.path.isdir(store)
