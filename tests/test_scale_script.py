@@ -18,3 +18,17 @@ def test_scale_script_small(tmp_path):
     assert all(x["global_batches"] == -(-x["trips"] // 64) and x["peak_mib"] > 0 for x in epochs)
     assert (tmp_path / "trips_600" / "meta.json").is_file()
     assert "KiB/trip" in r.stdout
+
+
+def test_scale_script_conversion_small(tmp_path):
+    """--points / --jsonl-trips: generated raw files converted to stores beside the plain loops, and the plot."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--points", "20000", "--jsonl-trips", "200",
+                        "--out", str(tmp_path), "--plot", str(tmp_path / "scale.png")],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert [(x["format"], x["n"]) for x in rows] == [("didi", 20000), ("csv", 20000), ("deeptte", 200)]
+    assert all(x["trips"] > 0 and x["convert_s"] > 0 and x["loop_s"] > 0 and x["peak_mib"] > 0 for x in rows)
+    assert rows[0]["trips"] == rows[1]["trips"]  # the same trips, sorted (DiDi) or shuffled (CSV)
+    assert rows[2]["trips"] == 200 and rows[2]["read_s"] > 0
+    assert (tmp_path / "scale.png").stat().st_size > 0

@@ -76,7 +76,9 @@ class _Spill:
                     recs.append(np.fromfile(p, _SPILL))
                     p.unlink()
             rec = np.concatenate(recs) if recs else np.empty(0, _SPILL)
-            rec = rec[np.lexsort((rec["t"], rec["code"]))]  # by trip, then time; stable as the readers sort
+            c, t = rec["code"], rec["t"]
+            if len(c) > 1 and not ((c[1:] > c[:-1]) | ((c[1:] == c[:-1]) & (t[1:] >= t[:-1]))).all():
+                rec = rec[np.lexsort((t, c))]  # by trip, then time; stable as the readers sort (sorted input: as is)
             yield ks[0] * TRIPS_PER_BUCKET, min((ks[-1] + 1) * TRIPS_PER_BUCKET, n_trips), rec
             k = ks[-1] + 1
 
