@@ -182,3 +182,26 @@ def test_cli_store_train_predict_and_load_model(tmp_path, capsys):
     assert "differs" in capsys.readouterr().err
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
     assert os.path.isdir(store)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_from_a_store_and_resume(tmp_path):
+    """--nproc 2 reads the store (memory-mapped in both ranks); --resume checks the manifest's fingerprint."""
+    import subprocess
+    import sys
+
+    from stfast.train import checkpoint as ckpt
+
+    data = tmp_path / "trips.jsonl"
+    random_trips(120, seed=4, max_len=20).to_jsonl(data)
+    store = tmp_path / "store"
+    assert main(["data", "convert", "--data", str(data), "--out", str(store)]) == 0
+    args = [sys.executable, "-m", "stfast.cli", "train", "--data", str(store), "--epochs", "1", "--batch-size", "16",
+            "--nproc", "2", "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ckpt.load(tmp_path / "run" / "last.pt")["data_fingerprint"] == open_store(store).fingerprint
+    args[args.index("--epochs") + 1] = "2"
+    r = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 2
