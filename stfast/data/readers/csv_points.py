@@ -191,13 +191,17 @@ def _rows(first: int, block: bytes):
     return reader, lambda: first - 1 + reader.line_num
 
 
-def _find_header(path: Path, first: int, block: bytes):
-    """(header, first line after it, rest of the block) — header None when the block holds only blank rows."""
-    reader, line = _rows(first, block)
+def _find_header(path: Path, first: int, block: bytes, limit: int | None = 1 << 20):
+    """(header, first line after it, rest of the block) — header None when the block holds only blank rows.
+    Only the block's first ``limit`` bytes are decoded unless the header is not in them."""
+    head = block[:block.rfind(b"\n", 0, limit) + 1] if limit is not None and len(block) > limit else block
+    reader, line = _rows(first, head or block)
     while True:
         try:
             row = next(reader)
         except StopIteration:
+            if 0 < len(head) < len(block):
+                return _find_header(path, first, block, None)
             return None, first, b""
         except csv.Error as e:
             raise TrajectoryFormatError(path, line(), None, f"CSV error: {e}") from None
@@ -240,12 +244,17 @@ def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dic
         return {k: np.zeros(0, np.float32 if k == "state" else np.int64 if k == "code" else np.float64)
                 for k in ("code", "t", "off", "lng", "lat", "state")}
     blanks = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what str.strip removes in ASCII text
-    trip = pc.utf8_trim(tab.column(names[h.i_trip]).combine_chunks(), characters=blanks)
-    drv = (pc.utf8_trim(tab.column(names[h.i_drv]).combine_chunks(), characters=blanks) if h.i_drv is not None
-           else pa.array([""], s).take(pa.array(np.zeros(n, np.int64))))
+    has_blanks = any(c.encode() in block for c in blanks if c not in "\n\r")
+
+    def text(i):
+        c = tab.column(names[i]).combine_chunks()
+        return pc.utf8_trim(c, characters=blanks) if has_blanks else c
+
+    trip = text(h.i_trip)
+    drv = text(h.i_drv) if h.i_drv is not None else pa.array([""], s).take(pa.array(np.zeros(n, np.int64)))
     x, y = tab.column(names[h.i_lng]).to_numpy(), tab.column(names[h.i_lat]).to_numpy()
     st = tab.column(names[h.i_state]).to_numpy() if h.i_state is not None else np.zeros(n)
-    ts = _timestamps(tab.column(names[h.i_ts]).combine_chunks())
+    ts = _timestamps(tab.column(names[h.i_ts]).combine_chunks(), has_blanks)
     if (ts is None or pc.min(pc.utf8_length(trip)).as_py() == 0
             or not (np.isfinite(x).all() and np.isfinite(y).all() and np.isfinite(st).all())
             or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
@@ -262,19 +271,24 @@ _ISO = (r"^(?P<dt>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})(?P<frac>\.\d{1,6})?"
         r"(?P<z>[Zz]|[+-]\d{2}:\d{2})?$")
 
 
-def _timestamps(col) -> tuple[np.ndarray, np.ndarray] | None:
+def _timestamps(col, has_blanks: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
     """(Unix seconds, UTC offsets in seconds or NaN) [n] float64 of a string column of timestamps, as
     :func:`parse_timestamp_offset` gives them; None when some value is not of a form parsed here."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    col = pc.utf8_trim_whitespace(col)
+    col = pc.utf8_trim_whitespace(col) if has_blanks else col
     try:
+        float(col[0].as_py())
         v = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     else:
         return (v, np.full(len(v), np.nan)) if np.isfinite(v).all() else None
+    if pc.min_max(pc.utf8_length(col)).as_py() == {"min": 25, "max": 25}:  # the common form: ...T07:10:00+08:00
+        got = _fixed_width_iso(col)
+        if got is not None:
+            return got
     m = pc.extract_regex(col, _ISO)
     if m.null_count:
         return None
@@ -306,6 +320,40 @@ def _timestamps(col) -> tuple[np.ndarray, np.ndarray] | None:
             off[has] = (sign * (hz * 3600.0 + mz * 60.0))[has]
     t = np.where(np.isnan(off), wall, wall - np.nan_to_num(off))
     return t, off
+
+
+def _fixed_width_iso(col) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_timestamps` of a column whose values all have 25 characters, read as a [n, 25] byte matrix
+    (no copy) and checked digit by digit: ``YYYY-MM-DD?HH:MM:SS±HH:MM`` (``?``: T or blank) with the ranges
+    fromisoformat enforces; None when some value is not of that form."""
+    n = len(col)
+    offsets = np.frombuffer(col.buffers()[1], np.int32, count=n + 1, offset=4 * col.offset)
+    b = np.frombuffer(col.buffers()[2], np.uint8)[offsets[0]:offsets[0] + 25 * n].reshape(n, 25)
+    sep = {4: b"-", 7: b"-", 13: b":", 16: b":", 22: b":"}
+    if (not all((b[:, i] == ord(c)).all() for i, c in sep.items())
+            or not ((b[:, 10] == ord("T")) | (b[:, 10] == ord(" "))).all()
+            or not ((b[:, 19] == ord("+")) | (b[:, 19] == ord("-"))).all()):
+        return None
+    pos = [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 23, 24]
+    d = b[:, pos].astype(np.int64) - ord("0")
+    if d.min() < 0 or d.max() > 9:
+        return None
+    y = d[:, 0] * 1000 + d[:, 1] * 100 + d[:, 2] * 10 + d[:, 3]
+    mo, day, hh, mi, ss, hz, mz = (d[:, k] * 10 + d[:, k + 1] for k in range(4, 18, 2))
+    leap = (y % 4 == 0) & ((y % 100 != 0) | (y % 400 == 0))
+    dim = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[np.clip(mo - 1, 0, 11)] + (leap & (mo == 2))
+    if (y.min() < 1 or mo.min() < 1 or mo.max() > 12 or day.min() < 1 or (day > dim).any() or hh.max() > 23
+            or mi.max() > 59 or ss.max() > 59 or hz.max() > 23 or mz.max() > 59):
+        return None
+    # days since 1970-01-01 of the civil date (H. Hinnant's days_from_civil)
+    yy = y - (mo <= 2)
+    era = yy // 400
+    yoe = yy - era * 400
+    doy = (153 * (mo + np.where(mo > 2, -3, 9)) + 2) // 5 + day - 1
+    days = era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+    off = np.where(b[:, 19] == ord("-"), -1.0, 1.0) * (hz * 3600.0 + mz * 60.0)
+    wall = (days * 86400 + hh * 3600 + mi * 60 + ss).astype(np.float64)
+    return wall - off, off
 
 
 def _slow_block(path: Path, first: int, block: bytes, h: _Header, probs: _Problems, codes: _TripCodes) -> dict:
