@@ -24,8 +24,8 @@ from .trips import Trajectories, Trips, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
 
-TRIPS_PER_BUCKET = 8192  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
-MAX_POINTS_PER_PART = 1_000_000  # points preprocessed at a time (about 250 MB of working arrays)
+TRIPS_PER_BUCKET = 2048  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
+MAX_POINTS_PER_PART = 500_000  # points preprocessed at a time (about 150 MB of working arrays)
 _SPILL = np.dtype([("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"),
                    ("off", "<f8")])
 
