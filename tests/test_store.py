@@ -205,3 +205,16 @@ def test_two_ranks_train_from_a_store_and_resume(tmp_path):
     r = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 2
+
+
+def test_deeptte_store_streams_blocks_and_drops_short_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(_common, "BLOCK_BYTES", 4096)
+    data = tmp_path / "t.jsonl"
+    trips = random_trips(80, seed=9, min_len=2, max_len=12)
+    trips.to_jsonl(data)
+    whole = load_trips(str(data))
+    assert whole.dropped.get("too_short", 0) > 0
+    store = conv.convert_to_store(str(data), tmp_path / "s")
+    _same(whole, store)
+    assert store.fingerprint == compute_fingerprint(whole) and store.tz == whole.tz
+    assert sorted(store.dropped_trips) == sorted(whole.dropped_trips)

@@ -107,6 +107,8 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     kw = dict(on_error=on_error, modes=modes, min_spacing_km=min_spacing_km, gap_s=gap_s, tz=tz, **options)
     if data is not None and fmt != "synthetic":
         fmt = detect_format(data) if fmt == "auto" else fmt
+    if data is not None and fmt == "deeptte":
+        return _convert_deeptte(data, out, on_error, tz, options.get("min_points"))
     if data is None or fmt not in ("didi", "csv"):
         trips = load_trips(data, fmt, n_synthetic=n_synthetic, seed=seed, **kw)
         require_trips(trips, str(data) if data is not None else "the synthetic city")
@@ -162,3 +164,33 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     log.info("%s: %d trips, %d points → %s; dropped: %s", data, len(done), done.n_points, out,
              ", ".join(f"{k} {v}" for k, v in sorted(done.dropped.items())) or "nothing")
     return done
+
+
+def _convert_deeptte(data, out, on_error: str, tz: str | None, min_points: int | None) -> Trips:
+    """DeepTTE JSON lines (a file, or a folder of them) to a store, block by block: the records as written,
+    those with fewer than ``min_points`` points dropped (:func:`stfast.data.load.drop_short_records`)."""
+    from .load import drop_short_records
+    from .preprocess import PreprocessConfig
+    from .readers._common import _require_file
+    from .readers.deeptte_json import deeptte_files, iter_file_blocks
+
+    p = _require_file(data)
+    files = [(f, f"{f.name}:") for f in deeptte_files(p)] if p.is_dir() else [(p, "")]
+    min_points = PreprocessConfig.min_points if min_points is None else int(min_points)
+    zones: set = set()
+    with StoreWriter(out, {"data": str(data), "format": "deeptte"}) as w:
+        for f, prefix in files:
+            done: dict = {}
+            for trips in iter_file_blocks(f, on_error, 1.0, prefix, done):
+                w.append(drop_short_records(trips, min_points))
+            w.add_dropped(done["dropped"], done["dropped_trips"])
+            zones |= set(done["tz"].split(", "))
+        w.tz = ", ".join(sorted(zones))
+        if tz is not None and tz != w.tz:
+            log.warning("%s: DeepTTE records carry their own weekID/timeID/dateID (computed in %s); tz=%s "
+                        "does not change them", data, w.tz, tz)
+        if w.n_trips == 0:
+            none = Trips.empty()
+            none.dropped = w.dropped
+            require_trips(none, str(data))
+        return w.finish()

@@ -188,37 +188,51 @@ def read_deeptte_jsonl(
 
 
 def _read_file(path: Path, on_error: str, time_tolerance_s: float, id_prefix: str) -> Trips:
-    """One JSON-lines file (see read_deeptte_jsonl); a record without tripID is ``id_prefix`` + its line.
-    Read in blocks parsed by pyarrow's JSON reader and checked with numpy; a block where that finds anything
-    amiss is read again line by line (json.loads and the checks of :func:`_parse_record`), which names the
-    line and key of the bad record."""
+    """One JSON-lines file (see read_deeptte_jsonl); a record without tripID is ``id_prefix`` + its line."""
+    done: dict = {}
+    parts = list(iter_file_blocks(path, on_error, time_tolerance_s, id_prefix, done))
+    trips = Trips.concat(parts)
+    trips.dropped, trips.dropped_trips, trips.tz = done["dropped"], done["dropped_trips"], done["tz"]
+    return trips
+
+
+def iter_file_blocks(path: Path, on_error: str = "raise", time_tolerance_s: float = 1.0, id_prefix: str = "",
+                     done: dict | None = None):
+    """The trips of one JSON-lines file, block by block (:class:`~stfast.data.trips.Trips` of each block's
+    records, in file order; see :func:`read_deeptte_jsonl` for the rules). A block is parsed by pyarrow's JSON
+    reader and checked with numpy; one where that finds anything amiss is read again line by line
+    (json.loads and the checks of :func:`_parse_record`), which names the line and key of the bad record.
+    When exhausted, ``done`` holds the file's ``dropped`` counts, ``dropped_trips`` rows and ``tz``."""
     probs = _Problems(on_error)
-    parts, bad = [], []  # bad: (trip id, segment) of skipped lines
+    bad: list = []  # (trip id, segment) of skipped lines
+    n, zones = 0, set()
     for first, block in _iter_blocks(path):
         got = _fast_block(block, first, time_tolerance_s, id_prefix)
-        parts.append(got if got is not None else _slow_block(path, first, block, probs, time_tolerance_s,
-                                                              id_prefix, bad))
+        if got is None:
+            got = _slow_block(path, first, block, probs, time_tolerance_s, id_prefix, bad)
+        n += len(got["dist"])
+        zones |= got["zones"]
+        if len(got["dist"]):
+            yield _block_trips(got)
     probs.warn(path)
-    n = sum(len(p["dist"]) for p in parts)
     if not n and not probs.dropped:
         logging.getLogger("stfast.data").warning("%s: no records (empty file)", path)
         probs.count("empty_file")
-    zones = sorted(set().union(*(p["zones"] for p in parts)))
+    if done is not None:
+        done.update(dropped=dict(probs.dropped), tz=", ".join(sorted(zones)) if zones else DEEPTTE_TZ,
+                    dropped_trips=DroppedTrips.of([i for i, _ in bad], "bad_line", [s for _, s in bad]))
 
-    def cat(k, dt):
-        return np.concatenate([np.asarray(p[k], dt) for p in parts]) if parts else np.zeros(0, dt)
+
+def _block_trips(p: dict) -> Trips:
+    def a(k, dt):
+        return np.asarray(p[k], dt)
 
     return Trips(
-        offsets=lengths_to_offsets(cat("lengths", np.int64)),
-        lng=cat("lng", np.float64), lat=cat("lat", np.float64), state=cat("state", np.float32),
-        time_gap=cat("time_gap", np.float64), dist_gap=cat("dist_gap", np.float64),
-        dist=cat("dist", np.float64), time=cat("time", np.float64), driver=cat("driver", object),
-        week_id=cat("week_id", np.int64), time_id=cat("time_id", np.int64), date_id=cat("date_id", np.int64),
-        trip_id=cat("trip_id", object), segment=cat("segment", np.int64),
-        dropped=dict(probs.dropped),
-        dropped_trips=DroppedTrips.of([i for i, _ in bad], "bad_line", [s for _, s in bad]),
-        tz=", ".join(zones) if zones else DEEPTTE_TZ,
-    )
+        offsets=lengths_to_offsets(a("lengths", np.int64)), lng=a("lng", np.float64), lat=a("lat", np.float64),
+        state=a("state", np.float32), time_gap=a("time_gap", np.float64), dist_gap=a("dist_gap", np.float64),
+        dist=a("dist", np.float64), time=a("time", np.float64), driver=a("driver", object),
+        week_id=a("week_id", np.int64), time_id=a("time_id", np.int64), date_id=a("date_id", np.int64),
+        trip_id=a("trip_id", object), segment=a("segment", np.int64), tz=", ".join(sorted(p["zones"])))
 
 
 def _slow_block(path: Path, first: int, block: bytes, probs: _Problems, tol: float, id_prefix: str,
