@@ -272,67 +272,61 @@ def _slow_block(path: Path, first: int, block: bytes, probs: _Problems, tol: flo
             "zones": {DEEPTTE_TZ if z is None else z for z in cols[12]}}
 
 
-def _fast_block(block: bytes, first: int, tol: float, id_prefix: str) -> dict | None:
-    """A block's records parsed by orjson and checked column-wise with numpy, as :func:`_parse_record` checks
-    one record; None when anything is off or unusual (the caller then reads the block line by line, which
-    names the line and key). orjson: 3–8× faster than json.loads on DeepTTE lines on this machine, and
-    the same grammar (pyarrow's JSON reader, tried first, was no faster on 2 busy cores and accepts other
-    input than json.loads)."""
-    import orjson
+def _schema():
+    import pyarrow as pa
 
-    raws = block.split(b"\n")
-    if block.endswith(b"\n"):
-        raws.pop()
-    keep = [i for i, r in enumerate(raws) if r.strip()]
-    if any(raws[i][:1] != b"{" for i in keep):  # blanks around a record, or no object: line by line
+    lst = pa.list_(pa.float64())
+    return pa.schema([(k, lst) for k in DEEPTTE_LIST_KEYS] + [("dist", pa.float64()), ("time", pa.float64())]
+                     + [(k, pa.int64()) for k in ("weekID", "timeID", "dateID")])
+
+
+def _fast_block(block: bytes, first: int, tol: float, id_prefix: str) -> dict | None:
+    """A block's records parsed by pyarrow's JSON reader and checked with numpy, as :func:`_parse_record`
+    checks one record; None when anything is off (the caller then reads the block line by line)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import json as pj
+
+    raw = np.frombuffer(block, np.uint8)
+    ends = np.flatnonzero(raw == 10)
+    if not len(ends) or ends[-1] != len(raw) - 1:
+        ends = np.append(ends, len(raw))
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    size = ends - starts - (raw[np.maximum(ends - 1, 0)] == 13) * (ends > starts)  # without a CR before the LF
+    blank = size <= 0
+    if not block.isascii() and not _utf8(block):
+        return None
+    if (raw[starts[~blank]] != ord("{")).any():  # blanks around a record, or something else: line by line
         return None
     try:
-        recs = [orjson.loads(raws[i]) for i in keep]
-    except orjson.JSONDecodeError:
+        tab = pj.read_json(pa.py_buffer(block), read_options=pj.ReadOptions(block_size=len(block) + 1),
+                           parse_options=pj.ParseOptions(explicit_schema=_schema(), unexpected_field_behavior="infer"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
-    n = len(recs)
-    lines = first + np.array(keep, np.int64)
+    n = tab.num_rows
+    lines = first + np.flatnonzero(~blank)
+    if n != len(lines):
+        return None
     if n == 0:
         return {"lengths": [], **{k: np.zeros(0) for k in ("lng", "lat", "state", "time_gap", "dist_gap", "dist",
                 "time", "week_id", "time_id", "date_id", "segment")}, "driver": np.zeros(0, object),
                 "trip_id": np.zeros(0, object), "zones": set()}
-    if set(map(type, recs)) != {dict} or any(len(r.keys() & _KEYSET) != len(_KEYSET) for r in recs):
-        return None
-    from itertools import chain
-
-    cols = {}
+    lists = {}
     for k in DEEPTTE_LIST_KEYS:
-        vals = [r[k] for r in recs]
-        if set(map(type, vals)) != {list}:
+        c = tab.column(k).combine_chunks()
+        if c.null_count or c.values.null_count or c.offset:
             return None
-        cols[k] = (np.fromiter(map(len, vals), np.int64, n), vals)
-    off_len = cols["lngs"][0]
-    if (off_len < 1).any() or any(not np.array_equal(cols[k][0], off_len) for k in DEEPTTE_LIST_KEYS):
+        lists[k] = (np.asarray(c.offsets) - c.offsets[0].as_py(), c.flatten().to_numpy())
+    off = lists["lngs"][0]
+    if any(not np.array_equal(lists[k][0], off) for k in DEEPTTE_LIST_KEYS) or (np.diff(off) < 1).any():
         return None
-    flat = {}
-    for k in DEEPTTE_LIST_KEYS:
-        if not set(map(type, chain.from_iterable(cols[k][1]))) <= {int, float}:
-            return None
-        try:
-            flat[k] = np.fromiter(chain.from_iterable(cols[k][1]), np.float64, int(off_len.sum()))
-        except OverflowError:
-            return None
+    lng, lat, st, tg, dg = (lists[k][1] for k in DEEPTTE_LIST_KEYS)
     sc = {}
-    for k in ("dist", "time"):
-        vals = [r[k] for r in recs]
-        if not set(map(type, vals)) <= {int, float}:
+    for k in ("dist", "time", "weekID", "timeID", "dateID"):
+        c = tab.column(k)
+        if c.null_count:
             return None
-        try:
-            sc[k] = np.array(vals, np.float64)
-        except OverflowError:
-            return None
-    for k in ("weekID", "timeID", "dateID"):
-        vals = [r[k] for r in recs]
-        if set(map(type, vals)) != {int} or max(map(abs, vals)) >= 1 << 62:
-            return None
-        sc[k] = np.array(vals, np.int64)
-    off = lengths_to_offsets(off_len)
-    lng, lat, st, tg, dg = (flat[k] for k in DEEPTTE_LIST_KEYS)
+        sc[k] = c.to_numpy()
     if not all(np.isfinite(a).all() for a in (lng, lat, st, tg, dg, sc["dist"], sc["time"])):
         return None
     head, last = off[:-1], off[1:] - 1
@@ -346,30 +340,53 @@ def _fast_block(block: bytes, first: int, tol: float, id_prefix: str) -> dict | 
             or not ((sc["weekID"] >= 0) & (sc["weekID"] <= 6)).all()
             or not ((sc["timeID"] >= 0) & (sc["timeID"] <= 1439)).all() or (sc["dateID"] < 0).any()):
         return None
-    drv = [r["driverID"] for r in recs]
-    if not set(map(type, drv)) <= {int, str}:
+    names = set(tab.column_names)
+    drv = tab.column("driverID") if "driverID" in names else None
+    if drv is None or drv.null_count or drv.type not in (pa.int64(), pa.string()):
         return None
-    ids = [r.get("tripID") for r in recs]
-    if not set(map(type, ids)) <= {int, str, type(None)} or "" in ids:
-        return None
-    seg = [r.get("segment", 0) for r in recs]
-    if set(map(type, seg)) != {int} or min(seg) < 0:
-        return None
-    tzs = [r.get("tz") for r in recs]
-    if not set(map(type, tzs)) <= {str, type(None)}:
-        return None
-    zones = set(tzs)
-    for z in zones - {None}:
-        try:
-            check_tz(z)
-        except (ValueError, TypeError):
+    ids = np.char.add(id_prefix, lines.astype(str)).astype(object)
+    if "tripID" in names:
+        c = tab.column("tripID")
+        if c.type not in (pa.int64(), pa.string(), pa.null()):
             return None
-    return {"lengths": off_len, "lng": lng, "lat": lat, "state": st.astype(np.float32), "time_gap": tg,
-            "dist_gap": dg, "dist": sc["dist"], "time": sc["time"], "driver": np.array(list(map(str, drv)), object),
-            "week_id": sc["weekID"], "time_id": sc["timeID"], "date_id": sc["dateID"],
-            "trip_id": np.array([f"{id_prefix}{no}" if i is None else str(i) for i, no in zip(ids, lines.tolist())],
-                                object),
-            "segment": np.array(seg, np.int64), "zones": {DEEPTTE_TZ if z is None else z for z in zones}}
+        if c.type == pa.string() and pc.any(pc.equal(c, "")).as_py():
+            return None
+        if c.null_count < n:
+            given = pc.cast(c, pa.string()).to_numpy(zero_copy_only=False)
+            has = ~pc.is_null(c).to_numpy(zero_copy_only=False)
+            ids[has] = given[has]
+    seg = np.zeros(n, np.int64)
+    if "segment" in names:
+        c = tab.column("segment")
+        if c.type not in (pa.int64(), pa.null()):
+            return None
+        if c.null_count < n:
+            v = pc.fill_null(c, 0).to_numpy()
+            if (v < 0).any():
+                return None
+            seg = v
+    zones = {DEEPTTE_TZ}
+    if "tz" in names:
+        c = tab.column("tz")
+        if c.type not in (pa.string(), pa.null()):
+            return None
+        zones = {DEEPTTE_TZ} if c.null_count else set()
+        for z in pc.unique(c.drop_null()).to_pylist():
+            try:
+                check_tz(z)
+            except ValueError:
+                return None
+            zones.add(z)
+    return {"lengths": np.diff(off), "lng": lng, "lat": lat, "state": st.astype(np.float32), "time_gap": tg,
+            "dist_gap": dg, "dist": sc["dist"], "time": sc["time"],
+            "driver": pc.cast(drv, pa.string()).to_numpy(zero_copy_only=False),
+            "week_id": sc["weekID"], "time_id": sc["timeID"], "date_id": sc["dateID"], "trip_id": ids,
+            "segment": seg, "zones": zones}
 
 
-_KEYSET = frozenset(DEEPTTE_KEYS)
+def _utf8(block: bytes) -> bool:
+    try:
+        block.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
