@@ -7,7 +7,8 @@ be scattered over the whole input, so the points are first spilled to disk, part
 then each partition is read back, its points sorted by trip and time, preprocessed and appended to the
 store. Peak memory is one block plus one partition, whatever the input's size, and the result is exactly
 what reading the whole input at once and preprocessing it gives (same trips, same order, same
-fingerprint). Other formats (GeoLife, DeepTTE JSON lines, the synthetic city) are read whole, then written.
+fingerprint). DeepTTE JSON lines are converted block by block too (records are trips already); GeoLife
+and the synthetic city are read whole, then written.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     """Read ``data`` (file or folder; None: the synthetic city), preprocess it as
     :func:`stfast.data.load.load_trips` does with the same arguments, and write a trips store at ``out``.
 
-    DiDi GAIA and point CSV stream in bounded memory (module docstring); the other formats are read whole.
+    DiDi GAIA, point CSV and DeepTTE JSON lines stream in bounded memory (module docstring); GeoLife is read whole.
     ``out`` appears only when complete (a temporary folder beside it is renamed), so an interrupted or failed
     conversion leaves nothing half-written there, and an older store at ``out`` intact.
 
