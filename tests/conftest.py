@@ -21,8 +21,9 @@ def pytest_runtest_logreport(report):
         return  # one line per test: its call, or the setup / teardown that failed or skipped it
     outcome = "error" if report.failed and report.when != "call" else report.outcome
     message = ""
-    if report.failed:
-        message = str(report.longrepr).strip().splitlines()[-1][:300] if report.longrepr else ""
+    if report.failed and report.longrepr:  # the exception's own line ("AssertionError: ..."), else the last
+        crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+        message = (crash or (str(report.longrepr).strip().splitlines() or [""])[-1])[:300]
     elif report.skipped and isinstance(report.longrepr, tuple):
         message = str(report.longrepr[2])[:300]
     with open(path, "a", encoding="utf-8") as f:
