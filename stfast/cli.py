@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body-kb", type=int, default=1024, help="request body limit (KiB; larger: 413)")
     v.add_argument("--rate-limit", type=float, default=0.0,
                    help="requests per second per client address (past it: 429); 0: no limit")
-    add_arguments(v, ["device"])
+    add_arguments(v, ["device", "threads"], {"threads": {"help": "torch threads of the forward passes (default: "
+                                                                 "torch's, one per core)"}})
 
     b = sub.add_parser("bench", help="benchmarks on your data and hardware", formatter_class=fmt)
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -269,6 +270,10 @@ def cmd_serve(a) -> int:
         from .serve.app import serve
     except ImportError as e:
         raise ValueError(f"stfast serve needs FastAPI and uvicorn ({e}): pip install 'stfast[serve]'") from None
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     serve(a.checkpoint, a.host, a.port, a.max_batch, a.max_wait_ms, a.max_body_kb * 1024, a.rate_limit, a.device)
     return 0
 

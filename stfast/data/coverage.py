@@ -67,7 +67,9 @@ class TrainingArea:
     def covers(self, lng, lat) -> np.ndarray:
         """[n] bool: whether each point (``lng``, ``lat`` [n] degrees, finite) is inside the area."""
         c = self._cell(lng, lat).reshape(-1, 2)
-        keys = np.sort(self._keys(self.cells))
+        if getattr(self, "_sorted", None) is None or len(self._sorted) != len(self.cells):
+            self._sorted = np.sort(self._keys(self.cells))  # once per area (a service asks per request)
+        keys = self._sorted
         ok = np.zeros(len(c), dtype=bool)
         m = self.margin_cells
         for dx in range(-m, m + 1):
