@@ -150,3 +150,14 @@ def test_cli_parses_serve():
     a = build_parser().parse_args(["serve", "--checkpoint", "run/checkpoint.pt", "--max-batch", "1",
                                    "--max-wait-ms", "2"])
     assert (a.host, a.port, a.max_batch, a.max_wait_ms, a.rate_limit) == ("127.0.0.1", 8000, 1, 2.0, 0.0)
+
+
+def test_cli_refuses_bad_serve_options(tmp_path, capsys):
+    from conftest import one_line_error
+
+    from stfast.cli import main
+
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--max-batch", "0"]))
+    assert "--max-batch" in err
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]))
+    assert "missing.pt" in err

@@ -151,7 +151,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
         out = [{"eta_s": float(s), "km": float(d), "points": int(n)}
                for s, d, n in zip(secs, trips.dist, trips.lengths)]
-        return {"etas": out} if many else out[0]
+        return JSONResponse({"etas": out} if many else out[0])  # as is: no re-encoding pass
 
     @app.get("/healthz")
     async def healthz():
@@ -195,4 +195,5 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
 
     model = load_model(checkpoint, device)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # keep-alive 30 s (uvicorn's default is 5): a client waiting on a busy queue keeps its connection
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=30)
