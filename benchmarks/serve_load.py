@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -55,29 +56,84 @@ def start_server(checkpoint: str, max_batch: int, max_wait_ms: float, threads: i
     raise RuntimeError("stfast serve did not answer within 120 s")
 
 
-async def one_round(url: str, bodies: list[bytes], clients: int, requests: int) -> dict:
+def _cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (None: this one)."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_round(url: str, bodies: list[bytes], clients: int, requests: int, server_pid: int | None = None) -> dict:
     """``clients`` concurrent clients, ``requests`` each (client c sends bodies[(c * requests + i) % len]); their
-    latencies (s) and the round's wall time."""
+    latencies (s), the round's wall time and the CPU time per request of the server (``server_pid``) and of this
+    load generator."""
     import httpx
 
     lat: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as c:
-        async def client(k: int):
+    errors: list[str] = []
+    connected = [0]
+    ready, all_in = asyncio.Event(), asyncio.Event()
+
+    async def client(k: int):
+        # one AsyncClient (one keep-alive connection) per simulated client: a shared pool of 64 connections
+        # costs the load generator itself more CPU per request than the server spends
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            await c.get("/healthz")  # connect before the clock starts
+            connected[0] += 1
+            if connected[0] == clients:
+                all_in.set()
+            await ready.wait()
             for i in range(requests):
                 body = bodies[(k * requests + i) % len(bodies)]
                 t0 = time.perf_counter()
-                r = await c.post("/eta", content=body, headers={"Content-Type": "application/json"})
+                try:
+                    r = await c.post("/eta", content=body, headers={"Content-Type": "application/json"})
+                except httpx.TransportError as e:  # counted, not retried: a failed request is part of the result
+                    errors.append(type(e).__name__)
+                    continue
                 lat.append(time.perf_counter() - t0)
                 if r.status_code != 200:
                     raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(k) for k in range(clients)))
-        wall = time.perf_counter() - t0
+    tasks = [asyncio.create_task(client(k)) for k in range(clients)]
+    await asyncio.wait_for(all_in.wait(), 120)
+    cpu0 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
+    t0 = time.perf_counter()
+    ready.set()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
+    cpu1 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
+    a = np.array(lat)
+    return {"clients": clients, "requests": len(a), "errors": len(errors), "wall_s": wall, "rps": len(a) / wall,
+            "p50_ms": 1000 * float(np.percentile(a, 50)), "p99_ms": 1000 * float(np.percentile(a, 99)),
+            "server_cpu_ms_per_req": 1000 * (cpu1[0] - cpu0[0]) / max(len(a), 1),
+            "client_cpu_ms_per_req": 1000 * (cpu1[1] - cpu0[1]) / max(len(a), 1)}
+
+
+async def batcher_round(model, trips: list, max_batch: int, max_wait_ms: float, clients: int, requests: int) -> dict:
+    """The same round without HTTP: ``clients`` tasks submit prepared routes (Trips) straight to a DynamicBatcher
+    over the model's forward, in this process: what the forward passes alone allow."""
+    from stfast.serve.app import _forward
+    from stfast.serve.batcher import DynamicBatcher
+
+    b = DynamicBatcher(_forward(model, max_batch), max_batch, max_wait_ms / 1000.0)
+    lat: list[float] = []
+
+    async def client(k: int):
+        for i in range(requests):
+            t0 = time.perf_counter()
+            await b.submit(trips[(k * requests + i) % len(trips)], 1)
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    wall = time.perf_counter() - t0
     a = np.array(lat)
     return {"clients": clients, "requests": len(a), "wall_s": wall, "rps": len(a) / wall,
-            "p50_ms": 1000 * float(np.percentile(a, 50)), "p99_ms": 1000 * float(np.percentile(a, 99))}
+            "p50_ms": 1000 * float(np.percentile(a, 50)), "p99_ms": 1000 * float(np.percentile(a, 99)),
+            "forward_passes": b.forward_passes, "routes": b.routes}
 
 
 def route_bodies(checkpoint: str, n: int, departure: str) -> list[bytes]:
@@ -103,15 +159,21 @@ def route_bodies(checkpoint: str, n: int, departure: str) -> list[bytes]:
 
 
 def table(rows: list[dict]) -> str:
+    """Markdown: one row per client count, per mode req/s, p50, p99 (and, measured over HTTP, the server's and the
+    load generator's CPU ms per request), then the ratio of the first mode's req/s to the last's."""
     by = {(r["mode"], r["clients"]): r for r in rows}
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    lines = ["| clients | " + " | ".join(f"{m}: req/s | p50 ms | p99 ms" for m in modes) + " | req/s ratio |",
-             "|---:|" + "---:|---:|---:|" * len(modes) + "---:|"]
+    cpu = "server_cpu_ms_per_req" in rows[0]
+    head = "req/s | p50 ms | p99 ms" + (" | CPU ms/req server + client" if cpu else "")
+    lines = ["| clients | " + " | ".join(f"{m}: {head}" for m in modes) + " | req/s ratio |",
+             "|---:|" + ("---:|" * (4 if cpu else 3)) * len(modes) + "---:|"]
     for c in sorted({r["clients"] for r in rows}):
         cells = []
         for m in modes:
             r = by[(m, c)]
             cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}"]
+            if cpu:
+                cells.append(f"{r['server_cpu_ms_per_req']:.1f} + {r['client_cpu_ms_per_req']:.1f}")
         ratio = by[(modes[0], c)]["rps"] / by[(modes[-1], c)]["rps"]
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
     return "\n".join(lines)
@@ -151,6 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=None, help="the server's --threads (default: torch's)")
     ap.add_argument("--departure", default="2014-08-20T08:30:00")
+    ap.add_argument("--in-process", action="store_true", help="also measure the batcher without HTTP")
     ap.add_argument("--out", default=None, help="write OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
     load_before = os.getloadavg()
@@ -163,21 +226,42 @@ def main(argv=None) -> int:
         try:
             asyncio.run(one_round(url, bodies, 4, 10))  # warm-up (first passes, connection setup)
             for c in a.clients:
-                r = asyncio.run(one_round(url, bodies, c, a.requests))
+                r = asyncio.run(one_round(url, bodies, c, a.requests, proc.pid))
                 h = httpx.get(url + "/healthz").json()["batching"]
                 rows.append({"mode": mode, **r, "forward_passes": h["forward_passes"], "routes": h["routes"]})
                 print(f"{mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
-                      f"p99 {r['p99_ms']:7.1f} ms", flush=True)
+                      f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  CPU ms/request: server "
+                      f"{r['server_cpu_ms_per_req']:.1f}, load generator {r['client_cpu_ms_per_req']:.1f}", flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     md = table(rows)
     print(md)
+    inproc = []
+    if a.in_process:  # the forward passes alone, no HTTP (one thread, as the server's worker)
+        import torch
+
+        from stfast.train.trained import load_model
+
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        model = load_model(a.checkpoint)
+        trips = [model.route_trips([json.loads(b)["route"]], [a.departure], densify=False) for b in bodies]
+        for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
+            asyncio.run(batcher_round(model, trips, mb, a.max_wait_ms, 4, 5))
+            for c in a.clients:
+                r = asyncio.run(batcher_round(model, trips, mb, a.max_wait_ms, c, a.requests))
+                inproc.append({"mode": mode, **r})
+                print(f"in-process {mode:24s} {c:3d} clients: {r['rps']:7.1f} routes/s  p50 {r['p50_ms']:7.1f} ms  "
+                      f"p99 {r['p99_ms']:7.1f} ms", flush=True)
+        md += "\n\nWithout HTTP (the batcher and the forward passes alone, in one process):\n\n" + table(inproc)
+        print(table(inproc))
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(), "requests_per_client": a.requests,
-                "max_wait_ms": a.max_wait_ms, "rows": rows}
+                "max_wait_ms": a.max_wait_ms, "threads": a.threads, "rows": rows,
+                "in_process_rows": inproc}
         out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
         out.with_suffix(".md").write_text(md + "\n")
         plot(rows, out.with_suffix(".png"))
