@@ -12,7 +12,7 @@ from _eta_run import CENTER, KM_PER_DEG, raw_departures, train_run
 from stfast.data.coverage import TrainingArea
 from stfast.data.readers import read_deeptte_jsonl
 from stfast.data.routes import MAX_ROUTE_POINTS, RouteError, departure_ids
-from stfast.data.tz import TZ_FROM_TIMESTAMPS
+from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, utc_offset_s
 from stfast.train.trained import load_model
 
 DEP = "2016-11-02T08:30:00+08:00"
@@ -60,6 +60,15 @@ def test_departure_time_zones():
     assert minute.tolist() == [1410, 1410, 1410] and week.tolist() == [1, 1, 1]
     utc, *_ = departure_ids(["2016-11-01T23:30:00Z", dt.datetime(2016, 11, 1, 23, 30)], "UTC")
     assert utc.tolist() == [1478043000.0, 1478043000.0]
+    # instants: the local time preprocessing gives a trip starting then (utc_offset_s), DST changes included
+    t = np.random.default_rng(0).uniform(1.45e9, 1.5e9, 500).round()
+    t = np.concatenate([t, [1459040400.0 + k for k in (-1, 0, 1)], [1477789200.0 + k for k in (-1, 0, 1)]])
+    _, week, minute, day = departure_ids([float(x) for x in t], "Europe/Lisbon")
+    want = calendar_ids(t, utc_offset_s(t, "Europe/Lisbon"))
+    assert [week.tolist(), minute.tolist(), day.tolist()] == [w.tolist() for w in want]
+    # a wall time DST repeats is its first occurrence (fold=0): 01:30 on 2016-10-30 in Lisbon is 00:30 UTC
+    utc, *_ = departure_ids(["2016-10-30T01:30:00"], "Europe/Lisbon")
+    assert utc[0] == dt.datetime(2016, 10, 30, 0, 30, tzinfo=dt.timezone.utc).timestamp()
 
 
 def test_default_state_is_the_training_splits_majority(run):

@@ -66,18 +66,15 @@ class TrainingArea:
 
     def covers(self, lng, lat) -> np.ndarray:
         """[n] bool: whether each point (``lng``, ``lat`` [n] degrees, finite) is inside the area."""
-        c = self._cell(lng, lat).reshape(-1, 2)
-        if getattr(self, "_sorted", None) is None or len(self._sorted) != len(self.cells):
-            self._sorted = np.sort(self._keys(self.cells))  # once per area (a service asks per request)
-        keys = self._sorted
-        ok = np.zeros(len(c), dtype=bool)
-        m = self.margin_cells
-        for dx in range(-m, m + 1):
-            for dy in range(-m, m + 1):
-                k = self._keys(c + np.array([dx, dy]))
-                pos = np.minimum(np.searchsorted(keys, k), max(len(keys) - 1, 0))
-                ok |= keys[pos] == k if len(keys) else False
-        return ok
+        if getattr(self, "_covered", None) is None:  # the cells and their margins, as sorted keys, once per area
+            m = np.arange(-self.margin_cells, self.margin_cells + 1)
+            near = (self.cells[:, None, :] + np.stack(np.meshgrid(m, m), -1).reshape(1, -1, 2)).reshape(-1, 2)
+            self._covered = np.unique(self._keys(near))
+        keys = self._keys(self._cell(lng, lat).reshape(-1, 2))
+        if len(self._covered) == 0:
+            return np.zeros(len(keys), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._covered, keys), len(self._covered) - 1)
+        return self._covered[pos] == keys
 
     def to_dict(self) -> dict:
         """JSON-able (checkpoints, ``GET /healthz``)."""

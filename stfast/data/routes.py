@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import zoneinfo
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ from .coverage import TrainingArea
 from .geo import haversine_km
 from .preprocess import _resample  # the training run's resampling rule (step 5), applied as is
 from .trips import Trips, lengths_to_offsets
-from .tz import TZ_FROM_TIMESTAMPS, calendar_ids, local_to_utc, utc_offset_s
+from .tz import TZ_FROM_TIMESTAMPS, calendar_ids
 
 MAX_ROUTE_POINTS = 10_000
 """A route with more points than this (as given, or after densification) is refused, not attempted."""
@@ -123,19 +124,27 @@ def parse_departure(value, index: int = 0) -> tuple[float, float | None]:
 def departure_ids(departures: list, tz: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Departures ([T], see :func:`parse_departure`) → (Unix seconds UTC, week_id, time_id, date_id), each [T].
 
-    The calendar ids are those preprocessing gives a trip departing then: local time in ``tz``. An IANA
-    ``tz`` reads a naive time as wall clock in that zone (DST-correct) and converts an aware one to it;
-    :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS` (point CSV runs) takes an aware time's own offset and reads
-    a naive one as UTC, as the point-CSV reader reads its timestamps. Raises RouteError."""
-    parsed = [parse_departure(d, i) for i, d in enumerate(departures)]
-    sec = np.array([p[0] for p in parsed], dtype=np.float64)
-    off = np.array([np.nan if p[1] is None else p[1] for p in parsed], dtype=np.float64)
-    naive = np.isnan(off)
-    if tz == TZ_FROM_TIMESTAMPS:
-        utc, local_off = sec, np.where(naive, 0.0, off)
-    else:
-        utc = np.where(naive, local_to_utc(sec, tz) if naive.any() else sec, sec)
-        local_off = utc_offset_s(utc, tz)
+    The calendar ids are those preprocessing gives a trip departing then: local time in ``tz``, at the offset
+    ``zoneinfo`` gives that instant (what :func:`stfast.data.tz.utc_offset_s` computes for training trips). An
+    IANA ``tz`` reads a naive time as wall clock in that zone (a wall time DST repeats is its first occurrence,
+    one DST skips is read with the offset before the change: ``zoneinfo``'s ``fold=0``) and converts an aware
+    one to it; :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS` (point CSV runs) takes an aware time's own offset and
+    reads a naive one as UTC, as the point-CSV reader reads its timestamps. Raises RouteError."""
+    zone = None if tz == TZ_FROM_TIMESTAMPS else zoneinfo.ZoneInfo(tz)
+    utc = np.zeros(len(departures))
+    local_off = np.zeros(len(departures))
+    for i, d in enumerate(departures):  # per departure: a request holds a few, zoneinfo answers in microseconds
+        sec, off = parse_departure(d, i)
+        try:
+            if zone is None:
+                utc[i], local_off[i] = sec, 0.0 if off is None else off
+                continue
+            if off is None:
+                sec = (_EPOCH + _dt.timedelta(seconds=sec)).replace(tzinfo=zone).timestamp()
+            utc[i] = sec
+            local_off[i] = _dt.datetime.fromtimestamp(sec, zone).utcoffset().total_seconds()
+        except (OverflowError, ValueError, OSError):
+            raise RouteError(i, "departure", f"out of the range of dates: {d!r:.60}") from None
     week, minute, day = calendar_ids(utc, local_off)
     return utc, week, minute, day
 
