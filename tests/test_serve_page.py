@@ -76,6 +76,7 @@ def browser(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not fetch a browser or a driver
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for f in FLAGS + [f"--user-data-dir={tmp_path / 'profile'}"]:
