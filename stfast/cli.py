@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="HTTP service: the ETA of planned routes (needs the stfast[serve] extra)",
                        formatter_class=fmt)
     v.add_argument("--checkpoint", required=True, help="checkpoint.pt of a stfast train run")
-    v.add_argument("--host", default="127.0.0.1", help="address to listen on (another than loopback exposes the "
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback exposes the "
                                                         "service to the network)")
-    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--port", type=int, default=8000, help="TCP port")
     v.add_argument("--max-batch", type=int, default=64, help="routes per forward pass (1: one request per pass)")
     v.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="the longest a request waits for others to share its forward pass (ms)")
