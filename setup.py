@@ -1,6 +1,7 @@
 """Build script. Metadata lives in pyproject.toml; this file drives the native build: CMakeLists.txt
 compiles csrc/ into the extensions ``stfast._C`` (CPU kernels always; CUDA kernels when the installed
-torch is a CUDA build and nvcc is found) and ``stfast._slicer`` (the slicer's partitioners). Install with ``pip install --no-build-isolation .`` (or
+torch is a CUDA build and nvcc is found), ``stfast._slicer`` (the slicer's partitioners) and ``stfast._emu``
+(the CUDA kernels run by the CUDA emulator on the CPU, for tests). Install with ``pip install --no-build-isolation .`` (or
 ``-e .``) so that the extension is built against the torch that will run it.
 
 Environment:
@@ -120,9 +121,9 @@ class CMakeBuild(build_ext):
 
 
 def native_extensions() -> list:
-    """The extension modules built from CMakeLists.txt: stfast._C (the ops) and stfast._slicer (the
-    slicer's partitioners, no torch)."""
-    names = ["stfast._C", "stfast._slicer"]
+    """The extension modules built from CMakeLists.txt: stfast._C (the ops), stfast._slicer (the
+    slicer's partitioners, no torch) and stfast._emu (the CUDA emulator's ops, CPU code)."""
+    names = ["stfast._C", "stfast._slicer", "stfast._emu"]
     return [CMakeExtension(n) for n in names] if (ROOT / "CMakeLists.txt").is_file() else []
 
 

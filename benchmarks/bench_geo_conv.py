@@ -9,6 +9,8 @@ Without ../shared/data, fixed synthetic length distributions stand in (the table
 
     pytest benchmarks/bench_geo_conv.py --benchmark-only --benchmark-group-by=param:shape,param:mode
     python benchmarks/bench_geo_conv.py [--device cuda] [--batch 512] [--json out.json]   # ratio table
+
+Exit status 4 (``_device.NO_GPU``) when ``--device cuda`` finds no GPU or a CPU-only build.
 """
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _device import NO_GPU, missing_device
 from _timing import sync, time_side_by_side
 
+# a checkout without an install (gpu_check.sh after build_ext --inplace): stfast from the repository root,
+# after an installed one
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 from stfast.models.deeptte import DeepTTEConfig
 from stfast.models.deeptte import GeoConv as ReferenceGeoConv
 from stfast.nn import GeoConv
@@ -146,6 +152,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="chengdu,geolife")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if why := missing_device(args.device):
+        print(why)
+        return NO_GPU
     rows = []
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {args.device}")
     print(f"{'shape':8} {'mode':7} {'points':>7} {'padded':>7} {'fused ms':>9} {'eager ms':>9} {'compile ms':>10} "

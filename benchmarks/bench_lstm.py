@@ -7,6 +7,8 @@ Also the end-to-end DeepTTE training step, kernels="fused" vs "reference".
 
     pytest benchmarks/bench_lstm.py --benchmark-only --benchmark-group-by=param:shape,param:mode,param:inp
     python benchmarks/bench_lstm.py [--device cuda] [--json out.json]    # ratio table, GFLOP/s vs sgemm
+
+Exit status 4 (``_device.NO_GPU``) when ``--device cuda`` finds no GPU or a CPU-only build.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _device import NO_GPU, missing_device
 from _timing import sync, time_side_by_side
-from bench_geo_conv import batch_lengths, source_lengths
+from bench_geo_conv import batch_lengths, source_lengths  # (it puts the repository root on the path)
 
 from stfast.nn import LSTM
 
@@ -153,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     dev = args.device
+    if why := missing_device(dev):
+        print(why)
+        return NO_GPU
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}")
     peak = {"sgemm_big": sgemm_gflops(2048, 512, 512, dev), "sgemm_step": sgemm_gflops(64, 128, 512, dev)}
     print(f"sgemm GFLOP/s: 2048x512x512 {peak['sgemm_big']:.1f}, step shape 64x128x512 {peak['sgemm_step']:.1f}")

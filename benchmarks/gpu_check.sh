@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# GPU check (issue 24): the one command a GPU machine runs. One H200 (sm_90), 16 cores, python3 3.12 with
-# torch + CUDA preinstalled, no network, no gymnasium. Phases, each with its own time budget (a timeout),
-# in this order: build (sm_90 only, all cores) -> CUDA correctness tests -> probes of issue 24 rows 1-4 ->
-# compute-sanitizer memcheck of both ops -> CUDA benchmarks (CUDA events) -> summary. The budgets sum to
-# <= 540 s (9 minutes, build included), and no phase runs past the 540 s deadline counted from the start.
-# OUTDIR/gpu_report.json and OUTDIR/gpu_check.log are written after every phase, so a late timeout loses
-# nothing earlier; each phase's output is in OUTDIR/logs/<phase>.log.
+# GPU check (issue 24, issue 38): the one command a GPU machine runs. One H200 (sm_90), 16 cores, python3 3.12
+# with torch + CUDA preinstalled, no network, no gymnasium, no install of stfast: the build is in place
+# (setup.py build_ext --inplace) and every phase imports stfast from this checkout (PYTHONPATH = its root).
+# Phases, each with its own time budget (a timeout), in this order: build (sm_90 only, all cores) -> CUDA
+# correctness tests (geo-conv, LSTM, communicator, component streams) -> probes of issue 24 rows 1-4 ->
+# compute-sanitizer memcheck (caching allocator off) and racecheck -> CUDA benchmarks (CUDA events) ->
+# summary. The budgets sum to <= 540 s (9 minutes, build included), and no phase runs past the 540 s
+# deadline counted from the start. After every phase: OUTDIR/gpu_report.json and OUTDIR/gpu_check.log are
+# rewritten, and OUTDIR/gpu_check.tar.gz (every file of the run) and OUTDIR/summary.json are repacked, so
+# a timeout or a kill loses nothing earlier; each phase's output is in OUTDIR/logs/<phase>.log, its tests'
+# outcomes in OUTDIR/results/<phase>.tests.jsonl as they complete (and OUTDIR/junit/<phase>.xml at its end).
 #
 #   bash benchmarks/gpu_check.sh OUTDIR             the run
 #   bash benchmarks/gpu_check.sh --dry-run OUTDIR   on a CPU machine / CI: checks that every phase's command
 #                                                   exists and accepts its flags and that the budgets sum to
 #                                                   <= 540 s; writes the plan to OUTDIR/gpu_report.json
 #
-# Exit status: 0 when every phase passed or was skipped with a note (memcheck where compute-sanitizer is
-# absent or refused), 1 otherwise. Python: $PYTHON (default python3).
+# Exit status: 0 when every phase passed or was skipped with a note, 1 otherwise. Only the sanitizer
+# phases may be skipped (exit 77 of the phase): when compute-sanitizer is absent (the target then runs
+# without it) or refused to start the target (it exited non-zero and the target never touched its
+# --started file). Any other non-zero exit fails its phase: 3 = the sanitizer found errors, 4 = a Python
+# entry point found no GPU or a CPU-only build (benchmarks/_device.py), 124/137 = its timeout, else an
+# import error, a failed test, a CUDA error. Python: $PYTHON (default python3).
 #
-# Test selections: the probes phase runs the CUDA tests of tests/test_geo_conv.py whose names match
-# PROBE_K (input validation and degenerate sizes: rows 1-4); the CUDA correctness phase runs the other
-# CUDA tests of tests/test_geo_conv.py and tests/test_lstm.py (bf16/fp16 included).
+# Test selections: tests_geo_conv runs the CUDA tests of tests/test_geo_conv.py except the probes
+# (PROBE_K: input validation and degenerate sizes, rows 1-4, which the probes phase runs), tests_lstm every
+# CUDA test of tests/test_lstm.py (invalid and degenerate inputs included). opcheck and torch.compile run
+# on the CPU in CI (the fake kernels and tracing are the same on every device); here two opchecks per op
+# (float32 forward of one case, backward on transposed inputs), which compare the CUDA kernels' outputs
+# with the fake kernels'.
 set -uo pipefail
 
 DRY=0
@@ -26,22 +37,31 @@ OUT="${1:?usage: gpu_check.sh [--dry-run] OUTDIR}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+# no install of stfast on the GPU machine: the in-place build of this checkout is what every phase imports
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
 TASKS=benchmarks/gpu_check_tasks.py
-TOTAL_BUDGET=540
-PROBE_K="cuda and (invalid or reject or degenerate or padded_lengths or short_trip or miss_points)"
-CUDA_K="cuda and not (invalid or reject or degenerate or padded_lengths or short_trip or miss_points)"
-export PY OUT TASKS PROBE_K CUDA_K
+TOTAL_BUDGET=${GPU_CHECK_TOTAL_BUDGET:-540}  # the override is for the tests' rehearsals on slow CPUs
+PROBE_WORDS="invalid or reject or degenerate or padded_lengths or short_trip or miss_points"
+PROBE_K="cuda and ($PROBE_WORDS)"
+# the CUDA opchecks kept: float32 (dtype0) of one case, and the backward on transposed inputs
+GEO_K="(cuda and not ($PROBE_WORDS or opcheck or compile)) or (opcheck and cuda and (transposed or (mixed and dtype0)))"
+LSTM_K="(cuda and not (opcheck or compile)) or (opcheck and cuda and (transposed or dtype0))"
+export PY OUT TASKS PROBE_K GEO_K LSTM_K
 mkdir -p "$OUT/logs" "$OUT/junit" "$OUT/results"
 
-# name:budget_s, in the order they run ($GPU_CHECK_PHASES, the same format, overrides: the tests use it)
-PHASES=(env:5 build:200 tests_cuda:55 tests_comm:25 tests_components:25 probes:30 memcheck:60
-        bench_geo_conv:50 bench_lstm:40 bench_deeptte:20 bench_streams:20 summary:5)
+# name:budget_s, in the order they run ($GPU_CHECK_PHASES, the same format, overrides: the tests use it).
+# Their sum must not exceed 540 s (the dry run fails otherwise).
+# env: the first `import torch` of a cold machine takes seconds; the sanitizers start torch under them.
+PHASES=(env:15 build:190 tests_geo_conv:35 tests_lstm:40 tests_comm:25 tests_components:20 probes:25
+        memcheck:55 racecheck:45 bench_geo_conv:25 bench_lstm:25 bench_deeptte:15 bench_streams:15 summary:5)
 if [ -n "${GPU_CHECK_PHASES:-}" ]; then read -ra PHASES <<< "$GPU_CHECK_PHASES"; fi
 
-pytest_phase() {  # name, then pytest arguments
+pytest_phase() {  # name, then pytest arguments; each test's outcome streamed to results/<name>.tests.jsonl
   local name=$1; shift
-  "$PY" -m pytest -q -p no:cacheprovider "$@" --junitxml="$OUT/junit/$name.xml"
+  STFAST_TEST_RESULTS_JSONL="$OUT/results/$name.tests.jsonl" \
+    "$PY" -m pytest -q -p no:cacheprovider "$@" --junitxml="$OUT/junit/$name.xml"
 }
 pytest_check() {  # collect only: the files import and the selection parses (rc 5: none selected here)
   "$PY" -m pytest -q -p no:cacheprovider --collect-only "$@" > /dev/null
@@ -56,11 +76,29 @@ has_flags() {  # script, flags...: the script's --help lists every flag
     grep -q -- "$f" <<< "$help" || { echo "$script does not accept $f"; return 1; }
   done
 }
-export -f pytest_phase pytest_check has_flags
+# compute-sanitizer TOOL on the target subcommand TARGET. 77 (skipped) only when the sanitizer is absent
+# (the target then runs without it: its imports and CUDA calls are still checked) or refused to start it.
+sanitize() {
+  local tool=$1 target=$2; shift 2
+  local started="$OUT/results/$target.started"
+  rm -f "$started"
+  if ! command -v compute-sanitizer > /dev/null; then
+    echo "compute-sanitizer not found: the target runs without it"
+    "$PY" "$TASKS" "$target" --started "$started" || return $?
+    echo "compute-sanitizer not found"; return 77
+  fi
+  compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" "$PY" "$TASKS" "$target" --started "$started"
+  local rc=$?
+  if [ $rc -ne 0 ] && [ ! -f "$started" ]; then
+    echo "compute-sanitizer refused to run the target (rc $rc; it never started)"; return 77
+  fi
+  return $rc
+}
+export -f pytest_phase pytest_check has_flags sanitize
 
 # ---- each phase: phase_<name> runs it (in its own bash, under its timeout), check_<name> dry-runs it
 phase_env() { nvidia-smi > "$OUT/logs/nvidia-smi.txt" 2>&1; "$PY" "$TASKS" env --json "$OUT/results/env.json"; }
-check_env() { has_flags "$TASKS" record summary env probes memcheck-target deeptte streams; }
+check_env() { has_flags "$TASKS" record summary pack env probes memcheck-target racecheck-target deeptte streams; }
 
 phase_build() {
   STFAST_CUDA=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace || return 1
@@ -68,13 +106,17 @@ phase_build() {
 }
 check_build() { [ -f setup.py ] && [ -f CMakeLists.txt ] && "$PY" -c "import setuptools, torch"; }
 
-phase_tests_cuda() { pytest_phase tests_cuda tests/test_geo_conv.py tests/test_lstm.py -k "$CUDA_K"; }
-check_tests_cuda() { pytest_check tests/test_geo_conv.py tests/test_lstm.py -k "$CUDA_K"; }
+phase_tests_geo_conv() { pytest_phase tests_geo_conv tests/test_geo_conv.py -k "$GEO_K"; }
+check_tests_geo_conv() { pytest_check tests/test_geo_conv.py -k "$GEO_K"; }
+
+phase_tests_lstm() { pytest_phase tests_lstm tests/test_lstm.py -k "$LSTM_K"; }
+check_tests_lstm() { pytest_check tests/test_lstm.py -k "$LSTM_K"; }
 
 # the communicator at world size 1 (NCCL vs torch's NCCL and cupy) and the build report
 phase_tests_comm() { pytest_phase tests_comm tests/test_comm.py -k "cuda or nccl or build"; }
 check_tests_comm() { pytest_check tests/test_comm.py -k "cuda or nccl or build"; }
 
+# the component executor's CUDA streams plan, fused and reference kernels
 phase_tests_components() { pytest_phase tests_components tests/test_components.py -k "cuda_streams"; }
 check_tests_components() { pytest_check tests/test_components.py -k "cuda_streams"; }
 
@@ -82,23 +124,25 @@ phase_probes() {
   pytest_phase probes tests/test_geo_conv.py -k "$PROBE_K"
   local rc=$?
   [ $rc -eq 5 ] && echo "no probe tests selected by: $PROBE_K"
-  "$PY" "$TASKS" probes --json "$OUT/results/probes.json" || return 1
+  "$PY" "$TASKS" probes --json "$OUT/results/probes.json" || return $?
   [ $rc -eq 0 ] || [ $rc -eq 5 ]
 }
 check_probes() { pytest_check tests/test_geo_conv.py -k "$PROBE_K" && has_flags "$TASKS" probes; }
 
-# exit 77: skipped (no compute-sanitizer, or it refused to run); 3: memory errors found
+# memcheck without the caching allocator (every tensor its own allocation: a read past one is caught)
 phase_memcheck() {
-  if ! command -v compute-sanitizer > /dev/null; then echo "compute-sanitizer not found"; return 77; fi
-  compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check no --report-api-errors no \
-    "$PY" "$TASKS" memcheck-target
-  local rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 3 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; then
-    echo "compute-sanitizer refused or failed to run the target (rc $rc)"; return 77
-  fi
-  return $rc
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  sanitize memcheck memcheck-target --leak-check no --report-api-errors no
 }
-check_memcheck() { has_flags "$TASKS" memcheck-target; }
+check_memcheck() {
+  has_flags "$TASKS" memcheck-target && "$PY" "$TASKS" memcheck-target --help | grep -q -- --started
+}
+
+# shared-memory hazards of the geo-conv backward's partial-sum kernels
+phase_racecheck() { sanitize racecheck racecheck-target; }
+check_racecheck() {
+  has_flags "$TASKS" racecheck-target && "$PY" "$TASKS" racecheck-target --help | grep -q -- --started
+}
 
 phase_bench_geo_conv() {
   "$PY" benchmarks/bench_geo_conv.py --device cuda --batch 512 --shapes chengdu \
@@ -121,7 +165,7 @@ check_bench_streams() {
 }
 
 phase_summary() { "$PY" "$TASKS" summary "$OUT"; }
-check_summary() { "$PY" "$TASKS" summary --help > /dev/null; }
+check_summary() { "$PY" "$TASKS" summary --help > /dev/null && "$PY" "$TASKS" pack --help > /dev/null; }
 export -f $(compgen -A function | grep -E '^(phase|check)_')
 for p in "${PHASES[@]}"; do
   declare -F "phase_${p%%:*}" > /dev/null || { echo "gpu_check: unknown phase '${p%%:*}'"; exit 1; }
@@ -137,6 +181,12 @@ fi
 # ---- driver
 LOG="$OUT/gpu_check.log"
 : > "$LOG"
+# every file of OUTDIR into OUTDIR/gpu_check.tar.gz + OUTDIR/summary.json: after each phase, and on the way
+# out however the script ends (a kill by the caller's time limit included: bash runs the trap once the
+# phase in the foreground has died with its process group)
+pack() { "$PY" "$TASKS" pack "$OUT" > /dev/null 2>> "$LOG" || echo "gpu_check: packing $OUT failed" >> "$LOG"; }
+trap pack EXIT
+trap 'echo "gpu_check: stopped by a signal" >> "$LOG"; exit 143' TERM INT HUP
 start=$(date +%s)
 plan=$(IFS=,; echo "${PHASES[*]}")
 sum=0
@@ -166,10 +216,11 @@ for p in "${PHASES[@]}"; do
   fi
   left=$(( TOTAL_BUDGET - (t0 - start) ))
   limit=$(( budget < left ? budget : left ))
-  if [ $limit -le 0 ]; then
-    "$PY" "$TASKS" record "$OUT" --phase "$name" --rc -1 --status skipped --note "no time left of ${TOTAL_BUDGET}s" \
+  if [ $limit -le 0 ]; then  # not run: not a pass either
+    "$PY" "$TASKS" record "$OUT" --phase "$name" --rc -1 --status pending --note "not run: no time left of ${TOTAL_BUDGET}s" \
       --elapsed $(( t0 - start ))
-    echo "[$(( t0 - start ))s] $name: skipped (no time left)" | tee -a "$LOG"
+    echo "[$(( t0 - start ))s] $name: NOT RUN (no time left)" | tee -a "$LOG"
+    failed=1
     continue
   fi
   echo "[$(( t0 - start ))s] $name: start (limit ${limit}s)" | tee -a "$LOG"
@@ -178,27 +229,37 @@ for p in "${PHASES[@]}"; do
   secs=$(( $(date +%s) - t0 ))
   extra=()
   [ -f "$OUT/junit/$name.xml" ] && extra+=(--junit "$OUT/junit/$name.xml")
+  [ -f "$OUT/results/$name.tests.jsonl" ] && extra+=(--tests-jsonl "$OUT/results/$name.tests.jsonl")
   [ -f "$OUT/results/$name.json" ] && extra+=(--result "$OUT/results/$name.json")
-  [ "$name" = env ] && extra+=(--result "$OUT/results/env.json")
-  [ "$name" = probes ] && extra+=(--result "$OUT/results/probes.json")
   note=""
-  [ $rc -eq 77 ] && note="$(tail -1 "$plog")"
-  [ $rc -eq 124 ] || [ $rc -eq 137 ] && note="timeout after ${limit}s"
-  "$PY" "$TASKS" record "$OUT" --phase "$name" --rc $rc --seconds $secs --budget "$budget" \
+  status=()  # from the rc (record's default), except a 77 outside the sanitizer phases: a failure
+  case "$rc:$name" in
+    77:memcheck|77:racecheck) note="$(tail -1 "$plog")" ;;
+    77:*) status=(--status failed); note="exit 77 is a skip of the sanitizer phases only" ;;
+    124:*|137:*) note="timeout after ${limit}s" ;;
+  esac
+  "$PY" "$TASKS" record "$OUT" --phase "$name" --rc $rc --seconds $secs --budget "$budget" "${status[@]}" \
     --log "logs/$name.log" --elapsed $(( $(date +%s) - start )) ${note:+--note "$note"} "${extra[@]}"
-  case $rc in 0) st=ok ;; 77) st="skipped: $note" ;; 124|137) st="TIMEOUT (${limit}s)"; failed=1 ;; *) st="FAILED rc $rc"; failed=1 ;; esac
+  case "$rc:$name" in
+    0:*) st=ok ;;
+    77:memcheck|77:racecheck) st="skipped: $note" ;;
+    124:*|137:*) st="TIMEOUT (${limit}s)"; failed=1 ;;
+    4:*) st="FAILED rc 4 (no GPU)"; failed=1 ;;
+    *) st="FAILED rc $rc"; failed=1 ;;
+  esac
   echo "[$(( $(date +%s) - start ))s] $name: $st in ${secs}s" | tee -a "$LOG"
   [ "$st" = ok ] || tail -5 "$plog" | sed 's/^/    /' >> "$LOG"
-  # without a CUDA build nothing after it can run: record the rest as skipped
+  # without a CUDA build nothing after it can run: the rest stay not run
   if [ "$name" = build ] && [ $rc -ne 0 ]; then
     for q in "${PHASES[@]}"; do
       n=${q%%:*}
       case "$n" in env|build|summary) continue ;; esac
-      "$PY" "$TASKS" record "$OUT" --phase "$n" --rc -1 --status skipped --note "the build failed"
+      "$PY" "$TASKS" record "$OUT" --phase "$n" --rc -1 --status pending --note "not run: the build failed"
     done
     "$PY" "$TASKS" summary "$OUT" >> "$LOG" 2>&1
     break
   fi
+  pack
 done
 echo "gpu_check: done in $(( $(date +%s) - start ))s; report $OUT/gpu_report.json" | tee -a "$LOG"
 exit $failed

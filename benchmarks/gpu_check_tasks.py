@@ -4,14 +4,26 @@
     env --json F                    torch / CUDA / GPU / tool versions
     probes --json F                 issue 24 rows 1-4 on CUDA: each invalid or degenerate input either
                                     raises ValueError/RuntimeError or returns; what happened, per row
-    memcheck-target                 a tiny forward + backward of the geo-conv and LSTM ops on CUDA (the
+    memcheck-target                 forward + backward of the geo-conv (packed and padded) and LSTM ops on
+                                    CUDA at a size whose weight gradients take the two-level reduction (the
                                     program compute-sanitizer memcheck runs)
+    racecheck-target                forward + backward of the geo-conv op, float32 and float64, same size:
+                                    the shared-memory kernels (compute-sanitizer racecheck)
     deeptte --json F                DeepTTE training step, kernels "fused" vs "reference", CUDA events
-    streams --json F                DeepTTE step, component streams plan vs the plain step, CUDA events
+    streams --json F                DeepTTE step (fused kernels), component streams plan vs the plain step
     summary OUTDIR                  overall status and the headline numbers into gpu_report.json
+    pack OUTDIR                     OUTDIR/gpu_check.tar.gz (every file of the run) and OUTDIR/summary.json
 
-Timings: ``_timing.time_side_by_side`` (interleaved rounds, CUDA events around the repetitions, medians).
-Nothing here imports gymnasium (absent on the GPU machine).
+Exit status of the GPU subcommands: 0 done; 4 (``_device.NO_GPU``) when CUDA is not available or stfast
+was built without it — after every import, so a CPU machine rehearses each command up to its first CUDA
+call (tests/test_gpu_check.py). The sanitizer targets first touch the file given by ``--started`` (before
+importing anything but the standard library): gpu_check.sh reads a non-zero exit without it as the
+sanitizer's refusal to run the program (a skip), and any other non-zero exit as a failure.
+
+Runs from a checkout without an install (after ``setup.py build_ext --inplace``): the repository root is
+appended to ``sys.path`` (gpu_check.sh also exports it in PYTHONPATH). Timings: ``_timing.time_side_by_side``
+(interleaved rounds, CUDA events around the repetitions, medians). Nothing here imports gymnasium (absent
+on the GPU machine).
 """
 from __future__ import annotations
 
@@ -25,6 +37,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPORT = "gpu_report.json"
+ARCHIVE, SUMMARY = "gpu_check.tar.gz", "summary.json"
+sys.path.insert(0, str(HERE))  # _timing, bench_lstm, components
+sys.path.append(str(HERE.parent))  # stfast from the checkout when none is installed
+from _device import NO_GPU, missing_device  # noqa: E402 (after the path; no torch import here)
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -59,6 +75,30 @@ def _junit(path: Path) -> dict | None:
     return counts
 
 
+def _tests_jsonl(path: Path) -> dict | None:
+    """Test counts and the first failures from the lines tests/conftest.py streams to
+    STFAST_TEST_RESULTS_JSONL (what a pytest killed at its limit leaves behind: it writes no junit)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    worst: dict[str, dict] = {}  # one outcome per test: a failed teardown after a passed call is an error
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the kill
+        if row["test"] not in worst or rank[row["outcome"]] > rank[worst[row["test"]]["outcome"]]:
+            worst[row["test"]] = row
+    out = {k: sum(r["outcome"] == k for r in worst.values()) for k in ("passed", "skipped")}
+    out.update(tests=len(worst), failures=sum(r["outcome"] == "failed" for r in worst.values()),
+               errors=sum(r["outcome"] == "error" for r in worst.values()),
+               failed_tests=[{"test": r["test"], "message": r["message"]} for r in worst.values()
+                             if r["outcome"] in ("failed", "error")][:20])
+    return out
+
+
 def cmd_record(a) -> int:
     out = Path(a.outdir)
     report = _load(out / REPORT) or {}
@@ -72,8 +112,10 @@ def cmd_record(a) -> int:
     if a.phase:
         ph = report.setdefault("phases", {}).setdefault(a.phase, {})
         status = a.status
-        if status is None:
+        if status is None:  # 77 skips only where gpu_check.sh passes it on: the sanitizer's refusal
             status = {0: "ok", 124: "timeout", 137: "timeout", 77: "skipped"}.get(a.rc, "failed")
+        if a.rc == NO_GPU and not a.note:
+            a.note = "no GPU (exit 4): CUDA is not available or stfast was built without it"
         ph.update(status=status, rc=a.rc, seconds=a.seconds, log=a.log)
         if a.budget is not None:
             ph["budget_s"] = a.budget
@@ -84,7 +126,12 @@ def cmd_record(a) -> int:
         for junit in a.junit or []:
             counts = _junit(Path(junit))
             if counts is not None:
-                ph.setdefault("tests", {})[Path(junit).stem] = counts
+                ph.setdefault("tests", {})[Path(junit).stem] = dict(counts, complete=True)
+        for jsonl in a.tests_jsonl or []:  # the run's own record of each test, kept where no junit came
+            name = Path(jsonl).name.removesuffix(".tests.jsonl")
+            counts = _tests_jsonl(Path(jsonl))
+            if counts is not None and name not in ph.get("tests", {}):
+                ph.setdefault("tests", {})[name] = dict(counts, complete=False)
         for res in a.result or []:
             data = _load(Path(res))
             if data is not None:
@@ -106,7 +153,7 @@ def cmd_summary(a) -> int:
                "tests": {}}
     for p in phases.values():
         for name, c in p.get("tests", {}).items():
-            summary["tests"][name] = {k: c[k] for k in ("passed", "failures", "errors", "skipped")}
+            summary["tests"][name] = {k: c.get(k) for k in ("passed", "failures", "errors", "skipped", "complete")}
     headline = {}
     for row in res.get("bench_geo_conv") or []:
         headline[f"geo_conv {row['shape']} {row['mode']} B{row['batch']}"] = {
@@ -127,7 +174,42 @@ def cmd_summary(a) -> int:
     return 0
 
 
+def cmd_pack(a) -> int:
+    """OUTDIR/summary.json (each phase's status, rc, note and test counts, the summary if made) and
+    OUTDIR/gpu_check.tar.gz holding every file of OUTDIR: the device tool brings back only a few files.
+    Both written to a temporary name and renamed: a kill during the packing leaves the previous pair."""
+    import tarfile
+
+    out = Path(a.outdir)
+    report = _load(out / REPORT) or {}
+    small = {"dry_run": report.get("dry_run"), "elapsed_s": report.get("elapsed_s"), "archive": ARCHIVE,
+             "phases": {n: {k: p.get(k) for k in ("status", "rc", "seconds", "budget_s", "note")}
+                        | {"tests": {t: {k: c.get(k) for k in ("tests", "passed", "failures", "errors", "skipped",
+                                                               "complete")}
+                                     for t, c in p.get("tests", {}).items()}}
+                        for n, p in report.get("phases", {}).items()},
+             "summary": {k: v for k, v in (report.get("summary") or {}).items() if k != "headline"} or None}
+    tmp = out / (ARCHIVE + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for f in sorted(out.rglob("*")):
+            if f.is_file() and f.name not in (ARCHIVE, ARCHIVE + ".tmp") and ".no_gymnasium" not in f.parts:
+                tar.add(f, arcname=str(f.relative_to(out)))
+    os.replace(tmp, out / ARCHIVE)
+    (out / (SUMMARY + ".tmp")).write_text(json.dumps(small, indent=1))
+    os.replace(out / (SUMMARY + ".tmp"), out / SUMMARY)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- GPU side
+def _no_gpu(device: str) -> int | None:
+    """NO_GPU (printing why) when ``device`` cannot run here, else None: called after the imports."""
+    why = missing_device(device)
+    if why:
+        print(why)
+        return NO_GPU
+    return None
+
+
 def cmd_env(a) -> int:
     import shutil
     import subprocess
@@ -168,11 +250,14 @@ def _outcome(fn, device: str) -> dict:
 
 def cmd_probes(a) -> int:
     """Rows 1-4 of issue 24 on CUDA. Expected after the fix: rows 1-3 raise ValueError/RuntimeError (as the
-    CPU does: the record has the CPU's outcome beside), row 4 (C = 0 / H = 0 / F = 0) returns."""
+    CPU does: the record has the CPU's outcome beside, and ``same_as_cpu``), row 4 (C = 0 / H = 0 / F = 0)
+    returns."""
     import torch
 
     from stfast.ops import geo_conv_packed, geo_conv_padded
 
+    if (rc := _no_gpu("cuda")) is not None:
+        return rc
     k = 3
     results = {}
 
@@ -186,6 +271,8 @@ def cmd_probes(a) -> int:
 
     def both(name, make):
         results[name] = {dev: _outcome(lambda d=dev: make(d), dev) for dev in ("cpu", "cuda")}
+        cpu, cuda = results[name]["cpu"], results[name]["cuda"]
+        results[name]["same_as_cpu"] = all(cpu.get(key) == cuda.get(key) for key in ("outcome", "type", "message"))
         save()
 
     # row 1: padded lengths > L or < k, lengths on the GPU
@@ -207,36 +294,75 @@ def cmd_probes(a) -> int:
                                               torch.randn(10 - (k - 1), device=d), *weights(d, F=0)))
 
     # row 3 last (an out-of-bounds read may leave the CUDA context unusable): the backward op with offsets
-    # = [0] (B = 0) for N = 10 points; saved tensors shaped for B = 0 (N_out = N), values from a forward
+    # = [0] (B = 0) for N = 10 points; saved tensors shaped for B = 0 (N_out = N), values from a forward.
+    # Offsets on the host on both devices, as the ops take them (CUDA offsets would only meet the "offsets
+    # must be a CPU tensor" check): what runs is the op's check of offsets[B] = N, then the kernels.
     def row3(d):
         n = 10
         w = weights(d)
         x = torch.randn(n, 4, device=d)
-        out, hidden = torch.ops.stfast.geo_conv_forward(x, torch.tensor([0, n], device=d),
-                                                        torch.randn(n - (k - 1), device=d), *w)
+        out, hidden = torch.ops.stfast.geo_conv_forward(x, torch.tensor([0, n]), torch.randn(n - (k - 1), device=d),
+                                                        *w)
         out = torch.cat([out, out[: k - 1]])  # (N, C + 1): N_out of B = 0
-        return torch.ops.stfast.geo_conv_backward(torch.randn_like(out), x, torch.tensor([0], device=d), hidden, out,
-                                                  w[0], w[2])[0]
+        return torch.ops.stfast.geo_conv_backward(torch.randn_like(out), x, torch.tensor([0]), hidden, out, w[0],
+                                                  w[2])[0]
 
     both("row3_offsets_0_backward", row3)
     print(json.dumps(results, indent=1))
     return 0
 
 
+# The sanitizer targets' size: 24 trips (one of 3 points, 23 of 40-60), N = 1,077 points and N_out = 1,029
+# output rows, i.e. 17 tiles of 64 rows in both weight-gradient reductions of the geo-conv backward (more
+# than 2: the two-level reduction; on the H200's 132 SMs min(SM fill, ceil(sqrt(17))) = 5 level-1
+# groups). DeepTTE's widths (F 4, H 16, C 32, k 3): the projection's partials have P = 80 < 256 columns
+# (tile_column_sums' shared row slices), the convolution's P = 1,568 (its whole-column branch).
+SANITIZER_LENGTHS = [3] + [40 + (7 * i) % 21 for i in range(23)]
+
+
+def _started(path: str | None) -> None:
+    """Touch ``path`` (gpu_check.sh: the sanitizer did start this program)."""
+    if path:
+        Path(path).write_text(f"{os.getpid()}\n")
+
+
+def _geo_conv_fwd_bwd(torch, d: str, dtype) -> dict:
+    """Packed and padded (with lengths) geo-conv forward + backward at SANITIZER_LENGTHS; what ran."""
+    from stfast.ops import geo_conv_packed, geo_conv_padded
+
+    lengths, k = SANITIZER_LENGTHS, 3
+    n, b = sum(lengths), len(lengths)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])  # on the host, as the ops read them
+    x = torch.randn(n, 4, device=d, dtype=dtype, requires_grad=True)
+    ws = [(torch.randn(*s, device=d, dtype=dtype) * 0.3).requires_grad_() for s in ((16, 4), (16,), (32, 16, k),
+                                                                                    (32,))]
+    out = geo_conv_packed(x, offsets, torch.randn(n - b * (k - 1), device=d, dtype=dtype), *ws)
+    out.square().sum().backward()
+    L = max(lengths)
+    xp = torch.randn(b, L, 4, device=d, dtype=dtype, requires_grad=True)
+    outp = geo_conv_padded(xp, torch.randn(b, L - k + 1, device=d, dtype=dtype), *ws, lengths=torch.tensor(lengths))
+    outp.square().sum().backward()
+    n_out = n - b * (k - 1)
+    return {"dtype": str(dtype), "trips": b, "points": n, "output_rows": n_out, "row_tiles": -(-n_out // 64),
+            "point_tiles": -(-n // 64), "grad_sum": float(x.grad.abs().sum() + xp.grad.abs().sum())}
+
+
 def cmd_memcheck_target(a) -> int:
+    """compute-sanitizer memcheck's program (gpu_check.sh runs it with PYTORCH_NO_CUDA_MEMORY_CACHING=1, so
+    that every tensor is an allocation of its own and a read past one is caught)."""
+    _started(a.started)
     import torch
 
-    from stfast.ops import geo_conv_packed, lstm_packed
+    from stfast.ops import lstm_packed
 
+    if (rc := _no_gpu(a.device)) is not None:
+        return rc
     torch.manual_seed(0)
     d = a.device
-    lengths = [5, 3, 9, 4]
-    n, k = sum(lengths), 3
+    ran = [_geo_conv_fwd_bwd(torch, d, torch.float32)]
+    lengths = SANITIZER_LENGTHS
+    n = sum(lengths)
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    x = torch.randn(n, 4, device=d, requires_grad=True)
-    ws = [torch.randn(*s, device=d, requires_grad=True) for s in ((16, 4), (16,), (32, 16, k), (32,))]
-    out = geo_conv_packed(x, offsets.to(d), torch.randn(n - len(lengths) * (k - 1), device=d), *ws)
-    out.square().sum().backward()
     h, inp = 8, 6
     lw = [(torch.randn(*s, device=d) * 0.3).requires_grad_() for s in ((4 * h, inp), (4 * h, h), (4 * h,), (4 * h,))]
     xi = torch.randn(n, inp, device=d, requires_grad=True)
@@ -244,13 +370,29 @@ def cmd_memcheck_target(a) -> int:
     (y.square().sum() + h_n.sum() + c_n.sum()).backward()
     if d == "cuda":
         torch.cuda.synchronize()
-    print("memcheck target: geo-conv and LSTM forward + backward done,",
-          f"|dx| {float(x.grad.abs().sum()):.3g}, |dxi| {float(xi.grad.abs().sum()):.3g}")
+    ran.append({"op": "lstm_packed", "points": n, "hidden": h, "grad_sum": float(xi.grad.abs().sum())})
+    print("memcheck target: geo-conv (packed, padded) and LSTM forward + backward done:", json.dumps(ran))
+    return 0
+
+
+def cmd_racecheck_target(a) -> int:
+    """compute-sanitizer racecheck's program: the geo-conv kernels that share memory within a block
+    (conv_partials_kernel's first_point, tile_column_sums' slice sums of proj_partials_kernel), both
+    accumulation types (float for float32, double for float64)."""
+    _started(a.started)
+    import torch
+
+    if (rc := _no_gpu(a.device)) is not None:
+        return rc
+    torch.manual_seed(0)
+    ran = [_geo_conv_fwd_bwd(torch, a.device, dt) for dt in (torch.float32, torch.float64)]
+    if a.device == "cuda":
+        torch.cuda.synchronize()
+    print("racecheck target: geo-conv forward + backward done:", json.dumps(ran))
     return 0
 
 
 def _time(fns: dict, device: str, reps: int, rounds: int) -> dict:
-    sys.path.insert(0, str(HERE))
     from _timing import time_side_by_side
 
     return time_side_by_side(fns, device, reps, rounds)
@@ -259,7 +401,6 @@ def _time(fns: dict, device: str, reps: int, rounds: int) -> dict:
 def _deeptte_step(kernels: str, batch: int, device: str):
     """bench_lstm's DeepTTE training step (forward, loss, backward, Adam; its loss.item() syncs once per
     step, as a training loop that logs does) with model and batch on CUDA."""
-    sys.path.insert(0, str(HERE))
     from bench_lstm import _train_setup, _train_step
 
     model, opt, b = _train_setup(kernels, batch)
@@ -269,6 +410,10 @@ def _deeptte_step(kernels: str, batch: int, device: str):
 
 
 def cmd_deeptte(a) -> int:
+    import bench_lstm  # noqa: F401 (every import before the device check)
+
+    if (rc := _no_gpu(a.device)) is not None:
+        return rc
     steps = {k: _deeptte_step(k, a.batch, a.device) for k in ("fused", "reference")}
     t = _time(steps, a.device, a.reps, a.rounds)
     res = {"batch": a.batch, "device": a.device, "fused_ms": t["fused"] * 1e3, "reference_ms": t["reference"] * 1e3,
@@ -280,14 +425,17 @@ def cmd_deeptte(a) -> int:
 
 
 def cmd_streams(a) -> int:
+    """The model of benchmarks/components.py (DeepTTE's default kernels="fused": stfast's CUDA ops run on
+    the plan's side streams)."""
     import torch
-
-    sys.path.insert(0, str(HERE))
     from components import SHAPES, build, plain_step
 
     from stfast.parallel.components import ComponentExecutor, ComponentPlan
 
+    if (rc := _no_gpu(a.device)) is not None:
+        return rc
     model, b, loss_fn, _ = build(SHAPES[a.shape])
+    assert model.cfg.kernels == "fused", model.cfg.kernels
     model, b = model.to(a.device), b.to(a.device)
     ex = ComponentExecutor(ComponentPlan.concurrent(model.component_graph(), a.device))
 
@@ -296,7 +444,8 @@ def cmd_streams(a) -> int:
         ex.forward_backward(b, loss_fn)
 
     t = _time({"plain": lambda: plain_step(model, b, loss_fn), "streams": streams}, a.device, a.reps, a.rounds)
-    res = {"shape": a.shape, "plain_ms": t["plain"] * 1e3, "streams_ms": t["streams"] * 1e3,
+    res = {"shape": a.shape, "kernels": model.cfg.kernels, "plain_ms": t["plain"] * 1e3,
+           "streams_ms": t["streams"] * 1e3,
            "speedup": t["plain"] / t["streams"], "device": a.device,
            "gpu": torch.cuda.get_device_name() if a.device == "cuda" else None}
     ex.close()
@@ -324,19 +473,27 @@ def main(argv=None) -> int:
     r.add_argument("--command", help="dry run: what the phase will run")
     r.add_argument("--junit", action="append", help="pytest --junitxml file (counts and failures)")
     r.add_argument("--result", action="append", help="a phase's JSON output, stored under results[<stem>]")
+    r.add_argument("--tests-jsonl", action="append",
+                   help="NAME.tests.jsonl streamed by tests/conftest.py (counts where NAME's junit is missing)")
     r.set_defaults(fn=cmd_record)
     s = sub.add_parser("summary", help="overall status and headline numbers")
     s.add_argument("outdir")
     s.set_defaults(fn=cmd_summary)
+    k = sub.add_parser("pack", help=f"OUTDIR/{ARCHIVE} (every file of the run) and OUTDIR/{SUMMARY}")
+    k.add_argument("outdir")
+    k.set_defaults(fn=cmd_pack)
     e = sub.add_parser("env", help="versions of torch, CUDA, the GPU and the tools")
     e.add_argument("--json", required=True)
     e.set_defaults(fn=cmd_env)
     p = sub.add_parser("probes", help="issue 24 rows 1-4 on CUDA (and the CPU beside)")
     p.add_argument("--json", required=True)
     p.set_defaults(fn=cmd_probes)
-    m = sub.add_parser("memcheck-target", help="tiny forward + backward of both ops on CUDA")
-    m.add_argument("--device", default="cuda", help="cuda; cpu to try the program without a GPU")
-    m.set_defaults(fn=cmd_memcheck_target)
+    for name, fn, what in (("memcheck-target", cmd_memcheck_target, "geo-conv and LSTM forward + backward"),
+                           ("racecheck-target", cmd_racecheck_target, "geo-conv forward + backward, fp32 and fp64")):
+        m = sub.add_parser(name, help=f"{what} on CUDA, the two-level reduction's size")
+        m.add_argument("--device", default="cuda", help="cuda; cpu to try the program without a GPU")
+        m.add_argument("--started", help="touched first thing (gpu_check.sh: the sanitizer started the program)")
+        m.set_defaults(fn=fn)
     d = sub.add_parser("deeptte", help="DeepTTE training step, fused vs reference kernels")
     d.add_argument("--batch", type=int, default=256)
     d.add_argument("--reps", type=int, default=5)

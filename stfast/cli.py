@@ -1,4 +1,4 @@
-"""Command line: `stfast train | evaluate | predict | bench modes | report | data convert`."""
+"""Command line: `stfast train | evaluate | predict | serve | bench modes | report | data convert`."""
 from __future__ import annotations
 
 import argparse
@@ -77,6 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--out", required=True,
                            help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
                                 "preprocessing dropped go to OUT's name with .dropped.csv, with their reason")
+
+    v = sub.add_parser("serve", help="HTTP service: the ETA of planned routes (needs the stfast[serve] extra)",
+                       formatter_class=fmt)
+    v.add_argument("--checkpoint", required=True, help="checkpoint.pt of a stfast train run")
+    v.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback exposes the "
+                                                        "service to the network)")
+    v.add_argument("--port", type=int, default=8000, help="TCP port")
+    v.add_argument("--max-batch", type=int, default=64, help="routes per forward pass (1: one request per pass)")
+    v.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="the longest a request waits for others to share its forward pass (ms)")
+    v.add_argument("--max-body-kb", type=int, default=1024, help="request body limit (KiB; larger: 413)")
+    v.add_argument("--rate-limit", type=float, default=0.0,
+                   help="requests per second per client address (past it: 429); 0: no limit")
+    add_arguments(v, ["device", "threads"], {"threads": {"help": "torch threads of the forward passes (default: "
+                                                                 "torch's, one per core)"}})
 
     b = sub.add_parser("bench", help="benchmarks on your data and hardware", formatter_class=fmt)
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -255,6 +270,22 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    if a.max_batch < 1 or a.max_wait_ms < 0 or a.max_body_kb < 1 or a.rate_limit < 0 or not 0 < a.port < 65536:
+        raise ValueError(f"--max-batch and --max-body-kb must be ≥ 1, --max-wait-ms and --rate-limit ≥ 0, --port "
+                         f"in 1..65535 (got {a.max_batch}, {a.max_body_kb}, {a.max_wait_ms}, {a.rate_limit}, {a.port})")
+    try:
+        from .serve.app import serve
+    except ImportError as e:
+        raise ValueError(f"stfast serve needs FastAPI and uvicorn ({e}): pip install 'stfast[serve]'") from None
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    serve(a.checkpoint, a.host, a.port, a.max_batch, a.max_wait_ms, a.max_body_kb * 1024, a.rate_limit, a.device)
+    return 0
+
+
 def cmd_report(a) -> int:
     from .train.report import render
 
@@ -270,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from .data.errors import TrajectoryFormatError
 
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
-            "bench": cmd_bench}
+            "bench": cmd_bench, "serve": cmd_serve}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
     from .parallel.data_parallel import JoinFailure
     from .train.guards import RankFailure, TrainingDiverged

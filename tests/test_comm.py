@@ -1,10 +1,12 @@
 """Communicators and GradientSync: bucket assignment, the Store bootstrap, the communicator's group / abort /
 close state machine over a fake NCCL (CPU), 2 Gloo ranks against torch DDP and one process (float64, 1e-9),
 and the C++ NCCL communicator where the build and a GPU allow (world size 1)."""
+import gc
 import itertools
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -194,6 +196,73 @@ def test_watchdog_outside_groups_retires_finished_works_and_aborts_on_async_erro
         running.wait()
 
 
+def _watched(n=1):
+    """n tensors and weak references to them: a reference is dead once no Python name and no work (C++)
+    holds its tensor."""
+    ts = [torch.full((4,), float(i)) for i in range(n)]
+    return ts, [weakref.ref(t) for t in ts]
+
+
+def _alive(refs):
+    gc.collect()
+    return [r() is not None for r in refs]
+
+
+@pytest.mark.parametrize("how", ["abort", "async_error", "timeout"])
+def test_an_abort_releases_the_tensors_of_the_works_in_flight(how):
+    """Issue 38: after ncclCommAbort no end event of an in-flight work is polled again; the communicator
+    must drop those works (and their tensors) at once, not when it is destroyed."""
+    c = Fake(timeout_s=0.05)
+    ts, refs = _watched(3)
+    done = c.op("all_reduce", tensors=[ts[0]])
+    kept = c.op("send", tensors=[ts[1]])  # the caller holds this work: it keeps its tensor, and raises
+    c.op("recv", tensors=[ts[2]])
+    del ts
+    done.finish()
+    del done
+    assert _alive(refs) == [True, True, True] and c.held_works == 3  # in flight: the communicator holds them
+    if how == "abort":
+        c.abort("stopped by the test")
+    elif how == "async_error":
+        c.set_async("error")
+        c.watchdog_tick()
+    else:
+        time.sleep(0.1)
+        c.watchdog_tick()  # retires the finished one, then aborts on the oldest running one
+    assert not c.alive and c.error and c.violations == []
+    assert c.held_works == 0 and _alive(refs) == [False, True, False]
+    with pytest.raises(RuntimeError, match="stopped by the test|asynchronous NCCL error|did not finish within"):
+        kept.wait()
+    del kept
+    assert _alive(refs) == [False, False, False]
+
+
+def test_works_cancelled_with_their_group_and_in_flight_before_it_are_released():
+    c = Fake()
+    ts, refs = _watched(2)
+    c.op("all_reduce", tensors=[ts[0]])  # in flight
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        with native_group(c):
+            c.op("send", tensors=[ts[1]])
+            c.op("recv", fail=True)  # the group is cancelled, the communicator aborted
+    del ts
+    assert not c.alive and c.held_works == 0 and _alive(refs) == [False, False]
+
+
+def test_an_abort_deferred_by_an_open_group_releases_at_group_end():
+    c = Fake()
+    ts, refs = _watched(2)
+    c.op("all_reduce", tensors=[ts[0]])
+    c.group_start()
+    c.op("send", tensors=[ts[1]])
+    del ts
+    assert "error" not in _in_thread(c.abort, "stopped by the watchdog")
+    assert _alive(refs) == [True, True]  # the open group refers to the communicator: nothing changes yet
+    with pytest.raises(RuntimeError, match="cancelled"):
+        c.group_end()
+    assert not c.alive and c.held_works == 0 and _alive(refs) == [False, False]
+
+
 def test_group_depth_is_per_thread_and_spans_communicators():
     a, b, other = Fake(), Fake(), Fake()
     a.group_start()
@@ -319,6 +388,8 @@ def test_state_machine_never_breaks_nccl_rules(actions):
     assert all(w.phase in ("launched", "cancelled") for w in works)
     for c in comms:
         assert c.violations == []
+        if c.error != "":  # aborted or closed: it holds no work (and no tensor) any more
+            assert c.held_works == 0
         if c.error == "":
             assert c.alive and c.op().phase == "launched"
         elif c.error != "communicator is closed":

@@ -111,6 +111,25 @@ def test_graph_errors_name_the_component():
         Component("a", lambda x: (x, x), ("x",), ("y",))(torch.ones(1))
 
 
+def test_host_sources_stay_on_the_host_whatever_device_consumes_them():
+    """Sequence lengths that the ops read on the host (DeepTTE's point_lengths, lengths) are host_sources: the
+    executor hands them over as they are, where it moves every other value to the component's device (a
+    move to a GPU and the op's read back would cost a sync). The meta device stands in for a GPU."""
+    seen = {}
+
+    def f(x, n):
+        seen.update(x=x.device.type, n=n.device.type)
+        return x * 2
+
+    g = ComponentGraph([Component("a", f, ("x", "n"), ("y",))], ("x", "n"), ("y",),
+                       lambda b: {"x": b, "n": torch.tensor([b.shape[0]])}, dict, host_sources=("n",))
+    ComponentExecutor(ComponentPlan.sequential(g, "meta")).forward(torch.ones(3))
+    assert seen == {"x": "meta", "n": "cpu"}
+    assert setup(3)[0].component_graph().host_sources == ("point_lengths", "lengths")
+    with pytest.raises(ValueError, match=r"host_sources \['m'\] are not sources"):
+        ComponentGraph([Component("a", f, ("x", "n"), ("y",))], ("x", "n"), ("y",), dict, dict, host_sources=("m",))
+
+
 def test_plan_errors_name_the_component():
     model, _, _ = setup(3)
     g = model.component_graph()
@@ -340,9 +359,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 @cuda
+@pytest.mark.parametrize("kernels", ["fused", "reference"])  # fused: stfast's CUDA ops on side streams
 @pytest.mark.parametrize("micro_batches", [1, 3])
-def test_cuda_streams_plan_equals_plain_model(micro_batches):
-    model, b, loss_fn = setup(11, seed=8, device="cuda", kernels="reference")
+def test_cuda_streams_plan_equals_plain_model(micro_batches, kernels):
+    model, b, loss_fn = setup(11, seed=8, device="cuda", kernels=kernels)
     out, loss, ref = plain(model, b, loss_fn)
     ex = ComponentExecutor(ComponentPlan.concurrent(model.component_graph(), "cuda"), micro_batches=micro_batches)
     for _ in range(2):  # a second step reuses the streams and the allocator's blocks

@@ -176,3 +176,49 @@ def test_fused_model_under_torch_compile_fullgraph():
     (g,) = torch.autograd.grad(combine_loss(p, 0.3, p.n_trips, p.n_local), [w])
     (ge,) = torch.autograd.grad(combine_loss(pe, 0.3, pe.n_trips, pe.n_local), [w])
     torch.testing.assert_close(g, ge)
+
+
+class _DeviceLengths(torch.Tensor):
+    """Lengths standing in for a GPU copy (issue 38): every host read of them, or of a value computed from
+    them (int(), .item(), .tolist(), .cpu(), .to("cpu"), ...), is recorded — on a GPU each is a sync."""
+
+    reads: list = []
+    HOST = {"__int__", "__index__", "__bool__", "__float__", "item", "tolist", "numpy", "cpu", "__array__"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_cpu = name == "to" and any(str(a) == "cpu" for a in [*args[1:], *kwargs.values()])
+        if name in cls.HOST or to_cpu:
+            cls.reads.append(name)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("kernels", ["fused", "reference"])
+def test_a_step_reads_lengths_from_the_batch_host_copy_only(kernels):
+    """TripBatch keeps a CPU copy of the lengths that .to(device) leaves on the host; the model's checks, the
+    ops' launch sizes and the loss's counts read it, never the device copy (three syncs per step before)."""
+    import dataclasses
+
+    from stfast.parallel.components import ComponentExecutor, ComponentPlan
+
+    trips = random_trips(6, seed=3, min_len=3, max_len=20)
+    vocab = DriverVocab(trips.driver)
+    torch.manual_seed(0)
+    model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab), kernels=kernels), NormStats.from_trips(trips))
+    b = TripDataset(trips, vocab).batch(np.arange(6))
+    moved = b.to("cpu")
+    assert moved.host_lengths is b.host_lengths and torch.equal(b.host_lengths, b.lengths)
+    b = dataclasses.replace(b, lengths=b.lengths.as_subclass(_DeviceLengths))
+    _DeviceLengths.reads.clear()
+    p = loss_parts(model, model(b), b)
+    p.entire_ape_sum.backward()
+    assert p.n_local == int((b.host_lengths - model.cfg.kernel_size + 1).sum())
+    assert _DeviceLengths.reads == []
+    # the executor (its StepResult.loss is a float: the one host read a step makes, of a plain loss here)
+    ComponentExecutor(ComponentPlan.concurrent(model.component_graph(), "cpu"), micro_batches=2).forward_backward(
+        b, lambda out, mb: loss_parts(model, out, mb).entire_ape_sum.as_subclass(torch.Tensor))
+    assert _DeviceLengths.reads == []
+    with pytest.raises(ValueError, match="host_lengths must be a CPU tensor"):
+        dataclasses.replace(b, host_lengths=b.host_lengths.to("meta"))

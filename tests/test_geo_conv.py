@@ -133,6 +133,26 @@ def test_opcheck(case, dtype, device):
         torch.library.opcheck(torch.ops.stfast.geo_conv_forward.default, args)
 
 
+def _transposed(t):
+    """``t``'s values with reversed strides (a transposed, non-contiguous layout)."""
+    return t.permute(*reversed(range(t.dim()))).contiguous().permute(*reversed(range(t.dim())))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_backward_on_transposed_inputs(device):
+    """The backward op's fake (meta) kernel returns contiguous gradients, as the kernels do, whatever the
+    strides of points and weights (opcheck compares the fake's strides with the real outputs')."""
+    args, _seed = make_inputs(LENGTH_CASES["mixed"], device=device, requires_grad=False)
+    points, offsets, _ld, w1, _b1, w2, _b2 = args
+    out, hidden = torch.ops.stfast.geo_conv_forward(*args)
+    pt, w1t, w2t = _transposed(points), _transposed(w1), _transposed(w2)
+    assert not (pt.is_contiguous() or w1t.is_contiguous() or w2t.is_contiguous())
+    grads = torch.ops.stfast.geo_conv_backward(torch.ones_like(out), pt, offsets, hidden, out, w1t, w2t)
+    assert all(g.is_contiguous() for g in grads)
+    torch.library.opcheck(torch.ops.stfast.geo_conv_backward.default,
+                          (torch.randn_like(out), pt, offsets, hidden, out, w1t, w2t))
+
+
 def _modules(dtype=torch.float64, device="cpu"):
     torch.manual_seed(fresh_seed())
     ref = ReferenceGeoConv(CFG).to(device, dtype)

@@ -309,6 +309,29 @@ def test_opcheck(dtype, device):
     assert n == len(LENGTH_CASES) * 3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_backward_on_transposed_inputs(device):
+    """The backward op's fake (meta) kernel returns contiguous gradients, as the kernels do: input (T, B, I)
+    as the transpose of a batch-first tensor, weights transposed (opcheck compares the fake's strides with
+    the real outputs')."""
+    g = torch.Generator().manual_seed(fresh_seed())
+    lengths, I, H, L = [5, 3, 4], 3, 4, 2
+    _ref, fused = pair(I, H, L, device=device)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(device)
+
+    x = r(len(lengths), max(lengths), I).transpose(0, 1)  # (T, B, I), not contiguous
+    w = [p.detach().t().contiguous().t() if p.dim() == 2 else p.detach() for p in fused.all_weights]
+    assert not (x.is_contiguous() or w[0].is_contiguous())
+    lens = torch.tensor(lengths)
+    out, h_n, c_n, gates, cells, hiddens = torch.ops.stfast.lstm_forward(x, lens, w, None, None, L, 2)
+    args = (r(*out.shape), r(*h_n.shape), r(*c_n.shape), x, lens, w, None, None, gates, cells, hiddens, L, 2, True)
+    grad_x, grad_w, *_ = torch.ops.stfast.lstm_backward(*args)
+    assert grad_x.is_contiguous() and all(t.is_contiguous() for t in grad_w)
+    torch.library.opcheck(torch.ops.stfast.lstm_backward.default, args)
+
+
 def test_padded_with_lengths_matches_packed():
     seed = fresh_seed()
     lengths = [9, 2, 14, 1]

@@ -69,7 +69,8 @@ static void add_fake_bindings(py::module_& m) {
       m, "_FakeComm", "Test hook: the communicator's state machine (CommCore) over a fake NCCL that records calls "
       "and breaches of NCCL's group / abort rules.")
       .def(py::init<double>(), py::arg("timeout_s") = 60.0)
-      .def("op", &FakeComm::op, py::arg("name") = "all_reduce", py::arg("fail") = false, nogil())
+      .def("op", &FakeComm::op, py::arg("name") = "all_reduce", py::arg("fail") = false,
+           py::arg("tensors") = std::vector<at::Tensor>{}, nogil())
       .def("group_start", &FakeComm::group_start, nogil())
       .def("group_end", &FakeComm::group_end, nogil())
       .def("abort", &FakeComm::abort, py::arg("reason") = "aborted by the caller", nogil())
@@ -81,7 +82,10 @@ static void add_fake_bindings(py::module_& m) {
       .def_property_readonly("violations", &FakeComm::violations)
       .def_property_readonly("launched", &FakeComm::launched)
       .def_property_readonly("cancelled", &FakeComm::cancelled)
-      .def_property_readonly("alive", &FakeComm::alive);
+      .def_property_readonly("alive", &FakeComm::alive)
+      .def_property_readonly("held_works", &FakeComm::held_works,
+                             "Works the communicator holds (in flight, queued, or dropped by an abort and not yet "
+                             "released).");
   m.def("_fake_nccl_group_depth", [] { return fake_nccl_thread.depth; },
         "Test hook: the fake NCCL's group depth of the calling thread.");
   m.def("_comm_group_depth", &CommCore::thread_group_depth,

@@ -83,6 +83,20 @@ void CommCore::abort_now_locked(const std::string& reason) {
   abort_pending_ = false;
   // its own failure cannot be acted upon: the communicator is gone either way
   if (has_comm()) backend_abort();
+  // no end event of theirs will be polled again (the watchdog stops at an aborted communicator)
+  for (auto& w : inflight_) dropped_.push_back(std::move(w));
+  inflight_.clear();
+}
+
+void CommCore::release_dropped() {
+  std::vector<std::shared_ptr<WorkBase>> dropped;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  dropped.swap(dropped_);
+}
+
+size_t CommCore::held_works() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inflight_.size() + queued_.size() + dropped_.size();
 }
 
 void CommCore::request_abort_locked(const std::string& reason) {
@@ -98,6 +112,7 @@ void CommCore::request_abort_locked(const std::string& reason) {
 }
 
 void CommCore::abort(const std::string& reason) {
+  DropReleaser release{*this};
   std::lock_guard<std::mutex> lock(mu_);
   request_abort_locked(reason.empty() ? std::string("aborted") : reason);
 }
@@ -142,6 +157,7 @@ void CommCore::launch_locked(const std::shared_ptr<WorkBase>& w) {
 std::shared_ptr<WorkBase> CommCore::submit(const std::function<std::shared_ptr<WorkBase>(uint64_t)>& make,
                                            const std::function<Rc()>& call) {
   const bool grouped = tl_group_depth > 0;
+  DropReleaser release{*this};
   std::lock_guard<std::mutex> lock(mu_);
   check_healthy_locked();
   TORCH_CHECK(!in_group_ || group_thread_ == std::this_thread::get_id(), where_,
@@ -207,6 +223,7 @@ std::string CommCore::finish_group_locked(const Rc& rc) {
       w->cancelled_ = "cancelled with its group: " + err;
     }
   }
+  for (auto& w : queued) dropped_.push_back(std::move(w));  // released outside the lock, as the others
   // the ranks' sequences of operations differ now: abort, so that the peers fail instead of hanging
   abort_now_locked(err);
   return err;
@@ -232,6 +249,7 @@ void CommCore::group_end() {
     if (first.empty()) first = err;
   }
   if (first.empty() && rc.code == Rc::kError) first = where_ + ": ncclGroupEnd failed: " + rc.msg;
+  for (const auto& m : members) m->release_dropped();
   members.clear();  // may destroy a communicator: not under its lock
   TORCH_CHECK(first.empty(), "group_end(): the group's operations were cancelled and the communicator aborted: ",
               first);
@@ -244,6 +262,7 @@ void CommCore::close() {
                 ": close() while the communicator is part of an open group; call it after group_end()");
   }
   before_close();
+  DropReleaser release{*this};
   std::deque<std::shared_ptr<WorkBase>> retired;  // released outside the lock (tensor refs may take the GIL)
   std::lock_guard<std::mutex> lock(mu_);
   if (!has_comm()) return;  // closed or aborted before
@@ -263,12 +282,16 @@ void CommCore::close() {
 std::vector<std::shared_ptr<WorkBase>> CommCore::watchdog_tick() {
   std::vector<std::shared_ptr<WorkBase>> done;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!has_comm()) return done;
+  if (!has_comm()) {
+    done.swap(dropped_);  // an abort elsewhere left them (the caller releases them outside the lock)
+    return done;
+  }
   // no NCCL call while an open group of another thread refers to the communicator
   if (!group_open_here_locked()) {
     Rc r = backend_async_error();
     if (r.code == Rc::kError) {
       abort_now_locked(where_ + ": asynchronous NCCL error: " + r.msg + "; communicator aborted");
+      done.swap(dropped_);
       return done;
     }
   }
@@ -282,6 +305,8 @@ std::vector<std::shared_ptr<WorkBase>> CommCore::watchdog_tick() {
       request_abort_locked(where_ + ": " + w->name() + " #" + std::to_string(w->seq()) + " did not finish within " +
                            std::to_string(timeout_s()) + " s (timeout: a peer failed or is not calling it); "
                            "communicator aborted");
+      for (auto& d : dropped_) done.push_back(std::move(d));  // empty when the abort waits for a group
+      dropped_.clear();
     }
   }
   return done;

@@ -17,6 +17,10 @@
 // - After close() (ncclCommFinalize flushed everything, then ncclCommDestroy), finished operations
 //   keep their result: wait()/is_completed() answer from their end events; only an abort or a failure
 //   makes them raise.
+// - After an abort the communicator drops every work it still holds (in flight or cancelled with its
+//   group), releasing their tensors at once, outside its lock: ncclCommAbort ended their kernels, and the
+//   caching allocator keeps the memory until the communicator's stream is done (recordStream at launch).
+//   A work the caller still holds keeps its own tensors, and raises the error.
 #pragma once
 
 #include <chrono>
@@ -123,9 +127,11 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   // group. Idempotent.
   void close();
   // One watchdog round: retire finished operations, abort on an asynchronous error or an operation
-  // older than the timeout (deferred as abort() is). Returns the retired works, to be released by the
-  // caller outside the lock.
+  // older than the timeout (deferred as abort() is). Returns the retired works (after an abort: all it
+  // held), to be released by the caller outside the lock.
   std::vector<std::shared_ptr<WorkBase>> watchdog_tick();
+  // Works the communicator holds: launched and not yet retired, or queued in an open group (test hook).
+  size_t held_works();
 
  protected:
   // Enqueue one operation: `make(seq)` builds its work, `call()` issues it (under the lock). Outside a
@@ -157,6 +163,13 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   // Poll the backend until the last call finished: "" or the error (no abort, no raise).
   std::string poll_ready_locked(const std::string& what);
   void abort_now_locked(const std::string& reason);
+  // Release the works an abort dropped (dropped_), outside the lock: their tensor references may need
+  // the GIL. Every public entry that can abort calls it on its way out (DropReleaser).
+  void release_dropped();
+  struct DropReleaser {
+    CommCore& core;
+    ~DropReleaser() { core.release_dropped(); }
+  };
   void launch_locked(const std::shared_ptr<WorkBase>& w);
   // The outermost group ended with `rc`: launch or cancel the queued works. Returns the error or "".
   std::string finish_group_locked(const Rc& rc);
@@ -169,6 +182,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   uint64_t seq_ = 0;
   std::deque<std::shared_ptr<WorkBase>> inflight_;  // launched, not yet seen finished (launch order)
   std::vector<std::shared_ptr<WorkBase>> queued_;   // in the open group of group_thread_
+  std::vector<std::shared_ptr<WorkBase>> dropped_;  // given up by an abort, released by release_dropped()
   bool in_group_ = false;  // a call on it was made inside group_thread_'s open group
   bool abort_pending_ = false;
   std::thread::id group_thread_;

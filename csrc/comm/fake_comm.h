@@ -10,6 +10,8 @@
 
 #include "comm/comm_core.h"
 
+#include <ATen/core/Tensor.h>
+
 #include <atomic>
 #include <string>
 #include <vector>
@@ -28,7 +30,9 @@ inline thread_local FakeNcclThread fake_nccl_thread;
 
 class FakeWork : public WorkBase {
  public:
-  using WorkBase::WorkBase;
+  // `tensors`: kept alive by the work, as NcclWork keeps its operands (the tests watch them being released)
+  FakeWork(std::string name, uint64_t seq, std::shared_ptr<CommState> state, std::vector<at::Tensor> tensors)
+      : WorkBase(std::move(name), seq, std::move(state)), tensors_(std::move(tensors)) {}
   void finish() { done_ = true; }  // the "GPU" reached the end event
   bool recorded() const { return recorded_; }
   int blocked() const { return blocked_; }
@@ -39,6 +43,7 @@ class FakeWork : public WorkBase {
   void block_caller() override { ++blocked_; }
 
  private:
+  std::vector<at::Tensor> tensors_;
   std::atomic<bool> recorded_{false};
   std::atomic<bool> done_{false};
   std::atomic<int> blocked_{0};
@@ -56,9 +61,9 @@ class FakeComm : public CommCore {
     }
   }
 
-  // One operation; `fail`: the backend rejects it (as NCCL rejects a bad argument).
-  std::shared_ptr<FakeWork> op(const std::string& name, bool fail) {
-    auto w = submit([&](uint64_t seq) { return std::make_shared<FakeWork>(name, seq, state()); },
+  // One operation on `tensors`; `fail`: the backend rejects it (as NCCL rejects a bad argument).
+  std::shared_ptr<FakeWork> op(const std::string& name, bool fail, const std::vector<at::Tensor>& tensors = {}) {
+    auto w = submit([&](uint64_t seq) { return std::make_shared<FakeWork>(name, seq, state(), tensors); },
                     [&]() -> Rc {
                       touch("enqueue " + name);
                       auto& t = fake_nccl_thread;

@@ -387,7 +387,8 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points
                                                          const at::Tensor& proj_bias, const at::Tensor& conv_weight,
                                                          const at::Tensor& conv_bias) {
   // Every argument, offsets' values included, is checked here (geo_conv_checks.h, shared with CUDA).
-  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
+  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias,
+                                    /*cuda_kernels=*/false);
   auto x = points.contiguous();
   auto off = offsets.contiguous();
   auto ld = local_dist.contiguous(), w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous();
@@ -406,7 +407,8 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& hidden,
     const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
-  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
+  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight,
+                                     /*cuda_kernels=*/false);
   auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
   auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
   auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());

@@ -62,14 +62,8 @@ struct CpuBackend {
     return empty_cpu_workspace(sizes, opt.dtype().toScalarType());
   }
 
-  // out (=, or += with accumulate) a · b in out's dtype. float16/bfloat16 operands with a float out are
-  // widened first: their products are exact in float, so this is a GEMM with float accumulation (ATen's
-  // CPU mm has no out_dtype); the weight widening costs ~1/rows of the GEMM.
   static void mm(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-    const auto st = out.scalar_type();
-    const at::Tensor a2 = a.scalar_type() == st ? a : a.to(st), b2 = b.scalar_type() == st ? b : b.to(st);
-    if (accumulate) out.addmm_(a2, b2);
-    else at::mm_out(out, a2, b2);
+    mm_widened(std::move(out), a, b, accumulate);
   }
 
   // out (rows, H) += dG (rows, 4H) · W_hh (4H, H); out may be a row range of a larger tensor.

@@ -270,6 +270,17 @@ at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& input, const D
   return out.view(sizes);
 }
 
+// out (=, or += with accumulate) a · b in out's dtype, for ATen's CPU GEMMs (the CPU backend and the CUDA
+// emulator's): float16/bfloat16 operands with a float out are widened first. Their products are exact in
+// float, so this is a GEMM with float accumulation (ATen's CPU mm has no out_dtype); the weight widening
+// costs ~1/rows of the GEMM.
+inline void mm_widened(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  const auto st = out.scalar_type();
+  const at::Tensor a2 = a.scalar_type() == st ? a : a.to(st), b2 = b.scalar_type() == st ? b : b.to(st);
+  if (accumulate) out.addmm_(a2, b2);
+  else at::mm_out(out, a2, b2);
+}
+
 // out (R, C) = a (R, K) · b (K, C), in blocks of Backend::kGemmRowBlock rows (Backend::mm: out may be the
 // accumulation dtype A while a and b are T). Why blocks: on the CPU, MKL's single-thread path for tall,
 // narrow products (R ~ 20,000, C 128) ran at 60 % of the rate it reaches on blocks of 1,024 rows

@@ -120,6 +120,9 @@ class TripBatch:
     (degrees), ``state`` (0/1), ``time_gap`` (s, cumulative), ``dist_gap`` (km, cumulative).
     Trip tensors [B]: ``lengths`` (int64 points), ``dist`` (km), ``time`` (s, the label),
     ``driver`` (int64 vocabulary index), ``week_id``, ``time_id`` (int64).
+    ``host_lengths`` [B] int64: ``lengths`` on the CPU, always (default: a copy of ``lengths``, made
+    once). :meth:`to` leaves it there, so that code reading lengths on the host (the ops size their
+    launches from them, the model checks them) never waits for the device.
     """
 
     lng: torch.Tensor
@@ -133,12 +136,21 @@ class TripBatch:
     driver: torch.Tensor
     week_id: torch.Tensor
     time_id: torch.Tensor
+    host_lengths: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.host_lengths is None:
+            self.host_lengths = self.lengths.to(device="cpu", dtype=torch.int64)
+        elif self.host_lengths.device.type != "cpu":
+            raise ValueError(f"TripBatch.host_lengths must be a CPU tensor, got one on {self.host_lengths.device}")
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
     def to(self, device) -> "TripBatch":
-        return TripBatch(**{k: v.to(device, non_blocking=True) for k, v in self.__dict__.items()})
+        """The batch with every tensor on ``device`` (non-blocking copies) except ``host_lengths``."""
+        return TripBatch(**{k: v if k == "host_lengths" else v.to(device, non_blocking=True)
+                            for k, v in self.__dict__.items()})
 
 
 class TripDataset:

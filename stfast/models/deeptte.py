@@ -315,20 +315,21 @@ class DeepTTE(nn.Module):
         [B, L']): normalized inputs, valid-position counts and mask. Raises ValueError when a trip has
         fewer than ``kernel_size`` points (fault 7)."""
         k = self.cfg.kernel_size
-        if not torch.compiler.is_compiling() and int(b.lengths.min()) < k:  # (a host read: skipped when traced)
-            bad = int(torch.argmin(b.lengths))
-            raise ValueError(f"trip {bad} of the batch has {int(b.lengths[bad])} points; DeepTTE's geo-conv "
+        host = b.host_lengths  # on the CPU: the check and the ops' launch sizes read it without a device sync
+        if not torch.compiler.is_compiling() and len(host) and int(host.min()) < k:  # (skipped when traced)
+            bad = int(torch.argmin(host))
+            raise ValueError(f"trip {bad} of the batch has {int(host[bad])} points; DeepTTE's geo-conv "
                              f"needs at least kernel_size={k} (drop such trips in preprocessing)")
         dist_n = self._n(b.dist, "dist")
         if self.cfg.compat == "original":  # fault 2 reproduced: normalized a second time
             dist_n = self._n(dist_n, "dist")
         local_dist = b.dist_gap[:, k - 1:] - b.dist_gap[:, :-k + 1 or None]
-        lengths = b.lengths - k + 1
-        mask = torch.arange(local_dist.shape[1], device=lengths.device)[None, :] < lengths[:, None]
+        # the mask from the device copy (no transfer); the lengths the ops read, from the host copy
+        mask = torch.arange(local_dist.shape[1], device=b.lengths.device)[None, :] < (b.lengths - k + 1)[:, None]
         return {"driver": b.driver, "week_id": b.week_id, "time_id": b.time_id, "dist_n": dist_n,
                 "lng_n": self._n(b.lng, "lng"), "lat_n": self._n(b.lat, "lat"), "state": b.state,
-                "local_dist_n": self._n(local_dist, "local_dist") * mask, "point_lengths": b.lengths,
-                "lengths": lengths, "mask": mask, "dist": b.dist}
+                "local_dist_n": self._n(local_dist, "local_dist") * mask, "point_lengths": host,
+                "lengths": host - k + 1, "mask": mask, "dist": b.dist}
 
     def entire_time(self, h, attr, mask, dist):
         """Attention pooling + entire estimator + head: [B, L', H], [B, A], [B, L'], [B] km → [B] s."""
@@ -387,7 +388,7 @@ class DeepTTE(nn.Module):
                       (self.attention, self.entire)),
             Component("local", self.local_time, ("h",), ("local_time",), (self.local,)),
         ]
-        return ComponentGraph(comps, sources=_SOURCES,
+        return ComponentGraph(comps, sources=_SOURCES, host_sources=("point_lengths", "lengths"),
                               outputs=("time", "local_time", "mask"), make_inputs=self.component_inputs,
                               make_output=lambda v: DeepTTEOutput(v["time"], v["local_time"], v["mask"]))
 
@@ -420,7 +421,8 @@ def loss_parts(model: DeepTTE, out: DeepTTEOutput, b: TripBatch) -> LossParts:
         ent = ((out.time - b.time).abs() / model.time_mean.to(b.time.dtype)).sum()
     local_y = b.time_gap[:, k - 1:] - b.time_gap[:, :-k + 1 or None]
     loc = ((out.local_time - local_y).abs() / (local_y + EPS_LOCAL_S))[out.mask].sum()
-    return LossParts(ent, loc, len(b), int(out.mask.sum()))
+    # the mask's count, from the host lengths (int(out.mask.sum()) would wait for the device)
+    return LossParts(ent, loc, len(b), local_count(b.host_lengths, k))
 
 
 def combine_loss(p: LossParts, alpha: float, n_trips_global: int, n_local_global: int,

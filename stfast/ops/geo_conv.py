@@ -179,8 +179,10 @@ def _geo_conv_forward_fake(points, offsets, local_dist, proj_weight, proj_bias, 
 def _geo_conv_backward_fake(grad_out, points, offsets, hidden, out, proj_weight, conv_weight):
     refuse_mixed_meta("stfast.geo_conv_backward", ("offsets",), grad_out=grad_out, points=points, offsets=offsets,
                       hidden=hidden, out=out, proj_weight=proj_weight, conv_weight=conv_weight)
-    return (torch.empty_like(points), torch.empty_like(proj_weight), proj_weight.new_empty(proj_weight.shape[0]),
-            torch.empty_like(conv_weight), conv_weight.new_empty(conv_weight.shape[0]))
+    # contiguous, as the kernels return them (empty_like would copy a transposed input's strides)
+    return (points.new_empty(points.shape), proj_weight.new_empty(proj_weight.shape),
+            proj_weight.new_empty(proj_weight.shape[0]), conv_weight.new_empty(conv_weight.shape),
+            conv_weight.new_empty(conv_weight.shape[0]))
 
 
 def _setup_context(ctx, inputs, output):

@@ -223,7 +223,8 @@ def _lstm_backward_fake(grad_output, grad_h_n, grad_c_n, input, lengths, weights
                       cells=cells, hiddens=hiddens)
     H = weights[1].shape[1]
     B = lengths.shape[0]
-    return (torch.empty_like(input) if input_grad else input.new_empty(0), [torch.empty_like(w) for w in weights],
+    # contiguous, as the kernels return them (empty_like would copy a transposed input's strides)
+    return (input.new_empty(input.shape) if input_grad else input.new_empty(0), [w.new_empty(w.shape) for w in weights],
             input.new_empty(num_layers, B, H), input.new_empty(num_layers, B, H))
 
 

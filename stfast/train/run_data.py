@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from .. import __version__
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
+from ..data.routes import RouteProfile
 from ..data.splits import (
     default_date_split,
     parse_days,
@@ -221,8 +223,14 @@ class RunData:
         """The data's part of a checkpoint: what RunData.load reads back on --resume (normalization, drivers;
         the model configuration is the model's) and what a resume or ``evaluate --split`` checks (fingerprint,
         trip count, every preprocessing setting as used, None for DeepTTE records that are not preprocessed,
-        the time zone)."""
+        the time zone) and what :meth:`TrainedModel.eta` needs of the training split (its area, default state,
+        spacing: :class:`~stfast.data.routes.RouteProfile`)."""
         return {"norm_stats": self.stats.to_dict(), "drivers": self.vocab.to_list(),
                 "data_fingerprint": self.fingerprint, "n_trips": self.n_trips,
                 "preprocess_config": None if self.preprocess_config is None else self.preprocess_config.to_dict(),
-                "tz": self.tz}
+                "tz": self.tz, "route_profile": self.route_profile}
+
+    @cached_property
+    def route_profile(self) -> dict:
+        """:class:`~stfast.data.routes.RouteProfile` of the training split (recorded trips), as a dict."""
+        return RouteProfile.from_trips(self.train).to_dict()

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.fingerprint import trips_fingerprint
+from ..data.routes import MAX_ROUTE_POINTS, RouteProfile, routes_to_trips
 from ..data.trips import Trips
 from ..models import members
 from ..models.deeptte import DeepTTE, DeepTTEConfig
@@ -45,6 +46,9 @@ class TrainedModel:
             (:meth:`stfast.data.preprocess.PreprocessConfig.to_dict`; None when it read DeepTTE records,
             which are not preprocessed).
         tz: the time zone of the run's calendar ids, resolved (an IANA name, or the CSV's own offsets).
+        route_profile: what :meth:`eta` needs of the training split (area, default state, spacing) as
+            :meth:`stfast.data.routes.RouteProfile.to_dict` wrote it; None in checkpoints that predate it
+            (:meth:`route_defaults` then computes it from the run's training data, once).
     """
 
     model: DeepTTE  # or DeepTTEMembers (several members, stfast.models.members)
@@ -55,6 +59,7 @@ class TrainedModel:
     path: Path
     preprocess: dict | None = None
     tz: str | None = None
+    route_profile: dict | None = None
 
     @property
     def dtype(self):
@@ -126,6 +131,74 @@ class TrainedModel:
         ds = TripDataset(trips, self.drivers, self.dtype)
         return predict(self.model, ds, batch_size=batch_size, device=self.device, progress=progress)
 
+    def route_defaults(self) -> RouteProfile:
+        """The training split's :class:`~stfast.data.routes.RouteProfile` (training area, default state,
+        point spacing): the checkpoint's, else (checkpoints that predate it) computed from the run's training
+        data, which must then still be readable. Raises what :meth:`load_trips` raises."""
+        if self.route_profile is None:
+            self.route_profile = RouteProfile.from_trips(self.split(self.load_trips(), "train")).to_dict()
+        if not hasattr(self, "_profile"):
+            self._profile = RouteProfile.from_dict(self.route_profile)
+        return self._profile
+
+    def densify_spacing_km(self) -> float:
+        """The spacing (km) :meth:`eta` densifies routes to: the run's ``--min-spacing-km``; for runs that did not
+        resample (DeepTTE records, ``--min-spacing-km 0``), the training points' median spacing."""
+        pre = self.preprocess or {}
+        return float(pre.get("min_spacing_km") or self.route_defaults().spacing_km)
+
+    def route_trips(self, routes, departures, drivers=None, states=None, densify: bool = True,
+               max_points: int = MAX_ROUTE_POINTS) -> Trips:
+        """The planned routes as the trips :meth:`eta` predicts (arguments as there): checked, densified,
+        their distances and calendar ids derived (:func:`stfast.data.routes.routes_to_trips`). Raises RouteError."""
+        prof = self.route_defaults()
+        tz = self.tz or self.config.tz
+        if tz is None:
+            raise ValueError(f"{self.path} records no time zone; it cannot place a departure in local time")
+        return routes_to_trips(routes, departures, drivers, states, tz=tz, profile=prof,
+                               kernel_size=self.norm_stats.kernel_size, max_points=max_points,
+                               spacing_km=self.densify_spacing_km() if densify else None)
+
+    def eta(self, routes, departures, drivers=None, states=None, densify: bool = True) -> np.ndarray:
+        """Travel times [T] (s, float64) of T planned routes: "when will you arrive?" for a route not yet driven.
+
+        Args:
+            routes: [T] routes, each [n_i, 2] (lng, lat) WGS-84 degrees (numpy arrays or nested lists), n_i ≥ 2,
+                at most :data:`~stfast.data.routes.MAX_ROUTE_POINTS` (10,000) as given and after densification.
+            departures: [T] departure times: datetimes, ISO-8601 text (``2016-11-01T08:30:00+08:00``) or Unix
+                seconds. A naive time is read in the checkpoint's time zone (:attr:`tz`; for point-CSV runs, which
+                took each timestamp's own offset, a naive time is UTC as the CSV reader reads it); an offset is
+                honoured: the instant is converted to the run's local time. The weekday and minute of day are
+                derived as preprocessing derives them (:func:`stfast.data.tz.calendar_ids`).
+            drivers: [T] driver ids (str or int) or None. A driver the training split did not hold, a None entry or
+                no list: the embedding row DeepTTE reserves for unseen drivers (row 0), the row :meth:`predict`
+                gives every unseen driver of a test split. Training never updates that row (every training trip's
+                driver is known), so it holds its initial value; runs without a driver input (``--driver-dim 0``,
+                the real-data preset) are unaffected.
+            states: [T] per-point 0/1 arrays (one per point as given) or None: absent, every point gets the state
+                most training points had (:attr:`RouteProfile.state`, stored in the checkpoint).
+            densify: on (default), each route is interpolated along its segments and resampled by the training
+                run's rule to its ``--min-spacing-km`` (:mod:`stfast.data.routes`; runs that did not resample: the
+                training points' median spacing), so 3 waypoints and the dense GPS trace of the same path give
+                close answers. Off, the points are used as given (a recorded trip's points give :meth:`predict`'s
+                number to 1e-6).
+
+        Cumulative distance is haversine (R = 6371 km) along the points, as in preprocessing.
+
+        Returns:
+            [T] float64 seconds, in the order given.
+
+        Raises:
+            RouteError (a ValueError, naming the route's 0-based index and the field: ``route``, ``departure``,
+                ``states``): a route not a list of [lng, lat] pairs, non-finite or out of range (lng ±180, lat ±90),
+                more than 10,000 points, fewer points than the geo-conv's kernel (3) after densification, a point
+                outside the training area (:class:`~stfast.data.coverage.TrainingArea`: no training point within
+                about 1 km), states that are not one 0/1 per point, a departure that does not parse.
+            TypeError: departures/drivers/states not one per route.
+        """
+        trips = self.route_trips(routes, departures, drivers, states, densify)
+        return self.predict(trips) if len(trips) else np.zeros(0)
+
 
 def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
     """The trained model in checkpoint ``path`` (``checkpoint.pt``: the best validation epoch, or
@@ -155,4 +228,5 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
     dtype = next(v.dtype for k, v in state["model_state"].items() if k.endswith("entire.out.weight"))  # as trained
     model.to(device, dtype).load_state_dict(state["model_state"])
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
-                        state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"))
+                        state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"),
+                        state.get("route_profile"))

@@ -330,6 +330,8 @@ class _State:
         """``value`` of micro-batch m on the consumer's device; a produced value becomes a leaf whose
         gradient the producer's backward collects."""
         v = self.vals[m][value]
+        if value in self.g.host_sources:  # read on the host by its consumers: moving it would cost a sync there
+            return v
         dev = self._device(consumer)
         produced = value in self.g.producer
         if produced and self.streams is not None and v.is_cuda:

@@ -61,6 +61,8 @@ class ComponentGraph:
     - ``sources``: names of the values ``make_inputs(batch)`` returns (batch-major tensors: dim 0 = B trips).
     - ``outputs``: names of the values ``make_output(values)`` needs (sources or produced values).
     - ``make_inputs(batch) -> {name: tensor}``; ``make_output({name: tensor}) -> model output``.
+    - ``host_sources``: sources that stay where ``make_inputs`` put them (CPU tensors a component reads on
+      the host, e.g. sequence lengths that size its kernels' launches), never moved to a component's device.
 
     Raises ValueError naming the component on: duplicate component names, a value produced twice (or
     produced and also a source), an input nobody produces, an output nobody produces, a cycle.
@@ -71,10 +73,14 @@ class ComponentGraph:
     outputs: tuple[str, ...]
     make_inputs: Callable[[object], Mapping[str, torch.Tensor]]
     make_output: Callable[[Mapping[str, torch.Tensor]], object]
+    host_sources: tuple[str, ...] = ()
     producer: dict[str, str] = field(init=False)  # value name → component name
     order: tuple[str, ...] = field(init=False)  # component names, topologically sorted (stable)
 
     def __post_init__(self):
+        stray = [v for v in self.host_sources if v not in self.sources]
+        if stray:
+            raise ValueError(f"host_sources {stray} are not sources {list(self.sources)}")
         names = [c.name for c in self.components]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -1,0 +1,89 @@
+"""The training area: where a model has seen trips, as a grid of occupied cells.
+
+A model trained on one city reads normalized coordinates; far from every training point its geo-conv
+features are extrapolation, and its travel times are numbers without support. A bounding box is a poor
+guard: a city's box holds rivers, hills and corners no trip crossed, and a box with a margin admits more
+still. :class:`TrainingArea` keeps the cells (``cell_km`` squares, 1 km by default) that some training
+point fell in, and admits a point when a cell within ``margin_cells`` (1) of its own is one of them: a point
+is covered when a training point lies within about ``cell_km`` to ``(1 + margin_cells) × cell_km × √2`` of it.
+The Chengdu sample's thousands of trips occupy a few hundred cells, so the area costs a few kB in a
+checkpoint and a membership test is a binary search.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .geo import EARTH_RADIUS_KM
+
+KM_PER_DEG_LAT = EARTH_RADIUS_KM * math.pi / 180.0  # 111.19 km
+
+
+@dataclass
+class TrainingArea:
+    """Occupied grid cells of the training points.
+
+    Attributes:
+        lng0, lat0: the grid's origin (degrees): the south-west corner of the training points' bounding box.
+        cell_lng, cell_lat: a cell's size in degrees (``cell_km`` north-south; east-west at the mean latitude).
+        cells: [C, 2] int64 (column, row) of every cell holding a training point, sorted.
+        bbox: (min lng, min lat, max lng, max lat) of the training points, degrees.
+        cell_km: the cell's size in km. margin_cells: neighbouring cells that also count as covered.
+    """
+
+    lng0: float
+    lat0: float
+    cell_lng: float
+    cell_lat: float
+    cells: np.ndarray
+    bbox: tuple
+    cell_km: float = 1.0
+    margin_cells: int = 1
+
+    @classmethod
+    def from_points(cls, lng, lat, cell_km: float = 1.0, margin_cells: int = 1) -> "TrainingArea":
+        """The area of points ``lng``, ``lat`` ([N] degrees, N ≥ 1, finite). Raises ValueError on no points."""
+        lng, lat = np.asarray(lng, dtype=np.float64), np.asarray(lat, dtype=np.float64)
+        if lng.size == 0:
+            raise ValueError("a training area needs at least one point")
+        lng0, lat0 = float(lng.min()), float(lat.min())
+        cell_lat = cell_km / KM_PER_DEG_LAT
+        cell_lng = cell_lat / max(math.cos(math.radians(float(lat.mean()))), 1e-3)
+        area = cls(lng0, lat0, cell_lng, cell_lat, np.zeros((0, 2), np.int64),
+                   (lng0, lat0, float(lng.max()), float(lat.max())), float(cell_km), int(margin_cells))
+        area.cells = np.unique(area._cell(lng, lat), axis=0)
+        return area
+
+    def _cell(self, lng, lat) -> np.ndarray:
+        return np.stack([np.floor((np.asarray(lng) - self.lng0) / self.cell_lng),
+                         np.floor((np.asarray(lat) - self.lat0) / self.cell_lat)], axis=-1).astype(np.int64)
+
+    def _keys(self, cells: np.ndarray) -> np.ndarray:
+        # rows fit in 2**31 for any cell of the globe at ≥ 1 m cells; one int64 key per cell
+        return cells[:, 0] * (1 << 32) + cells[:, 1]
+
+    def covers(self, lng, lat) -> np.ndarray:
+        """[n] bool: whether each point (``lng``, ``lat`` [n] degrees, finite) is inside the area."""
+        if getattr(self, "_covered", None) is None:  # the cells and their margins, as sorted keys, once per area
+            m = np.arange(-self.margin_cells, self.margin_cells + 1)
+            near = (self.cells[:, None, :] + np.stack(np.meshgrid(m, m), -1).reshape(1, -1, 2)).reshape(-1, 2)
+            self._covered = np.unique(self._keys(near))
+        keys = self._keys(self._cell(lng, lat).reshape(-1, 2))
+        if len(self._covered) == 0:
+            return np.zeros(len(keys), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._covered, keys), len(self._covered) - 1)
+        return self._covered[pos] == keys
+
+    def to_dict(self) -> dict:
+        """JSON-able (checkpoints, ``GET /healthz``)."""
+        return {"lng0": self.lng0, "lat0": self.lat0, "cell_lng": self.cell_lng, "cell_lat": self.cell_lat,
+                "cells": self.cells.tolist(), "bbox": list(self.bbox), "cell_km": self.cell_km,
+                "margin_cells": self.margin_cells}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainingArea":
+        return cls(d["lng0"], d["lat0"], d["cell_lng"], d["cell_lat"],
+                   np.asarray(d["cells"], dtype=np.int64).reshape(-1, 2), tuple(d["bbox"]), d["cell_km"],
+                   d["margin_cells"])

@@ -1,0 +1,199 @@
+"""The ETA service: an ASGI app (FastAPI) over a :class:`~stfast.train.trained.TrainedModel`.
+
+Endpoints:
+
+* ``POST /eta`` with ``{"route": [[lng, lat], ...], "departure": "2016-11-01T08:30:00+08:00", "driver": ...,
+  "states": [...], "densify": true}`` → ``{"eta_s": ..., "km": ..., "points": ...}`` (the number
+  :meth:`TrainedModel.eta` gives; ``km`` the route's length, ``points`` what the model read after
+  densification); ``{"routes": [{...}, ...]}`` → ``{"etas": [{...}, ...]}`` in the order given.
+* ``GET /healthz``: status, model and data summary, the training area's extent, batching counters. It
+  names no file or folder.
+* ``GET /coverage``: the training area's occupied cells (what the page draws).
+* ``GET /``: a self-contained page (no external resources) to click or paste a route and see its ETA.
+
+Errors are JSON ``{"error": ..., "route": i, "field": ...}``: 400 a body that is not JSON, 413 a body over the
+limit, too many routes or a route over 10,000 points, 422 a request that is JSON but wrong (a missing or unknown
+key, a bad route, a point outside the training area, an unparsable departure), 429 over the per-client rate
+limit or a full queue (with ``Retry-After``). A request names no file: the service reads the checkpoint once at
+start and nothing a request sends reaches the file system.
+"""
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+
+import numpy as np
+from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' annotations here
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from ..data.routes import RouteError
+from ..data.trips import Trips
+from ..train.trained import TrainedModel
+from .batcher import DynamicBatcher, QueueFull
+from .ratelimit import RateLimit
+
+ROUTE_KEYS = {"route", "departure", "driver", "states", "densify"}
+MAX_ROUTES_PER_REQUEST = 1000
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status`` and the JSON body's fields."""
+
+    def __init__(self, status: int, error: str, route: int | None = None, field: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(error)
+        self.status, self.error, self.route, self.field, self.headers = status, error, route, field, headers
+
+    def body(self) -> dict:
+        return {"error": self.error, **({} if self.route is None else {"route": self.route}),
+                **({} if self.field is None else {"field": self.field})}
+
+
+def _forward(model: TrainedModel, max_batch: int):
+    """The batcher's forward: the routes (Trips) of several requests as one predict call, passes of at most
+    ``max_batch`` routes; one [n_i] array of seconds per request."""
+
+    def run(items: list[Trips]) -> list[np.ndarray]:
+        trips = items[0] if len(items) == 1 else Trips.concat(items)
+        secs = model.predict(trips, batch_size=max_batch)
+        return np.split(secs, np.cumsum([len(t) for t in items])[:-1])
+
+    return run
+
+
+def _route_request(obj, index: int) -> dict:
+    if not isinstance(obj, dict):
+        raise ApiError(422, f"expected a JSON object with route and departure, got {type(obj).__name__}", index)
+    unknown = sorted(set(obj) - ROUTE_KEYS)
+    if unknown:
+        raise ApiError(422, f"unknown key {unknown[0]!r}; a route has {', '.join(sorted(ROUTE_KEYS))}", index,
+                       unknown[0])
+    for key in ("route", "departure"):
+        if key not in obj:
+            raise ApiError(422, f"missing {key!r}", index, key)
+    if not isinstance(obj["route"], list):
+        raise ApiError(422, "expected a list of [lng, lat] pairs", index, "route")
+    if "densify" in obj and not isinstance(obj["densify"], bool):
+        raise ApiError(422, "expected true or false", index, "densify")
+    if obj.get("driver") is not None and not isinstance(obj["driver"], (str, int)):
+        raise ApiError(422, "expected a string or an integer", index, "driver")
+    return obj
+
+
+def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.0, max_body_bytes: int = 1 << 20,
+               rate_limit: float = 0.0, max_queue: int = 100_000):
+    """The FastAPI app serving ``model`` (module docstring). ``max_batch`` routes per forward pass, the oldest
+    waiting request waits at most ``max_wait_ms`` for company; bodies over ``max_body_bytes`` are refused (413);
+    ``rate_limit`` > 0: requests per second per client address (429 past it); ``max_queue`` routes may wait."""
+    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
+    batcher = DynamicBatcher(_forward(model, max_batch), max_batch, max_wait_ms / 1000.0, max_queue)
+    limit = RateLimit(rate_limit) if rate_limit > 0 else None
+    profile = model.route_defaults()
+    page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    app.state.batcher = batcher
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    async def read_json(request: Request):
+        if limit is not None:
+            wait = limit.allow(request.client.host if request.client else "?")
+            if wait > 0:
+                raise ApiError(429, f"rate limit: at most {rate_limit:g} requests/s per client", None, None,
+                               {"Retry-After": str(max(1, math.ceil(wait)))})
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_body_bytes:
+            raise ApiError(413, f"request body of {size} bytes, more than the limit of {max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                raise ApiError(413, f"request body over the limit of {max_body_bytes} bytes")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not JSON: {e}") from None
+
+    @app.post("/eta")
+    async def eta(request: Request):
+        obj = await read_json(request)
+        if not isinstance(obj, dict):
+            raise ApiError(422, "expected a JSON object: {\"route\": ..., \"departure\": ...} or {\"routes\": [...]}")
+        many = "routes" in obj
+        if many:
+            extra = sorted(set(obj) - {"routes"})
+            if extra:
+                raise ApiError(422, f"unknown key {extra[0]!r} beside 'routes'", None, extra[0])
+            if not isinstance(obj["routes"], list) or not obj["routes"]:
+                raise ApiError(422, "'routes' must be a non-empty list", None, "routes")
+            if len(obj["routes"]) > MAX_ROUTES_PER_REQUEST:
+                raise ApiError(413, f"{len(obj['routes'])} routes, more than {MAX_ROUTES_PER_REQUEST} per request",
+                               None, "routes")
+            reqs = [_route_request(r, i) for i, r in enumerate(obj["routes"])]
+        else:
+            reqs = [_route_request(obj, 0)]
+        parts = []
+        for i, r in enumerate(reqs):  # one at a time: an error names the route's place in this request
+            try:
+                parts.append(model.route_trips([r["route"]], [r["departure"]], [r.get("driver")],
+                                               None if r.get("states") is None else [r["states"]],
+                                               r.get("densify", True)))
+            except RouteError as e:
+                raise ApiError(413 if e.too_large else 422, e.problem, i, e.field) from None
+            except TypeError as e:
+                raise ApiError(422, str(e), i) from None
+        trips = parts[0] if len(parts) == 1 else Trips.concat(parts)
+        try:
+            secs = await batcher.submit(trips, len(trips))
+        except QueueFull as e:
+            raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
+        out = [{"eta_s": float(s), "km": float(d), "points": int(n)}
+               for s, d, n in zip(secs, trips.dist, trips.lengths)]
+        return JSONResponse({"etas": out} if many else out[0])  # as is: no re-encoding pass
+
+    @app.get("/healthz")
+    async def healthz():
+        cfg, mc = model.config, model.model
+        inner = getattr(mc, "members", None)
+        first = inner[0] if inner is not None else mc
+        a = profile.area
+        return {"status": "ok",
+                "model": {"dtype": str(model.dtype).replace("torch.", ""), "members": len(inner) if inner else 1,
+                          "kernel_size": model.norm_stats.kernel_size, "hidden_size": first.cfg.hidden_size,
+                          "known_drivers": len(model.drivers) - 1, "device": str(model.device)},
+                "data": {"format": cfg.format if cfg.data else "synthetic", "time_zone": model.tz or cfg.tz,
+                         "densify_spacing_km": model.densify_spacing_km(), "default_state": profile.state,
+                         "training_points": profile.n_points,
+                         "fingerprint": (model.data_fingerprint or "")[:12] or None},
+                "coverage": {"rule": "a point is covered when a training point fell in its cell or a neighbouring "
+                                     "one", "cell_km": a.cell_km, "margin_cells": a.margin_cells,
+                             "cells": int(len(a.cells)), "bbox": list(a.bbox)},
+                "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000.0,
+                             "forward_passes": batcher.forward_passes, "routes": batcher.routes},
+                "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
+                           "rate_limit_per_s": rate_limit or None}}
+
+    @app.get("/coverage")
+    async def coverage():
+        return profile.area.to_dict()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return HTMLResponse(page)
+
+    return app
+
+
+def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 64, max_wait_ms: float = 5.0,
+          max_body_bytes: int = 1 << 20, rate_limit: float = 0.0, device: str = "cpu") -> None:
+    """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`)."""
+    import uvicorn
+
+    from ..train.trained import load_model
+
+    model = load_model(checkpoint, device)
+    app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit)
+    # keep-alive 30 s (uvicorn's default is 5): a client waiting on a busy queue keeps its connection
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=30)

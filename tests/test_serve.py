@@ -1,0 +1,163 @@
+"""stfast serve: POST /eta (one route, many), GET /healthz, JSON errors with their statuses, the body and rate
+limits, and dynamic batching (concurrent requests share forward passes; --max-batch 1 is one per request)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from _eta_run import CENTER, KM_PER_DEG, train_run
+
+pytest.importorskip("fastapi")
+import httpx  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from stfast.cli import build_parser  # noqa: E402
+from stfast.serve.app import create_app  # noqa: E402
+from stfast.serve.batcher import DynamicBatcher  # noqa: E402
+from stfast.serve.ratelimit import RateLimit  # noqa: E402
+from stfast.train.trained import load_model  # noqa: E402
+
+DEP = "2016-11-02T08:30:00+08:00"
+
+
+def _route(n=12, km=0.25, dx=0.0):
+    return [[CENTER[0] + dx, CENTER[1] + i * km / KM_PER_DEG] for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    _, ck = train_run(d)
+    return load_model(ck)
+
+
+@pytest.fixture(scope="module")
+def client(model):
+    return TestClient(create_app(model, max_batch=8, max_wait_ms=2, max_body_bytes=200_000))
+
+
+def test_one_route_and_many(client, model):
+    r = client.post("/eta", json={"route": _route(), "departure": DEP, "driver": "d2"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["eta_s"] == pytest.approx(model.eta([np.array(_route())], [DEP], ["d2"])[0], rel=1e-9)
+    assert body["km"] == pytest.approx(11 * 0.25, rel=1e-3) and body["points"] >= 11
+    routes = [{"route": _route(8 + k), "departure": DEP} for k in range(3)]
+    r = client.post("/eta", json={"routes": routes})
+    assert r.status_code == 200, r.text
+    got = [e["eta_s"] for e in r.json()["etas"]]
+    want = model.eta([np.array(x["route"]) for x in routes], [DEP] * 3)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    r = client.post("/eta", json={"route": _route(), "departure": DEP, "densify": False, "states": [0] * 12})
+    assert r.json()["points"] == 12
+
+
+def test_healthz_summarises_without_paths(client, model):
+    r = client.get("/healthz")
+    assert r.status_code == 200
+    h = r.json()
+    assert h["status"] == "ok" and h["model"]["kernel_size"] == 3 and h["data"]["densify_spacing_km"] == 0.2
+    assert h["coverage"]["cells"] > 10 and len(h["coverage"]["bbox"]) == 4
+    text = r.text
+    assert str(model.path.parent) not in text and "/" not in json.dumps(h["data"]) and ".pt" not in text
+    assert "points.csv" not in text and str(model.config.data) not in text
+    cov = client.get("/coverage").json()
+    assert len(cov["cells"]) == h["coverage"]["cells"]
+
+
+@pytest.mark.parametrize("body, status, field, words", [
+    (b"{not json", 400, None, "not JSON"),
+    (json.dumps({"route": _route(), "departure": "tomorrow"}), 422, "departure", "ISO-8601"),
+    (json.dumps({"route": _route(dx=0.5), "departure": DEP}), 422, "route", "outside the training area"),
+    (json.dumps({"route": _route(2), "departure": DEP, "densify": False}), 422, "route", "kernel_size"),
+    (json.dumps({"route": [[104.06, 95.0]] * 3, "departure": DEP}), 422, "route", "lat must lie"),
+    (json.dumps({"route": _route()}), 422, "departure", "missing"),
+    (json.dumps({"route": _route(), "departure": DEP, "checkpoint": "/etc/passwd"}), 422, "checkpoint", "unknown key"),
+    (json.dumps({"routes": [{"route": _route(), "departure": DEP}, {"route": _route(), "departure": "x"}]}), 422,
+     "departure", "ISO-8601"),
+    (json.dumps([1, 2]), 422, None, "JSON object"),
+    (json.dumps({"route": [[104.06, 30.66]] * 10_001, "departure": DEP}), 413, "route", "limit of 10000"),
+])
+def test_errors_are_json_with_the_status_a_client_expects(client, body, status, field, words):
+    r = client.post("/eta", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    e = r.json()
+    assert words in e["error"] and e.get("field") == field
+    if b"routes" in (body if isinstance(body, bytes) else body.encode()):
+        assert e["route"] == 1  # the second route of the request
+
+
+def test_body_limit(client):
+    r = client.post("/eta", content=b"[" + b"0," * 150_000 + b"0]", headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit of 200000" in r.json()["error"]
+
+
+def test_rate_limit_per_client(model):
+    c = TestClient(create_app(model, rate_limit=2.0))
+    codes = [c.post("/eta", json={"route": _route(), "departure": DEP}).status_code for _ in range(4)]
+    assert codes[:2] == [200, 200] and codes[2:] == [429, 429]
+    r = c.post("/eta", json={"route": _route(), "departure": DEP})
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and "rate limit" in r.json()["error"]
+    t = [0.0]
+    rl = RateLimit(1.0, clock=lambda: t[0])
+    assert [rl.allow("a"), rl.allow("b")] == [0.0, 0.0] and rl.allow("a") == pytest.approx(1.0)
+    t[0] = 1.0
+    assert rl.allow("a") == 0.0
+
+
+async def _concurrent(app, n):
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        rs = await asyncio.gather(*(c.post("/eta", json={"route": _route(10 + k % 5), "departure": DEP})
+                                    for k in range(n)))
+    return [r.json()["eta_s"] for r in rs]
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_concurrent_requests_share_forward_passes(model, max_batch):
+    app = create_app(model, max_batch=max_batch, max_wait_ms=50)
+    got = asyncio.run(_concurrent(app, 16))
+    want = model.eta([np.array(_route(10 + k % 5)) for k in range(16)], [DEP] * 16)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    b = app.state.batcher
+    assert b.routes == 16
+    assert b.forward_passes == 16 if max_batch == 1 else 2 <= b.forward_passes <= 4
+
+
+def test_batcher_waits_at_most_max_wait_and_caps_the_batch():
+    calls = []
+
+    def fwd(items):
+        calls.append(list(items))
+        return [x * 10 for x in items]
+
+    async def go():
+        b = DynamicBatcher(fwd, max_batch=3, max_wait_s=0.05)
+        first = await b.submit(1, 1)  # alone: its wait ends at max_wait
+        rest = await asyncio.gather(*(b.submit(k, 1) for k in range(2, 9)))
+        return first, rest
+
+    first, rest = asyncio.run(go())
+    assert first == 10 and rest == [20, 30, 40, 50, 60, 70, 80]
+    assert calls[0] == [1] and all(len(c) <= 3 for c in calls) and sum(map(len, calls)) == 8
+    with pytest.raises(ValueError):
+        DynamicBatcher(fwd, 0, 0.0)
+
+
+def test_cli_parses_serve():
+    a = build_parser().parse_args(["serve", "--checkpoint", "run/checkpoint.pt", "--max-batch", "1",
+                                   "--max-wait-ms", "2"])
+    assert (a.host, a.port, a.max_batch, a.max_wait_ms, a.rate_limit) == ("127.0.0.1", 8000, 1, 2.0, 0.0)
+
+
+def test_cli_refuses_bad_serve_options(tmp_path, capsys):
+    from conftest import one_line_error
+
+    from stfast.cli import main
+
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--max-batch", "0"]))
+    assert "--max-batch" in err
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]))
+    assert "missing.pt" in err
