@@ -113,6 +113,17 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'run_dir': (None, None, None, None, 'StoreAction', True, None),
         'out': (('--out',), None, None, None, 'StoreAction', False, None),
     },
+    'serve': {
+        'checkpoint': (('--checkpoint',), None, None, None, 'StoreAction', True, None),
+        'host': (('--host',), '127.0.0.1', None, None, 'StoreAction', False, None),
+        'port': (('--port',), 8000, None, 'int', 'StoreAction', False, None),
+        'max_batch': (('--max-batch',), 64, None, 'int', 'StoreAction', False, None),
+        'max_wait_ms': (('--max-wait-ms',), 5.0, None, 'float', 'StoreAction', False, None),
+        'max_body_kb': (('--max-body-kb',), 1024, None, 'int', 'StoreAction', False, None),
+        'rate_limit': (('--rate-limit',), 0.0, None, 'float', 'StoreAction', False, None),
+        'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
+        'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
+    },
 }
 PARSERS["predict"] = {**PARSERS["evaluate"],
                       'out': (('--out',), None, None, None, 'StoreAction', True, None)}

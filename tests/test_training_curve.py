@@ -117,7 +117,7 @@ def assert_close(got, want, where="") -> None:
 
 
 # the key sets (every case: those of its row types)
-CHECKPOINT_KEYS = ['accumulation', 'accumulation.k', 'accumulation.loss_ema', 'accumulation.n_windows', 'accumulation.noise',
+CHECKPOINT_KEYS = sorted(['accumulation', 'accumulation.k', 'accumulation.loss_ema', 'accumulation.n_windows', 'accumulation.noise',
  'accumulation.noise.decay', 'accumulation.noise.g2_ema', 'accumulation.noise.g2_sq_ema', 'accumulation.noise.n',
  'accumulation.noise.trace_ema', 'accumulation.noise_kind', 'accumulation.scheduler', 'accumulation.scheduler.k',
  'accumulation.wall_before', 'accumulation.window', 'accumulation.window.w_comm', 'accumulation.window.w_compute',
@@ -168,7 +168,12 @@ CHECKPOINT_KEYS = ['accumulation', 'accumulation.k', 'accumulation.loss_ema', 'a
  'train_config.split_by',
  'train_config.split_days', 'train_config.subtrips', 'train_config.subtrips_resample', 'train_config.swa_start', 'train_config.threads', 'train_config.time_bin_min',
  'train_config.time_budget_s',
- 'train_config.timeout_s', 'train_config.tz', 'train_config.week', 'train_config.weight_decay', 'tz']
+ 'train_config.timeout_s', 'train_config.tz', 'train_config.week', 'train_config.weight_decay', 'tz'] + [
+    # what ETA of planned routes needs of the training split (issue 40): area, default state, spacing
+    'route_profile', 'route_profile.area', 'route_profile.area.bbox', 'route_profile.area.cell_km',
+    'route_profile.area.cell_lat', 'route_profile.area.cell_lng', 'route_profile.area.cells', 'route_profile.area.lat0',
+    'route_profile.area.lng0', 'route_profile.area.margin_cells', 'route_profile.n_points', 'route_profile.spacing_km',
+    'route_profile.state', 'route_profile.state_share'])
 CHECKPOINT_KEYS_2_RANKS = sorted(CHECKPOINT_KEYS + ['slicer_cost_model.coefficients', 'slicer_cost_model.features', 'slicer_cost_model.fit_error',
  'slicer_cost_model.fit_error.n_obs', 'slicer_cost_model.fit_error.rel_median',
  'slicer_cost_model.fit_error.rel_rmse', 'slicer_cost_model.fit_error.stderr',
