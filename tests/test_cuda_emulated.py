@@ -241,12 +241,12 @@ def test_geo_conv_invalid_offsets_refused_as_on_cpu(case):
     off = torch.tensor(BAD_OFFSETS[case])
     pts, _, ld, w1, b1, w2, b2 = args
     h, out = torch.randn(10, 16, dtype=pts.dtype), torch.randn(ld.shape[0], 33, dtype=pts.dtype)
-    for cpu_call, emu_call in [(lambda ops: ops.geo_conv_forward(pts, off, ld, w1, b1, w2, b2),) * 2,
-                               (lambda ops: ops.geo_conv_backward(torch.ones_like(out), pts, off, h, out, w1, w2),) * 2]:
+    for call in [lambda ops: ops.geo_conv_forward(pts, off, ld, w1, b1, w2, b2),
+                 lambda ops: ops.geo_conv_backward(torch.ones_like(out), pts, off, h, out, w1, w2)]:
         with pytest.raises(ValueError) as on_cpu:
-            cpu_call(CPU)
+            call(CPU)
         with pytest.raises(ValueError) as on_emu:
-            emu_call(EMU)
+            call(EMU)
         assert str(on_emu.value) == str(on_cpu.value)
 
 
