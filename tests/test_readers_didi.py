@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.geo import gcj02_to_wgs84, haversine_km, wgs84_to_gcj02
+from stfast.data.geo import gcj02_to_wgs84, haversine_km, path_km, wgs84_to_gcj02
 from stfast.data.readers import read_didi_gaia
 
 D1, O1 = "d" * 32, "a" * 32
@@ -39,6 +39,28 @@ def test_gcj_round_trip_below_half_metre():
     assert haversine_km(lng, lat, *w1).max() * 1000 < 0.5
     w0 = gcj02_to_wgs84(g_lng, g_lat, iterations=0)
     assert haversine_km(lng, lat, *w0).max() * 1000 > 0.5
+
+
+def test_gcj_float32_offset_within_a_fifth_of_a_millimetre():
+    """The readers' float32 offset: positions stay float64, the result within 0.2 mm of the float64 inverse
+    all over China (and bit-for-bit unchanged when asked for float64, the default)."""
+    rng = np.random.default_rng(7)
+    lng, lat = rng.uniform(73.0, 135.0, 50_000), rng.uniform(18.0, 53.0, 50_000)
+    w64 = gcj02_to_wgs84(lng, lat)
+    w32 = gcj02_to_wgs84(lng, lat, dtype=np.float32)
+    assert w32[0].dtype == np.float64 and w32[1].dtype == np.float64
+    assert 0 < haversine_km(*w64, *w32).max() * 1e6 < 200  # mm·1000: under 0.2 mm, and not the same numbers
+    g = wgs84_to_gcj02(*w32)
+    assert haversine_km(lng, lat, *g).max() * 1e6 < 200  # round trip back to the input, float32 or not
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 1001])
+def test_path_km_is_haversine_of_consecutive_points_bit_for_bit(n):
+    rng = np.random.default_rng(n)
+    lng, lat = rng.uniform(-180, 180, n), rng.uniform(-90, 90, n)
+    d = path_km(lng, lat)
+    assert d.shape == (max(n - 1, 0),)
+    assert np.array_equal(d, haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:]) if n else np.zeros(0))
 
 
 @pytest.mark.parametrize("lng, lat", [(116.397128, 39.916527), (104.0657, 30.6595), (121.4737, 31.2304)])

@@ -96,7 +96,7 @@ def test_fast_csv_path_parses_as_the_csv_module(tmp_path, monkeypatch):
     raw.write_text("trip_id,timestamp,lng,lat,state\n" + "".join(
         f"a,2016-03-27T0{k}:30:00.5+01:00,1.0{k},2.0,1\nb,2016-03-27 0{k}:00:00,1.{k},2.0,0\n" for k in range(9)))
     fast = read_csv_points(raw)
-    monkeypatch.setattr(csv_points, "_fast_block", lambda *a: None)
+    monkeypatch.setattr(csv_points, "_parse_block", lambda *a: None)
     slow = read_csv_points(raw)
     for f in ("offsets", "lng", "lat", "t", "state", "utc_offset_s"):
         assert np.array_equal(getattr(fast, f), getattr(slow, f), equal_nan=True), f
@@ -218,3 +218,51 @@ def test_deeptte_store_streams_blocks_and_drops_short_records(tmp_path, monkeypa
     _same(whole, store)
     assert store.fingerprint == compute_fingerprint(whole) and store.tz == whole.tz
     assert sorted(store.dropped_trips) == sorted(whole.dropped_trips)
+
+
+def test_quoted_line_break_across_a_block_boundary(tmp_path, monkeypatch):
+    """A quoted field holding a line break (an extra column) read in blocks cut inside the quotes gives what one
+    block gives: the block reader joins a block that ends inside a quoted field with the next."""
+    rows = ["trip_id,timestamp,lng,lat,note"]
+    for tr in range(40):
+        for k in range(12):
+            rows.append(f't{tr},{1478000000 + 97 * tr + 13 * k},{104.0 + 0.003 * k:.5f},{30.6 + 0.001 * tr:.5f},'
+                        f'"stop {k},\nthen ""on"" {tr}"')
+    raw = tmp_path / "notes.csv"
+    raw.write_text("\n".join(rows) + "\n")
+    whole = load_trips(str(raw))
+    assert len(whole) == 40
+    for size in (97, 1000, 4096):  # cuts inside the quotes at many offsets
+        monkeypatch.setattr(_common, "BLOCK_BYTES", size)
+        _same(whole, load_trips(str(raw)))
+        _same(whole, conv.convert_to_store(str(raw), tmp_path / f"s{size}"))
+
+
+def test_read_ahead_keeps_order_and_raises_where_the_error_is():
+    """_read_ahead yields (item, parse(item)) in input order; an error of parse or of the input surfaces when
+    its item's turn comes, after every item before it."""
+    seen = []
+    for item, got in _common._read_ahead(iter(range(50)), lambda i: i * i, depth=3):
+        seen.append((item, got))
+    assert seen == [(i, i * i) for i in range(50)]
+
+    def parse(i):
+        if i == 7:
+            raise ValueError("item 7")
+        return -i
+
+    got = []
+    with pytest.raises(ValueError, match="item 7"):
+        for item, r in _common._read_ahead(iter(range(20)), parse):
+            got.append(item)
+    assert got == list(range(7))
+
+    def items():
+        yield from range(4)
+        raise TrajectoryFormatError("f.csv", 9, "lng", "bad")
+
+    got = []
+    with pytest.raises(TrajectoryFormatError, match="f.csv"):
+        for item, r in _common._read_ahead(items(), lambda i: i):
+            got.append(item)
+    assert got == [0, 1, 2, 3]

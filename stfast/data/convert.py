@@ -27,23 +27,22 @@ log = logging.getLogger("stfast.data")
 
 TRIPS_PER_BUCKET = 2048  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
 MAX_POINTS_PER_PART = 500_000  # points preprocessed at a time (about 150 MB of working arrays)
-_SPILL = np.dtype([("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"),
-                   ("off", "<f8")])
+_COLUMNS = (("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"), ("off", "<f8"))
 
 
 class _Spill:
-    """Points appended to per-partition files under ``folder`` (partition = trip code // TRIPS_PER_BUCKET)."""
+    """Points appended to per-partition files under ``folder`` (partition = trip code // TRIPS_PER_BUCKET), as
+    records of the columns the input has (``state`` and ``off`` only when the reader gives them)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, extra: tuple[str, ...] = ("state", "off")):
         self.folder = folder
         self.points: dict[int, int] = {}
+        self.dtype = np.dtype([c for c in _COLUMNS if c[0] in ("code", "t", "lng", "lat") + tuple(extra)])
 
     def add(self, block: dict) -> None:
-        rec = np.empty(len(block["code"]), _SPILL)
-        for k in ("code", "t", "lng", "lat"):
+        rec = np.empty(len(block["code"]), self.dtype)
+        for k in self.dtype.names:
             rec[k] = block[k]
-        rec["state"] = block.get("state", 1.0)
-        rec["off"] = block.get("off", np.nan)
         part = rec["code"] // TRIPS_PER_BUCKET
         if part[0] == part[-1] and (len(part) < 2 or (part == part[0]).all()):
             self._write(int(part[0]), rec)
@@ -74,9 +73,9 @@ class _Spill:
             for j in ks:
                 p = self.folder / f"{j}.bin"
                 if p.exists():
-                    recs.append(np.fromfile(p, _SPILL))
+                    recs.append(np.fromfile(p, self.dtype))
                     p.unlink()
-            rec = np.concatenate(recs) if recs else np.empty(0, _SPILL)
+            rec = np.concatenate(recs) if recs else np.empty(0, self.dtype)
             c, t = rec["code"], rec["t"]
             if len(c) > 1 and not ((c[1:] > c[:-1]) | ((c[1:] == c[:-1]) & (t[1:] >= t[:-1]))).all():
                 rec = rec[np.lexsort((t, c))]  # by trip, then time; stable as the readers sort (sorted input: as is)
@@ -102,7 +101,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         ValueError: ``out`` exists and is not a store; no trip survived reading and preprocessing; bad
             settings (see load_trips).
     """
-    from .preprocess import PreprocessConfig, preprocess
+    from .preprocess import PreprocessConfig, _clean, _cut
     from .readers import detect_format
 
     kw = dict(on_error=on_error, modes=modes, min_spacing_km=min_spacing_km, gap_s=gap_s, tz=tz, **options)
@@ -114,7 +113,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         trips = load_trips(data, fmt, n_synthetic=n_synthetic, seed=seed, **kw)
         require_trips(trips, str(data) if data is not None else "the synthetic city")
         return write_store(trips, out, {"data": None if data is None else str(data), "format": fmt or "synthetic"})
-    from .readers._common import _Problems, _TripCodes
+    from .readers._common import _Problems, _read_ahead, _TripCodes
     from .readers.csv_points import iter_csv_blocks
     from .readers.didi_gaia import iter_didi_blocks
 
@@ -128,7 +127,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         spill = out.with_name(f".{out.name}.spill{os.getpid()}")
         spill.mkdir(parents=True, exist_ok=True)
         try:
-            sp = _Spill(spill)
+            sp = _Spill(spill, () if fmt == "didi" else ("state", "off"))
             if fmt == "didi":
                 blocks, meta = iter_didi_blocks(data, probs, codes), {"tz": DEFAULT_TZ["didi"], "offsets": False}
             else:
@@ -143,16 +142,20 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
             data_log = logging.getLogger("stfast.data")
             level = data_log.level
             data_log.setLevel(logging.WARNING)  # preprocess logs a summary per call: one for the whole input below
+            def clean(part):  # in _read_ahead's worker: the next partition is read and cleaned meanwhile
+                lo, hi, rec = part
+                traj = Trajectories(
+                    offsets=lengths_to_offsets(np.bincount(rec["code"] - lo, minlength=hi - lo)),
+                    lng=rec["lng"], lat=rec["lat"], t=rec["t"],
+                    state=rec["state"] if "state" in rec.dtype.names else np.ones(len(rec), np.float32),
+                    driver=np.array(codes.driver[lo:hi], object), source=np.array(codes.source[lo:hi], object),
+                    trip_id=np.array(ids[lo:hi], object),
+                    utc_offset_s=rec["off"] if meta["offsets"] else None, tz=meta["tz"])
+                return _clean(traj, cfg)
+
             try:
-                for lo, hi, rec in sp.parts(len(codes)):
-                    n = hi - lo
-                    traj = Trajectories(
-                        offsets=lengths_to_offsets(np.bincount(rec["code"] - lo, minlength=n)),
-                        lng=rec["lng"], lat=rec["lat"], t=rec["t"], state=rec["state"],
-                        driver=np.array(codes.driver[lo:hi], object), source=np.array(codes.source[lo:hi], object),
-                        trip_id=np.array(ids[lo:hi], object),
-                        utc_offset_s=rec["off"] if meta["offsets"] else None, tz=meta["tz"])
-                    w.append(preprocess(traj, cfg, carry))
+                for _, cleaned in _read_ahead(sp.parts(len(codes)), clean, depth=1):
+                    w.append(_cut(cleaned, carry))  # in order: the running sums continue from part to part
             finally:
                 data_log.setLevel(level)
             if w.n_trips == 0:

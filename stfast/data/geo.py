@@ -16,6 +16,20 @@ def haversine_km(lng1, lat1, lng2, lat2):
     return 2 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
 
 
+def path_km(lng, lat) -> np.ndarray:
+    """[n-1] float64 km: haversine distance between consecutive points of [n] arrays of degrees.
+
+    Bit for bit ``haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:])``, with each point's radians and cos φ
+    computed once instead of twice (the readers' preprocessing takes this over every raw point).
+    """
+    lng, lat = np.radians(np.asarray(lng, dtype=np.float64)), np.radians(np.asarray(lat, dtype=np.float64))
+    if len(lng) < 2:
+        return np.zeros(0)
+    cos_lat = np.cos(lat)
+    a = np.sin((lat[1:] - lat[:-1]) / 2) ** 2 + cos_lat[:-1] * cos_lat[1:] * np.sin((lng[1:] - lng[:-1]) / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * np.arcsin(np.sqrt(np.clip(a, 0.0, 1.0)))
+
+
 # --- GCJ-02 ("Mars coordinates") <-> WGS-84 -------------------------------------------------------
 #
 # GCJ-02 is the obfuscated datum mandated for maps published in mainland China (used by DiDi, AutoNavi/
@@ -34,11 +48,13 @@ def _gcj_out_of_china(lng: np.ndarray, lat: np.ndarray) -> np.ndarray:
     return (lng < 72.004) | (lng > 137.8347) | (lat < 0.8293) | (lat > 55.8271)
 
 
-def _gcj_delta(lng: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """GCJ-02 offset (dlng, dlat) in degrees at WGS-84 point (lng, lat) (no out-of-China test)."""
-    x = lng - 105.0
-    y = lat - 35.0
-    pi = np.pi
+def _gcj_delta(lng: np.ndarray, lat: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """GCJ-02 offset (dlng, dlat) in degrees at WGS-84 point (lng, lat) (no out-of-China test), evaluated in
+    ``dtype`` (float64 inputs; the shift to (105, 35) is taken in float64 first, so float32 loses no position)."""
+    f = np.dtype(dtype).type
+    x = (lng - 105.0).astype(dtype, copy=False)
+    y = (lat - 35.0).astype(dtype, copy=False)
+    pi = f(np.pi)
     sx = np.sqrt(np.abs(x))
     common = (20.0 * np.sin(6.0 * x * pi) + 20.0 * np.sin(2.0 * x * pi)) * 2.0 / 3.0
     dlat = -100.0 + 2.0 * x + 3.0 * y + 0.2 * y * y + 0.1 * x * y + 0.2 * sx + common
@@ -47,13 +63,13 @@ def _gcj_delta(lng: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray
     dlng = 300.0 + x + 2.0 * y + 0.1 * x * x + 0.1 * x * y + 0.1 * sx + common
     dlng += (20.0 * np.sin(x * pi) + 40.0 * np.sin(x / 3.0 * pi)) * 2.0 / 3.0
     dlng += (150.0 * np.sin(x / 12.0 * pi) + 300.0 * np.sin(x / 30.0 * pi)) * 2.0 / 3.0
-    rad = np.radians(lat)
+    rad = np.radians(lat.astype(dtype, copy=False))
     magic = 1.0 - _GCJ_EE * np.sin(rad) ** 2
     sqrt_magic = np.sqrt(magic)
     # metres -> degrees: meridian radius M = a(1-e²)/W³ and parallel radius N cos φ = a cos φ / W
-    dlat = (dlat * 180.0) / ((_GCJ_A * (1.0 - _GCJ_EE)) / (magic * sqrt_magic) * pi)
-    dlng = (dlng * 180.0) / (_GCJ_A / sqrt_magic * np.cos(rad) * pi)
-    return dlng, dlat
+    dlat = (dlat * 180.0) / (f(_GCJ_A * (1.0 - _GCJ_EE)) / (magic * sqrt_magic) * pi)
+    dlng = (dlng * 180.0) / (f(_GCJ_A) / sqrt_magic * np.cos(rad) * pi)
+    return dlng.astype(np.float64, copy=False), dlat.astype(np.float64, copy=False)
 
 
 def wgs84_to_gcj02(lng, lat) -> tuple[np.ndarray, np.ndarray]:
@@ -69,7 +85,7 @@ def wgs84_to_gcj02(lng, lat) -> tuple[np.ndarray, np.ndarray]:
     return np.where(out, lng, lng + dlng), np.where(out, lat, lat + dlat)
 
 
-def gcj02_to_wgs84(lng, lat, *, iterations: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def gcj02_to_wgs84(lng, lat, *, iterations: int = 3, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
     """GCJ-02 → WGS-84, degrees, broadcasting numpy arrays; returns float64 ``(lng, lat)``.
 
     Inverse of :func:`wgs84_to_gcj02` by fixed-point iteration: start at w₀ = g − δ(g), then
@@ -78,12 +94,18 @@ def gcj02_to_wgs84(lng, lat, *, iterations: int = 3) -> tuple[np.ndarray, np.nda
     Measured over 1e5 random points in China: the plain w₀ is off by up to 4.7 m, one refinement by up
     to 3 cm, three by under 1e-5 m (double rounding). Points outside the China rectangle (lng 72.004..137.8347, lat 0.8293..55.8271) are
     returned unchanged. Reference value (gcoord's unit test): (123, 45) → (122.99395597, 44.99804071).
+
+    ``dtype=np.float32`` evaluates the offset δ (≈ 0.005°) in single precision, 5–6× faster (numpy's
+    float32 sin is vectorized, its float64 sin is not): the positions stay float64 and only δ carries
+    float32's relative error, ~1e-7 of 0.005°. Measured against float64 over 3.5e5 points around Chengdu:
+    at most 1.4e-9° (0.15 mm), far below GPS noise. The raw-GPS readers use it (the datum shift is the
+    costliest step of reading DiDi GAIA).
     """
     g_lng, g_lat = np.broadcast_arrays(np.asarray(lng, dtype=np.float64), np.asarray(lat, dtype=np.float64))
-    dlng, dlat = _gcj_delta(g_lng, g_lat)
+    dlng, dlat = _gcj_delta(g_lng, g_lat, dtype)
     w_lng, w_lat = g_lng - dlng, g_lat - dlat
     for _ in range(max(0, int(iterations))):
-        dlng, dlat = _gcj_delta(w_lng, w_lat)
+        dlng, dlat = _gcj_delta(w_lng, w_lat, dtype)
         w_lng = w_lng - (w_lng + dlng - g_lng)
         w_lat = w_lat - (w_lat + dlat - g_lat)
     out = _gcj_out_of_china(g_lng, g_lat)

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stfast.data.geo import haversine_km
+from stfast.data.geo import haversine_km, path_km
 from stfast.data.trips import DroppedTrips, Trajectories, Trips, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, check_tz, utc_offset_s
 
@@ -256,7 +256,7 @@ def _speed_outliers(t, lng, lat, gid, vmax_kmh, dropped) -> np.ndarray:
     first = _first_mask(gid)
     speed = np.zeros(n)
     with np.errstate(divide="ignore", invalid="ignore"):  # t may repeat across a trajectory boundary
-        speed[1:] = _hav_idx(lng, lat, np.arange(n - 1), np.arange(1, n)) / np.diff(t) * 3600.0
+        speed[1:] = path_km(lng, lat) / np.diff(t) * 3600.0
     flagged = np.flatnonzero((speed > vmax_kmh) & ~first)
     if flagged.size == 0:
         return keep
@@ -372,7 +372,7 @@ def _resample(lng, lat, gid, s_km, carry: list | None = None) -> np.ndarray:
     keep[starts] = True
     keep[ends - 1] = True
     adj = np.zeros(n)
-    adj[1:] = _hav_idx(lng, lat, np.arange(n - 1), np.arange(1, n))
+    adj[1:] = path_km(lng, lat)
     adj[first] = 0.0
     if carry is not None:  # the path sum continues from the chunks before: one sequential cumsum, as over all
         adj[0] += carry[1]
@@ -447,6 +447,30 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry
         ValueError: a config value out of range (see :class:`PreprocessConfig`), or neither
             ``config.tz`` nor ``traj.tz`` names a time zone.
     """
+    return _cut(_clean(traj, config), carry)
+
+
+@dataclass
+class _Cleaned:
+    """What :func:`_clean` leaves for :func:`_cut`: the kept points (``idx`` into the input) and their trip
+    numbers ``tid``, each trip's trajectory and segment, the counts and rows dropped so far."""
+
+    traj: Trajectories
+    cfg: PreprocessConfig
+    lng_all: np.ndarray
+    lat_all: np.ndarray
+    t_all: np.ndarray
+    idx: np.ndarray
+    tid: np.ndarray
+    trip_traj: np.ndarray
+    trip_seg: np.ndarray
+    dropped: dict
+    gone: list
+
+
+def _clean(traj: Trajectories, config: PreprocessConfig | None) -> _Cleaned:
+    """Steps 1–4 of :func:`preprocess` (checks, cleaning, cutting into trips): everything that does not need the
+    running sums, so that :mod:`stfast.data.convert` can clean the next chunk while it cuts this one."""
     if not isinstance(traj, Trajectories):
         raise TypeError(f"preprocess expects Trajectories, got {type(traj).__name__}")
     if config is None:
@@ -532,13 +556,20 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry
         compact(pmask)
         tid = np.cumsum(_first_mask(tid[pmask])) - 1
         trip_traj, trip_seg = trip_traj[ok], trip_seg[ok]
+    return _Cleaned(traj, cfg, lng_all, lat_all, t_all, idx, tid, trip_traj, trip_seg, dropped, gone)
+
+
+def _cut(c: _Cleaned, carry: list | None) -> Trips:
+    """Steps 5–7 of :func:`preprocess` on what :func:`_clean` left (``carry`` as there)."""
+    traj, cfg, lng_all, lat_all, t_all = c.traj, c.cfg, c.lng_all, c.lat_all, c.t_all
+    idx, tid, trip_traj, trip_seg, dropped, gone = c.idx, c.tid, c.trip_traj, c.trip_seg, c.dropped, c.gone
+    n_in = traj.n_points
 
     # 5. resampling
     if cfg.min_spacing_km is not None and len(idx):
         keep = _resample(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km, carry)
         _add(dropped, "resampled", (~keep).sum())
-        compact(keep)
-        tid = tid[keep]  # trips keep their first and last point, so no trip vanishes
+        idx, tid = idx[keep], tid[keep]  # trips keep their first and last point, so no trip vanishes
 
     n = len(idx)
     if n == 0:
@@ -552,7 +583,7 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry
     offsets = lengths_to_offsets(lengths)
     tg = np.repeat(np.arange(len(starts)), lengths)
     adj = np.zeros(n)
-    adj[1:] = haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:])
+    adj[1:] = path_km(lng, lat)
     adj[first] = 0.0
     if carry is not None:  # as in _resample: dist_gap's sum continues from the chunks before
         adj[0] += carry[0]

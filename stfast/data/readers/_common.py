@@ -111,32 +111,70 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, str | None]]:
 
 
 BLOCK_BYTES = 32 << 20  # raw bytes parsed at a time by the block readers (bounded memory, any file size)
+_PARSE_CHUNK = 4 << 20  # pyarrow's chunk within a block: chunks are parsed on pyarrow's threads
 
 
-def _iter_blocks(path: Path, size: int | None = None) -> Iterator[tuple[int, bytes]]:
+def _iter_blocks(path: Path, size: int | None = None) -> Iterator[tuple[int, bytearray]]:
     """(1-based number of its first line, bytes) of consecutive blocks of whole lines of ``path``, each about
-    ``size`` bytes (default :data:`BLOCK_BYTES`; a longer line is one block); the last may lack a final newline."""
+    ``size`` bytes (default :data:`BLOCK_BYTES`; a longer line is one block); the last may lack a final newline.
+    Each block is a fresh bytearray read in place (``readinto``): no copy of the block is made on the way."""
     size = size or BLOCK_BYTES
     try:
-        f = open(path, "rb")
+        f = open(path, "rb", buffering=0)
     except OSError as e:
         raise TrajectoryFormatError(path, None, None, f"cannot open: {e.strerror or e}") from None
     with f:
         line, rest = 1, b""
         while True:
-            buf = f.read(size)
-            if not buf:
+            buf = bytearray(len(rest) + size)
+            buf[:len(rest)] = rest
+            got, at = 0, len(rest)
+            with memoryview(buf) as view:
+                while at < len(buf):  # a raw file may return less than asked before its end
+                    k = f.readinto(view[at:])
+                    if not k:
+                        break
+                    at += k
+                    got += k
+            del buf[at:]
+            if not got:
                 if rest:
-                    yield line, rest
+                    yield line, buf
                 return
-            buf = rest + buf if rest else buf
             cut = buf.rfind(b"\n") + 1
             if cut == 0:
                 rest = buf
                 continue
-            block, rest = buf[:cut], buf[cut:]
-            yield line, block
-            line += block.count(b"\n")
+            rest = bytes(buf[cut:])
+            del buf[cut:]
+            yield line, buf
+            line += buf.count(b"\n")
+
+
+_END = object()
+
+
+def _read_ahead(blocks: Iterator, parse, depth: int = 2) -> Iterator[tuple]:
+    """(block, parse(block)) for each item of ``blocks``, in order, while a worker thread reads and parses the
+    next ``depth`` blocks (pyarrow's reader and numpy release the GIL, so reading overlaps with what the caller
+    does with a block: on 2 cores, about the smaller of the two costs is saved). ``parse`` must not touch
+    shared state; anything order-dependent (trip codes) stays with the caller. Errors of either are raised
+    here, in order."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def task():  # tasks run one at a time in the one worker, so the generator is never advanced concurrently
+        item = next(blocks, _END)
+        return item, (None if item is _END else parse(item))
+
+    with ThreadPoolExecutor(1, thread_name_prefix="stfast-read") as pool:
+        queue = deque(pool.submit(task) for _ in range(depth))
+        while True:
+            item, got = queue.popleft().result()
+            if item is _END:
+                return
+            queue.append(pool.submit(task))
+            yield item, got
 
 
 def _block_lines(first: int, block: bytes) -> Iterator[tuple[int, str | None]]:

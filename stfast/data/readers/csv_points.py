@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import io
+import itertools
 import logging
 import math
 import os
@@ -27,8 +28,8 @@ from typing import Iterator
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import (_BadField, _finite, _iter_blocks, _lng_lat, _Problems, _require_file,
-                                         _TripCodes)
+from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _finite, _iter_blocks, _lng_lat, _Problems,
+                                         _read_ahead, _require_file, _TripCodes)
 from stfast.data.trips import Trajectories, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS
 
@@ -164,24 +165,46 @@ def iter_csv_blocks(path, probs: _Problems, codes: _TripCodes, meta: dict) -> It
     if p.is_dir():
         raise TrajectoryFormatError(path, None, None, "is a directory, expected a CSV file")
     header = None
-    any_offset = False
-    for first, block in _iter_blocks(p):
+    blocks = _whole_rows(_iter_blocks(p))
+    for first, block in blocks:  # rows up to the header: read by the csv module
         if first == 1 and block.startswith(b"\xef\xbb\xbf"):
             block = block[3:]
-        if header is None:  # rows up to the header: read by the csv module
-            header, first, block = _find_header(p, first, block)
-            if header is None:
-                continue
-        got = _fast_block(block, header, codes, str(p))
+        header, first, block = _find_header(p, first, block)
+        if header is not None:
+            break
+    if header is None:
+        raise TrajectoryFormatError(path, None, None, "empty file: no header row")
+    any_offset = False
+    rest = itertools.chain([(first, block)], blocks)
+    for (first, block), parsed in _read_ahead(rest, lambda fb: _parse_block(fb[1], header)):
+        got = None
+        if parsed is not None:
+            code = codes.encode_block(parsed.pop("trip"), parsed.pop("driver"), str(p))
+            got = None if code is None else {"code": code, **parsed}
         if got is None:
             got = _slow_block(p, first, block, header, probs, codes)
         if len(got["t"]):
             any_offset = any_offset or bool(np.isfinite(got["off"]).any())
             yield got
-    if header is None:
-        raise TrajectoryFormatError(path, None, None, "empty file: no header row")
     meta["offsets"] = any_offset
     meta["tz"] = TZ_FROM_TIMESTAMPS if any_offset else "UTC"
+
+
+def _whole_rows(blocks: Iterator[tuple[int, bytearray]]) -> Iterator[tuple[int, bytearray]]:
+    """The blocks of :func:`~stfast.data.readers._common._iter_blocks`, a block that ends inside a quoted field
+    (an odd number of ``"``: a quoted field's quotes, doubled ones included, pair up) joined with the next, so
+    that a quoted field holding a line break is never cut in two."""
+    held = None
+    for first, block in blocks:
+        if held is not None:
+            first, block = held[0], held[1] + block
+        if b'"' in block and block.count(b'"') % 2:
+            held = (first, block)
+            continue
+        held = None
+        yield first, block
+    if held is not None:
+        yield held
 
 
 def _rows(first: int, block: bytes):
@@ -214,10 +237,13 @@ def _find_header(path: Path, first: int, block: bytes, limit: int | None = 1 << 
             return header, no + 1, rest
 
 
-def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dict | None:
-    """A block's points parsed with pyarrow and checked with numpy; None when anything is off (not ASCII, a
-    lone CR, a parse error, an empty trip id, a value out of range or not finite, a timestamp the vectorized
-    parse does not take, a trip with another driver)."""
+def _parse_block(block, h: _Header) -> dict | None:
+    """A block's points parsed with pyarrow and checked with numpy: ``trip``/``driver`` (pyarrow string
+    arrays), ``t``, ``off``, ``lng``, ``lat`` [n] float64, ``state`` [n] float32; None when anything is off (not
+    ASCII, a lone CR, a parse error, an empty trip id, a value out of range or not finite, a timestamp the
+    vectorized parse does not take). Touches no shared state (it runs in
+    :func:`~stfast.data.readers._common._read_ahead`'s worker); the caller encodes the trips, which may still
+    refuse the block (a trip with another driver)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyarrow import csv as pacsv
@@ -233,7 +259,7 @@ def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dic
         types[names[h.i_state]] = f64
     try:
         tab = pacsv.read_csv(
-            pa.py_buffer(block), read_options=pacsv.ReadOptions(column_names=names, block_size=len(block) + 1),
+            pa.py_buffer(block), read_options=pacsv.ReadOptions(column_names=names, block_size=_PARSE_CHUNK),
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=list(types),
                                                  strings_can_be_null=False, null_values=[],
                                                  quoted_strings_can_be_null=False))
@@ -241,8 +267,8 @@ def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dic
         return None
     n = tab.num_rows
     if n == 0:
-        return {k: np.zeros(0, np.float32 if k == "state" else np.int64 if k == "code" else np.float64)
-                for k in ("code", "t", "off", "lng", "lat", "state")}
+        return {"trip": pa.array([], s), "driver": pa.array([], s),
+                **{k: np.zeros(0, np.float32 if k == "state" else np.float64) for k in ("t", "off", "lng", "lat", "state")}}
     blanks = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # what str.strip removes in ASCII text
     has_blanks = any(c.encode() in block for c in blanks if c not in "\n\r")
 
@@ -259,10 +285,7 @@ def _fast_block(block: bytes, h: _Header, codes: _TripCodes, source: str) -> dic
             or not (np.isfinite(x).all() and np.isfinite(y).all() and np.isfinite(st).all())
             or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
         return None
-    code = codes.encode_block(trip, drv, source)
-    if code is None:
-        return None
-    return {"code": code, "t": ts[0], "off": ts[1], "lng": x, "lat": y, "state": st.astype(np.float32)}
+    return {"trip": trip, "driver": drv, "t": ts[0], "off": ts[1], "lng": x, "lat": y, "state": st.astype(np.float32)}
 
 
 # ISO-8601 forms the vectorized parse takes (others, and any value it cannot check, go to the csv module):

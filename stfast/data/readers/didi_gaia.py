@@ -20,8 +20,8 @@ import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.geo import gcj02_to_wgs84
-from stfast.data.readers._common import (_BadField, _block_lines, _finite, _is_didi_data_file, _iter_blocks, _lng_lat,
-                                         _Problems, _require_file, _TripCodes)
+from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _block_lines, _finite, _is_didi_data_file,
+                                         _iter_blocks, _lng_lat, _Problems, _read_ahead, _require_file, _TripCodes)
 from stfast.data.trips import Trajectories, lengths_to_offsets
 
 DIDI_TZ = "Asia/Shanghai"
@@ -114,8 +114,13 @@ def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict
     empty = []
     for f in didi_files(path):
         n_rows = 0
-        for first, block in _iter_blocks(f):
-            got = _fast_block(block, codes, str(f))
+        for (first, block), parsed in _read_ahead(_iter_blocks(f), lambda fb: _parse_block(fb[1])):
+            got = None
+            if parsed is not None:
+                code = codes.encode_block(parsed.pop("order"), parsed.pop("driver"), str(f))
+                if code is not None:  # the datum shift here, beside the worker's parse of the next blocks
+                    lng, lat = _to_wgs84(parsed.pop("x"), parsed.pop("y"))
+                    got = {"code": code, "t": parsed["t"], "lng": lng, "lat": lat}
             if got is None:
                 got = _slow_block(f, first, block, probs, codes)
             n_rows += len(got["t"]) + got.pop("bad", 0)
@@ -128,9 +133,12 @@ def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict
         logging.getLogger("stfast.data").warning("skipped %d empty gps file(s) (first: %s)", len(empty), empty[0])
 
 
-def _fast_block(block: bytes, codes: _TripCodes, source: str) -> dict | None:
-    """A block's points parsed with pyarrow and checked with numpy; None when anything is off (not ASCII,
-    blanks around fields, a parse error, an empty id, a value out of range, an order with another driver)."""
+def _parse_block(block) -> dict | None:
+    """A block's rows parsed with pyarrow and checked with numpy: ``order``/``driver`` (pyarrow string arrays),
+    ``t``, ``x``, ``y`` [n] float64 (GCJ-02 lng/lat); None when anything is off (not ASCII, blanks
+    around fields, a parse error, an empty id, a value out of range). Touches no shared state (it runs in
+    :func:`~stfast.data.readers._common._read_ahead`'s worker); the caller encodes the trips, which may still
+    refuse the block (an order with another driver)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyarrow import csv as pacsv
@@ -141,7 +149,7 @@ def _fast_block(block: bytes, codes: _TripCodes, source: str) -> dict | None:
     try:
         tab = pacsv.read_csv(
             pa.py_buffer(block),
-            read_options=pacsv.ReadOptions(column_names=list(DIDI_FIELDS), block_size=len(block) + 1),
+            read_options=pacsv.ReadOptions(column_names=list(DIDI_FIELDS), block_size=_PARSE_CHUNK),
             parse_options=pacsv.ParseOptions(quote_char=False, double_quote=False),
             convert_options=pacsv.ConvertOptions(
                 column_types={"driver_id": s, "order_id": s, "unix_ts": pa.float64(), "lng": pa.float64(),
@@ -150,32 +158,23 @@ def _fast_block(block: bytes, codes: _TripCodes, source: str) -> dict | None:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     if tab.num_rows == 0:
-        return {"code": np.zeros(0, np.int64), "t": np.zeros(0), "lng": np.zeros(0), "lat": np.zeros(0)}
+        return {"order": pa.array([], s), "driver": pa.array([], s), "t": np.zeros(0), "x": np.zeros(0),
+                "y": np.zeros(0)}
     drv, order = (tab.column(k).combine_chunks() for k in ("driver_id", "order_id"))
     t, x, y = (tab.column(k).to_numpy() for k in ("unix_ts", "lng", "lat"))
     if (pc.min(pc.utf8_length(drv)).as_py() == 0 or pc.min(pc.utf8_length(order)).as_py() == 0
             or not (np.isfinite(t).all() and np.isfinite(x).all() and np.isfinite(y).all())
             or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
         return None
-    code = codes.encode_block(order, drv, source)
-    if code is None:
-        return None
-    lng, lat = _to_wgs84(x, y)
-    return {"code": code, "t": t, "lng": lng, "lat": lat}
+    return {"order": order, "driver": drv, "t": t, "x": x, "y": y}
 
 
 def _to_wgs84(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """gcj02_to_wgs84 of a block, its halves in two threads (numpy's ufuncs release the GIL; the transform is
-    per point, so the result is the same): the inverse datum shift is the costliest step of reading DiDi."""
-    if len(x) < 100_000:
-        lng, lat = gcj02_to_wgs84(x, y)
-        return np.asarray(lng, np.float64), np.asarray(lat, np.float64)
-    from concurrent.futures import ThreadPoolExecutor
-
-    h = len(x) // 2
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.map(lambda s: gcj02_to_wgs84(x[s], y[s]), (slice(0, h), slice(h, None)))
-    return np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])
+    """GCJ-02 → WGS-84 of a block's points, as every DiDi read does it (fast and line-by-line paths alike):
+    :func:`~stfast.data.geo.gcj02_to_wgs84` with its offset in float32 (0.15 mm at most from float64; the
+    inverse datum shift is the costliest step of reading DiDi, and float32's sin is vectorized)."""
+    lng, lat = gcj02_to_wgs84(x, y, dtype=np.float32)
+    return np.asarray(lng, np.float64), np.asarray(lat, np.float64)
 
 
 def _slow_block(f: Path, first: int, block: bytes, probs: _Problems, codes: _TripCodes) -> dict:
@@ -205,6 +204,6 @@ def _slow_block(f: Path, first: int, block: bytes, probs: _Problems, codes: _Tri
         except _BadField as e:
             probs.bad(f, no, e.field, e.reason, trip=order)
     cols = np.array(rows, np.float64).reshape(-1, 4).T
-    w_lng, w_lat = gcj02_to_wgs84(cols[2], cols[3])
-    return {"code": cols[0].astype(np.int64), "t": cols[1], "lng": np.asarray(w_lng, np.float64),
-            "lat": np.asarray(w_lat, np.float64), "bad": sum(probs.dropped.values()) - bad0}
+    w_lng, w_lat = _to_wgs84(cols[2], cols[3])
+    return {"code": cols[0].astype(np.int64), "t": cols[1], "lng": w_lng, "lat": w_lat,
+            "bad": sum(probs.dropped.values()) - bad0}
