@@ -95,7 +95,8 @@ def stage_load_epoch(path: str, batch_size: int, world_size: int) -> dict:
 
 def stage_gen(kind: str, n: int, path: str) -> dict:
     """A raw file of ``n`` points: ``didi`` (gps_* rows grouped by order, 60–400 points every 3 s) or ``csv``
-    (point CSV, ISO timestamps with +08:00, rows shuffled); ``jsonl``: n synthetic trips as DeepTTE JSON lines."""
+    (point CSV, ISO timestamps with +08:00, rows shuffled within each 4 M-point chunk); ``jsonl``: n synthetic
+    trips as DeepTTE JSON lines."""
     import numpy as np
 
     if kind == "jsonl":
@@ -103,15 +104,30 @@ def stage_gen(kind: str, n: int, path: str) -> dict:
 
         synthetic_trips(n, seed=0).to_jsonl(path)
         return {"bytes": __import__("os").path.getsize(path)}
-    import pyarrow as pa
     from pyarrow import csv as pacsv
 
-    rng = np.random.default_rng(0)
+    chunk = 4_000_000  # points generated at a time: a 100 M-point file never sits in memory
+    with open(path, "wb") as f:
+        trip0 = 0
+        for c, lo in enumerate(range(0, n, chunk)):
+            tab, trip0 = _gen_chunk(kind, min(chunk, n - lo), trip0, np.random.default_rng(c))
+            pacsv.write_csv(tab, f, write_options=pacsv.WriteOptions(include_header=kind == "csv" and c == 0,
+                                                                      quoting_style="none"))
+    return {"bytes": __import__("os").path.getsize(path)}
+
+
+def _gen_chunk(kind: str, n: int, trip0: int, rng):
+    """A pyarrow table of ``n`` points of whole trips numbered from ``trip0`` (see stage_gen), and the next
+    trip number. CSV rows are shuffled within the chunk."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     lens = rng.integers(60, 400, size=n // 60 + 10)
     lens = lens[:np.searchsorted(np.cumsum(lens), n) + 1]
     lens[-1] -= lens.sum() - n
     lens = lens[lens > 0]
-    trip = np.arange(len(lens))
+    trip = trip0 + np.arange(len(lens))
     k = np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens)
     t = np.repeat(1477929600 + rng.integers(0, 86000, len(lens)), lens) + 3 * k
     x = np.round(np.repeat(rng.uniform(103.95, 104.15, len(lens)), lens) + k * 2e-4, 5)
@@ -119,16 +135,11 @@ def stage_gen(kind: str, n: int, path: str) -> dict:
     ids = np.repeat(np.char.mod("%032x", trip * 104729 + 99991), lens)
     drv = np.repeat(np.char.mod("%032x", (trip % 5000) * 7919 + 12345), lens)
     if kind == "didi":
-        tab = pa.table({"d": drv, "o": ids, "t": t, "x": x, "y": y})
-        header = False
-    else:
-        order = rng.permutation(n)
-        iso = __import__("pyarrow.compute").compute.strftime(pa.array(t[order] + 8 * 3600, pa.timestamp("s")), "%Y-%m-%dT%H:%M:%S+08:00")
-        tab = pa.table({"trip_id": ids[order], "timestamp": iso, "lng": x[order], "lat": y[order],
-                        "driver_id": drv[order]})
-        header = True
-    pacsv.write_csv(tab, path, write_options=pacsv.WriteOptions(include_header=header, quoting_style="none"))
-    return {"bytes": __import__("os").path.getsize(path)}
+        return pa.table({"d": drv, "o": ids, "t": t, "x": x, "y": y}), trip0 + len(lens)
+    order = rng.permutation(n)
+    iso = pc.strftime(pa.array(t[order] + 8 * 3600, pa.timestamp("s")), "%Y-%m-%dT%H:%M:%S+08:00")
+    return (pa.table({"trip_id": ids[order], "timestamp": iso, "lng": x[order], "lat": y[order],
+                      "driver_id": drv[order]}), trip0 + len(lens))
 
 
 def stage_loop(kind: str, path: str) -> dict:

@@ -97,9 +97,9 @@ def gcj02_to_wgs84(lng, lat, *, iterations: int = 3, dtype=np.float64) -> tuple[
 
     ``dtype=np.float32`` evaluates the offset δ (≈ 0.005°) in single precision, 5–6× faster (numpy's
     float32 sin is vectorized, its float64 sin is not): the positions stay float64 and only δ carries
-    float32's relative error, ~1e-7 of 0.005°. Measured against float64 over 3.5e5 points around Chengdu:
-    at most 1.4e-9° (0.15 mm), far below GPS noise. The raw-GPS readers use it (the datum shift is the
-    costliest step of reading DiDi GAIA).
+    float32's relative error, ~1e-7 of 0.005°. Measured against float64 on 2e5 random points: at most 1.8 mm
+    over China, 0.15 mm around Chengdu, far below GPS noise; two refinements reach that floor already. The
+    DiDi reader uses it (the datum shift is the costliest step of reading DiDi GAIA).
     """
     g_lng, g_lat = np.broadcast_arrays(np.asarray(lng, dtype=np.float64), np.asarray(lat, dtype=np.float64))
     dlng, dlat = _gcj_delta(g_lng, g_lat, dtype)
