@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _block_lines, _iter_blocks, _Problems, _require_file
+from stfast.data.readers._common import _BadField, _block_lines, _iter_blocks, _Problems, _read_ahead, _require_file
 from stfast.data.trips import DroppedTrips, Trips, lengths_to_offsets
 from stfast.data.tz import check_tz
 
@@ -206,8 +206,10 @@ def iter_file_blocks(path: Path, on_error: str = "raise", time_tolerance_s: floa
     probs = _Problems(on_error)
     bad: list = []  # (trip id, segment) of skipped lines
     n, zones = 0, set()
-    for first, block in _iter_blocks(path):
-        got = _fast_block(block, first, time_tolerance_s, id_prefix)
+    def fast(item):  # in _read_ahead's worker: the next blocks are parsed while this one is checked and stored
+        return _fast_block(item[1], item[0], time_tolerance_s, id_prefix)
+
+    for (first, block), got in _read_ahead(_iter_blocks(path), fast):
         if got is None:
             got = _slow_block(path, first, block, probs, time_tolerance_s, id_prefix, bad)
         n += len(got["dist"])
