@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from stfast.cli import build_parser  # noqa: E402
-from stfast.serve.app import create_app  # noqa: E402
+from stfast.serve.app import create_app, parse_json  # noqa: E402
 from stfast.serve.batcher import DynamicBatcher  # noqa: E402
 from stfast.serve.ratelimit import RateLimit  # noqa: E402
 from stfast.train.trained import load_model  # noqa: E402
@@ -87,6 +87,48 @@ def test_errors_are_json_with_the_status_a_client_expects(client, body, status, 
     assert words in e["error"] and e.get("field") == field
     if b"routes" in (body if isinstance(body, bytes) else body.encode()):
         assert e["route"] == 1  # the second route of the request
+
+
+@pytest.mark.parametrize("body, status, field, words", [
+    # JSON that only the stdlib reads still reaches the route checks (orjson refuses NaN; the answer must not change)
+    (b'{"route": [[104.06, 30.66], [NaN, 30.66], [104.07, 30.67]], "departure": "%s"}' % DEP.encode(), 422, "route",
+     "point 1 is not finite"),
+    (b'{"route": [[104.06, 30.66], [Infinity, 30.66], [104.07, 30.67]], "departure": "%s"}' % DEP.encode(), 422,
+     "route", "not finite"),
+    (json.dumps({"route": _route(), "departure": DEP}).encode("utf-16"), 200, None, None),
+    (b'{"route": [[1, 2]], "departure": "x"', 400, None, "not JSON"),
+    (b"\xff\xfe\x00", 400, None, "not JSON"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 63 - 1}).encode(), 200, None, None),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 70}).encode(), 422, "driver", "within 64 bits"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 1.5}).encode(), 422, "driver", "string or an integer"),
+    (json.dumps({"route": _route(), "departure": DEP, "densify": 1}).encode(), 422, "densify", "true or false"),
+    (json.dumps({"routes": []}).encode(), 422, "routes", "non-empty"),
+    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes", "1000 per"),
+])
+def test_lean_path_keeps_the_error_contract(client, body, status, field, words):
+    """POST /eta skips FastAPI's routing and parses with orjson: every answer keeps its status and JSON body."""
+    r = client.post("/eta", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    if status != 200:
+        assert words in r.json()["error"] and r.json().get("field") == field
+    else:
+        assert r.json()["eta_s"] > 0
+
+
+def test_lean_path_parses_as_the_stdlib_does():
+    for body in [b'{"a": [1.5, -2e-3, 104.0623456789012], "b": "\\u00e9", "c": null, "d": true}', b"[1, 2]",
+                 b'{"x": NaN, "y": -Infinity, "z": 1e400}', b'{"n": 9223372036854775807}']:
+        got, want = parse_json(body), json.loads(body)
+        assert json.dumps(got) == json.dumps(want)  # NaN != NaN: compare the text
+    with pytest.raises(Exception, match="not JSON"):
+        parse_json(b"{")
+
+
+def test_other_routes_and_methods_still_reach_fastapi(client):
+    assert client.get("/eta").status_code == 405
+    assert client.post("/eta/x", json={}).status_code == 404
+    assert client.get("/").status_code == 200 and "<svg" in client.get("/").text
 
 
 def test_body_limit(client):
