@@ -1,15 +1,22 @@
 """Load on `stfast serve`, on loopback: dynamic batching against one request per forward pass (--max-batch 1).
 
 One server build, two runs of it: ``--max-batch B --max-wait-ms W`` (batching) and ``--max-batch 1``. For each,
-1, 16 and 64 concurrent clients (httpx async clients in this process) each send a fixed number of requests, one
-after another; every request is one real route (the points of a held-out trip of the run, its test split, as
-``POST /eta`` with ``densify: false``; trips outside the training area left out). Reported per mode and client count: requests/s (requests / wall time of
-the whole round) and the p50 / p99 latency of a request. Writes ``OUT.json``, ``OUT.md`` (the table) and
-``OUT.png`` (the plot), and prints the table.
+1, 16 and 64 concurrent clients each send a fixed number of requests, one after another, on one keep-alive
+connection each; every request is one real route (the points of a held-out trip of the run, its test split, as
+``POST /eta`` with ``densify: false``; trips outside the training area left out). Reported per mode and client
+count: requests/s (requests / wall time of the whole round), the p50 / p99 latency of a request, and the CPU time
+per request of the server and of the load generator. Writes ``OUT.json``, ``OUT.md`` (the table) and ``OUT.png``
+(the plot), and prints the table.
+
+The clients run in this process. By default they are lean (:class:`LeanClient`: asyncio streams, requests
+encoded before the clock starts, ~0.1 ms of CPU per request); ``--client httpx`` uses httpx (2–3 ms per request,
+which on a 2-core machine takes CPU from the server it measures). ``--pin`` puts the server on CPU 0 and the
+load generator on CPU 1.
 
     python benchmarks/serve_load.py --checkpoint runs/chengdu/checkpoint.pt --out docs/serve_load
 
-Bounded: clients × requests per round, a timeout per request; the servers are stopped at the end.
+Bounded: clients × requests per round, a timeout per round (``--round-timeout``); the servers are stopped at the
+end.
 """
 from __future__ import annotations
 
@@ -33,15 +40,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: str, max_batch: int, max_wait_ms: float, threads: int | None):
-    """`stfast serve` in a subprocess on a free loopback port; (process, base url) once /healthz answers."""
+def start_server(checkpoint: str, max_batch: int, max_wait_ms: float, threads: int | None,
+                 cpus: set[int] | None = None):
+    """`stfast serve` in a subprocess on a free loopback port (on the CPUs ``cpus``, all its threads, when given);
+    (process, base url) once /healthz answers."""
     import httpx
 
     port = _free_port()
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen([sys.executable, "-m", "stfast.cli", "serve", "--checkpoint", checkpoint, "--port",
                              str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
                             + (["--threads", str(threads)] if threads else []),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -65,44 +75,120 @@ def _cpu_s(pid: int | None = None) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def one_round(url: str, bodies: list[bytes], clients: int, requests: int, server_pid: int | None = None) -> dict:
-    """``clients`` concurrent clients, ``requests`` each (client c sends bodies[(c * requests + i) % len]); their
-    latencies (s), the round's wall time and the CPU time per request of the server (``server_pid``) and of this
-    load generator."""
-    import httpx
+def request_bytes(host: str, path: str, body: bytes) -> bytes:
+    """One whole HTTP/1.1 keep-alive ``POST path`` with a JSON ``body``, encoded once before the clock starts."""
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """(status, body) of one HTTP/1.1 response with a Content-Length (what uvicorn sends for JSON); raises
+    ValueError on anything else (chunked, a closed connection)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return status, await reader.readexactly(int(value))
+    raise ValueError(f"a response without Content-Length: {head[:200]!r}")
+
+
+class LeanClient:
+    """A keep-alive HTTP/1.1 connection that sends pre-encoded requests (:func:`request_bytes`) over asyncio
+    streams and reads each response whole: a few tens of microseconds of CPU per request, so that the load
+    generator costs the server's cores little (an httpx AsyncClient spends 2–3 ms per request)."""
+
+    def __init__(self, url: str):
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port or 80)
+        self.reader = self.writer = None
+
+    async def __aenter__(self):
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc):
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        self.writer.write(request)
+        return await read_response(self.reader)
+
+
+class HttpxClient:
+    """The same interface over one httpx AsyncClient (one keep-alive connection): the comparison for the
+    load generator's own cost."""
+
+    def __init__(self, url: str):
+        import httpx
+
+        self.client = httpx.AsyncClient(base_url=url, timeout=120)
+
+    async def __aenter__(self):
+        await self.client.get("/healthz")  # connect before the clock starts
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.client.aclose()
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        head, _, body = request.partition(b"\r\n\r\n")
+        path = head.split(b" ", 2)[1].decode()
+        import httpx
+
+        try:
+            r = await self.client.post(path, content=body, headers={"Content-Type": "application/json"})
+        except httpx.TransportError as e:  # as the lean client's: a failed connection is an OSError
+            raise OSError(f"{type(e).__name__}: {e}") from None
+        return r.status_code, r.content
+
+
+CLIENTS = {"lean": LeanClient, "httpx": HttpxClient}
+
+
+async def one_round(url: str, bodies: list[bytes], clients: int, requests: int, server_pid: int | None = None,
+                    kind: str = "lean", timeout_s: float = 600.0) -> dict:
+    """``clients`` concurrent clients (each one keep-alive connection of ``kind``: ``lean`` or ``httpx``),
+    ``requests`` each (client c sends bodies[(c * requests + i) % len]); their latencies (s), the round's wall
+    time and the CPU time per request of the server (``server_pid``) and of this load generator. Raises
+    TimeoutError past ``timeout_s``."""
+    host = url.removeprefix("http://")
+    reqs = [request_bytes(host, "/eta", b) for b in bodies]
     lat: list[float] = []
     errors: list[str] = []
     connected = [0]
     ready, all_in = asyncio.Event(), asyncio.Event()
 
     async def client(k: int):
-        # one AsyncClient (one keep-alive connection) per simulated client: a shared pool of 64 connections
-        # costs the load generator itself more CPU per request than the server spends
-        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-            await c.get("/healthz")  # connect before the clock starts
+        async with CLIENTS[kind](url) as c:
             connected[0] += 1
             if connected[0] == clients:
                 all_in.set()
             await ready.wait()
             for i in range(requests):
-                body = bodies[(k * requests + i) % len(bodies)]
+                req = reqs[(k * requests + i) % len(reqs)]
                 t0 = time.perf_counter()
                 try:
-                    r = await c.post("/eta", content=body, headers={"Content-Type": "application/json"})
-                except httpx.TransportError as e:  # counted, not retried: a failed request is part of the result
+                    status, body = await c.send(req)
+                except (OSError, ValueError, asyncio.IncompleteReadError) as e:
+                    # counted, not retried: a failed request is part of the result; the connection is gone
                     errors.append(type(e).__name__)
-                    continue
+                    break
                 lat.append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
+                if status != 200:
+                    raise RuntimeError(f"{status}: {body[:300]!r}")
 
     tasks = [asyncio.create_task(client(k)) for k in range(clients)]
     await asyncio.wait_for(all_in.wait(), 120)
     cpu0 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
     t0 = time.perf_counter()
     ready.set()
-    await asyncio.gather(*tasks)
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
     wall = time.perf_counter() - t0
     cpu1 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
     a = np.array(lat)
@@ -213,6 +299,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=None, help="the server's --threads (default: torch's)")
     ap.add_argument("--departure", default="2014-08-20T08:30:00")
+    ap.add_argument("--client", choices=sorted(CLIENTS), default="lean",
+                    help="the load generator: lean (raw asyncio streams, pre-encoded requests; default) or httpx")
+    ap.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round may take")
+    ap.add_argument("--pin", action="store_true",
+                    help="the server on CPU 0, this load generator on CPU 1 (Linux; needs 2 CPUs)")
     ap.add_argument("--in-process", action="store_true", help="also measure the batcher without HTTP")
     ap.add_argument("--out", default=None, help="write OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
@@ -220,13 +311,18 @@ def main(argv=None) -> int:
     import httpx
 
     bodies = route_bodies(a.checkpoint, 256, a.departure)
+    cpus = os.sched_getaffinity(0)
+    if a.pin:
+        if not {0, 1} <= cpus:
+            ap.error(f"--pin needs CPUs 0 and 1, this process may run on {sorted(cpus)}")
+        os.sched_setaffinity(0, {1})
     rows = []
     for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
-        proc, url = start_server(a.checkpoint, mb, a.max_wait_ms, a.threads)
+        proc, url = start_server(a.checkpoint, mb, a.max_wait_ms, a.threads, {0} if a.pin else None)
         try:
-            asyncio.run(one_round(url, bodies, 4, 10))  # warm-up (first passes, connection setup)
+            asyncio.run(one_round(url, bodies, 4, 10, kind=a.client))  # warm-up (first passes, connection setup)
             for c in a.clients:
-                r = asyncio.run(one_round(url, bodies, c, a.requests, proc.pid))
+                r = asyncio.run(one_round(url, bodies, c, a.requests, proc.pid, a.client, a.round_timeout))
                 h = httpx.get(url + "/healthz").json()["batching"]
                 rows.append({"mode": mode, **r, "forward_passes": h["forward_passes"], "routes": h["routes"]})
                 print(f"{mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
@@ -235,6 +331,8 @@ def main(argv=None) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    if a.pin:
+        os.sched_setaffinity(0, cpus)
     md = table(rows)
     print(md)
     inproc = []
@@ -259,9 +357,9 @@ def main(argv=None) -> int:
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(), "requests_per_client": a.requests,
-                "max_wait_ms": a.max_wait_ms, "threads": a.threads, "rows": rows,
-                "in_process_rows": inproc}
+        meta = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(),
+                "requests_per_client": a.requests, "max_wait_ms": a.max_wait_ms, "threads": a.threads,
+                "client": a.client, "pinned": a.pin, "rows": rows, "in_process_rows": inproc}
         out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
         out.with_suffix(".md").write_text(md + "\n")
         plot(rows, out.with_suffix(".png"))
