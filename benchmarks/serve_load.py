@@ -5,7 +5,9 @@ One server build, two runs of it: ``--max-batch B --max-wait-ms W`` (batching) a
 connection each; every request is one real route (the points of a held-out trip of the run, its test split, as
 ``POST /eta`` with ``densify: false``; trips outside the training area left out). Reported per mode and client
 count: requests/s (requests / wall time of the whole round), the p50 / p99 latency of a request, and the CPU time
-per request of the server and of the load generator. Writes ``OUT.json``, ``OUT.md`` (the table) and ``OUT.png``
+per request of the server (its event loop, its forward passes) and of the load generator. Both servers run
+side by side, and each client count gets ``--repeats`` rounds per mode, the modes taking turns, pooled; each
+round's requests/s and the load average are kept. Writes ``OUT.json``, ``OUT.md`` (the table) and ``OUT.png``
 (the plot), and prints the table.
 
 The clients run in this process. By default they are lean (:class:`LeanClient`: asyncio streams, requests
@@ -66,12 +68,13 @@ def start_server(checkpoint: str, max_batch: int, max_wait_ms: float, threads: i
     raise RuntimeError("stfast serve did not answer within 120 s")
 
 
-def _cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid`` (None: this one)."""
+def _cpu_s(pid: int | None = None, thread: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (None: this one), or of its thread ``thread`` alone."""
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    f = open(path).read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -185,17 +188,32 @@ async def one_round(url: str, bodies: list[bytes], clients: int, requests: int, 
 
     tasks = [asyncio.create_task(client(k)) for k in range(clients)]
     await asyncio.wait_for(all_in.wait(), 120)
-    cpu0 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
+    # the server's main thread runs the event loop (HTTP, checks, batching); the rest is the forward passes' thread
+    cpu0 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s(), _cpu_s(server_pid, server_pid) if server_pid else 0.0)
+    load = os.getloadavg()[0]  # other work on the machine, to report beside every number
     t0 = time.perf_counter()
     ready.set()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
     wall = time.perf_counter() - t0
-    cpu1 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s())
+    cpu1 = (_cpu_s(server_pid) if server_pid else 0.0, _cpu_s(), _cpu_s(server_pid, server_pid) if server_pid else 0.0)
     a = np.array(lat)
     return {"clients": clients, "requests": len(a), "errors": len(errors), "wall_s": wall, "rps": len(a) / wall,
             "p50_ms": 1000 * float(np.percentile(a, 50)), "p99_ms": 1000 * float(np.percentile(a, 99)),
-            "server_cpu_ms_per_req": 1000 * (cpu1[0] - cpu0[0]) / max(len(a), 1),
+            "load_avg_1min": load, "latencies_s": lat, "server_cpu_ms_per_req": 1000 * (cpu1[0] - cpu0[0]) / max(len(a), 1),
+            "server_loop_cpu_ms_per_req": 1000 * (cpu1[2] - cpu0[2]) / max(len(a), 1),
             "client_cpu_ms_per_req": 1000 * (cpu1[1] - cpu0[1]) / max(len(a), 1)}
+
+
+def pooled(rounds: list[dict]) -> dict:
+    """Repeated rounds of one mode and client count as one result: requests / their summed wall time, p50 / p99
+    over all their latencies, CPU per request over all their requests; each round's req/s and load average kept."""
+    lat = np.concatenate([r["latencies_s"] for r in rounds])
+    n, wall = sum(r["requests"] for r in rounds), sum(r["wall_s"] for r in rounds)
+    cpu = {k: sum(r[k] * r["requests"] for r in rounds) / max(n, 1) for k in rounds[0] if k.endswith("_per_req")}
+    return {"clients": rounds[0]["clients"], "rounds": len(rounds), "requests": n,
+            "errors": sum(r["errors"] for r in rounds), "wall_s": wall, "rps": n / wall,
+            "p50_ms": 1000 * float(np.percentile(lat, 50)), "p99_ms": 1000 * float(np.percentile(lat, 99)),
+            "round_rps": [r["rps"] for r in rounds], "load_avg_1min": [r["load_avg_1min"] for r in rounds], **cpu}
 
 
 async def batcher_round(model, trips: list, max_batch: int, max_wait_ms: float, clients: int, requests: int) -> dict:
@@ -245,12 +263,13 @@ def route_bodies(checkpoint: str, n: int, departure: str) -> list[bytes]:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one row per client count, per mode req/s, p50, p99 (and, measured over HTTP, the server's and the
-    load generator's CPU ms per request), then the ratio of the first mode's req/s to the last's."""
+    """Markdown: one row per client count, per mode req/s, p50, p99 (and, measured over HTTP, the CPU ms per request
+    of the server's event loop, of its other threads (the forward passes) and of the load generator), then the
+    ratio of the first mode's req/s to the last's."""
     by = {(r["mode"], r["clients"]): r for r in rows}
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     cpu = "server_cpu_ms_per_req" in rows[0]
-    head = "req/s | p50 ms | p99 ms" + (" | CPU ms/req server + client" if cpu else "")
+    head = "req/s | p50 ms | p99 ms" + (" | CPU ms/req: loop + forward + client" if cpu else "")
     lines = ["| clients | " + " | ".join(f"{m}: {head}" for m in modes) + " | req/s ratio |",
              "|---:|" + ("---:|" * (4 if cpu else 3)) * len(modes) + "---:|"]
     for c in sorted({r["clients"] for r in rows}):
@@ -259,7 +278,8 @@ def table(rows: list[dict]) -> str:
             r = by[(m, c)]
             cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}"]
             if cpu:
-                cells.append(f"{r['server_cpu_ms_per_req']:.1f} + {r['client_cpu_ms_per_req']:.1f}")
+                loop = r["server_loop_cpu_ms_per_req"]
+                cells.append(f"{loop:.2f} + {r['server_cpu_ms_per_req'] - loop:.2f} + {r['client_cpu_ms_per_req']:.2f}")
         ratio = by[(modes[0], c)]["rps"] / by[(modes[-1], c)]["rps"]
         lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio:.2f}x |")
     return "\n".join(lines)
@@ -301,6 +321,8 @@ def main(argv=None) -> int:
     ap.add_argument("--departure", default="2014-08-20T08:30:00")
     ap.add_argument("--client", choices=sorted(CLIENTS), default="lean",
                     help="the load generator: lean (raw asyncio streams, pre-encoded requests; default) or httpx")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds per mode and client count, the modes taking turns; pooled in the table")
     ap.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round may take")
     ap.add_argument("--pin", action="store_true",
                     help="the server on CPU 0, this load generator on CPU 1 (Linux; needs 2 CPUs)")
@@ -317,18 +339,31 @@ def main(argv=None) -> int:
             ap.error(f"--pin needs CPUs 0 and 1, this process may run on {sorted(cpus)}")
         os.sched_setaffinity(0, {1})
     rows = []
-    for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
-        proc, url = start_server(a.checkpoint, mb, a.max_wait_ms, a.threads, {0} if a.pin else None)
-        try:
-            asyncio.run(one_round(url, bodies, 4, 10, kind=a.client))  # warm-up (first passes, connection setup)
-            for c in a.clients:
-                r = asyncio.run(one_round(url, bodies, c, a.requests, proc.pid, a.client, a.round_timeout))
+    servers = {}
+    try:
+        for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
+            servers[mode] = start_server(a.checkpoint, mb, a.max_wait_ms, a.threads, {0} if a.pin else None)
+            asyncio.run(one_round(servers[mode][1], bodies, 4, 10, kind=a.client))  # warm-up: first passes
+        for c in a.clients:
+            # the modes take turns (A B, B A, ...): a change in the machine's other load falls on both alike
+            got: dict[str, list] = {mode: [] for mode in servers}
+            for rep in range(a.repeats):
+                for mode in (list(servers) if rep % 2 == 0 else list(servers)[::-1]):
+                    proc, url = servers[mode]
+                    got[mode].append(asyncio.run(one_round(url, bodies, c, a.requests, proc.pid, a.client,
+                                                           a.round_timeout)))
+            for mode, (proc, url) in servers.items():
+                r = pooled(got[mode])
                 h = httpx.get(url + "/healthz").json()["batching"]
                 rows.append({"mode": mode, **r, "forward_passes": h["forward_passes"], "routes": h["routes"]})
-                print(f"{mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:7.1f} ms  "
+                print(f"{mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s (rounds: "
+                      f"{', '.join(f'{x:.0f}' for x in r['round_rps'])})  p50 {r['p50_ms']:7.1f} ms  "
                       f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  CPU ms/request: server "
-                      f"{r['server_cpu_ms_per_req']:.1f}, load generator {r['client_cpu_ms_per_req']:.1f}", flush=True)
-        finally:
+                      f"{r['server_cpu_ms_per_req']:.2f} (event loop {r['server_loop_cpu_ms_per_req']:.2f}), load "
+                      f"generator {r['client_cpu_ms_per_req']:.2f}; load average "
+                      f"{', '.join(f'{x:.1f}' for x in r['load_avg_1min'])}", flush=True)
+    finally:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
     if a.pin:
@@ -358,7 +393,7 @@ def main(argv=None) -> int:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(),
-                "requests_per_client": a.requests, "max_wait_ms": a.max_wait_ms, "threads": a.threads,
+                "requests_per_client": a.requests, "repeats": a.repeats, "max_wait_ms": a.max_wait_ms, "threads": a.threads,
                 "client": a.client, "pinned": a.pin, "rows": rows, "in_process_rows": inproc}
         out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
         out.with_suffix(".md").write_text(md + "\n")

@@ -102,6 +102,32 @@ def test_lean_client_against_the_service(served):
         assert (r["requests"], r["errors"]) == (12, 0) and r["rps"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
 
 
+def test_pooled_rounds():
+    rounds = [{"clients": 4, "requests": 8, "errors": 0, "wall_s": 1.0, "rps": 8.0, "load_avg_1min": 0.5,
+               "latencies_s": [0.01] * 8, "server_cpu_ms_per_req": 2.0},
+              {"clients": 4, "requests": 2, "errors": 1, "wall_s": 1.0, "rps": 2.0, "load_avg_1min": 0.7,
+               "latencies_s": [1.0] * 2, "server_cpu_ms_per_req": 7.0}]
+    r = serve_load.pooled(rounds)
+    assert (r["requests"], r["errors"], r["rps"], r["round_rps"]) == (10, 1, 5.0, [8.0, 2.0])
+    assert r["p50_ms"] == pytest.approx(10.0) and r["p99_ms"] == pytest.approx(1000.0)
+    assert r["server_cpu_ms_per_req"] == pytest.approx(3.0) and r["load_avg_1min"] == [0.5, 0.7]
+
+
+def test_the_command_writes_its_table_and_plot(served, tmp_path):
+    """The one command end to end, small: both servers, 2 client counts, 2 rounds each, the files written."""
+    ck, _ = served
+    out = tmp_path / "load"
+    assert serve_load.main(["--checkpoint", str(ck), "--clients", "1", "3", "--requests", "3", "--repeats", "2",
+                            "--threads", "1", "--departure", "2016-11-02T08:30:00+08:00", "--out", str(out)]) == 0
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["mode"], r["clients"], r["rounds"], r["requests"]) for r in rep["rows"]] == [
+        ("batching (max-batch 64)", 1, 2, 6), ("max-batch 1", 1, 2, 6),
+        ("batching (max-batch 64)", 3, 2, 18), ("max-batch 1", 3, 2, 18)]
+    assert all(r["errors"] == 0 and r["forward_passes"] > 0 for r in rep["rows"])
+    md = out.with_suffix(".md").read_text()
+    assert "| 3 |" in md and "x |" in md and out.with_suffix(".png").stat().st_size > 1000
+
+
 def test_a_refused_request_fails_the_round(served):
     """The load must not count error answers as served requests: a 422 stops the round."""
     _, url = served
