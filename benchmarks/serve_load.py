@@ -216,19 +216,20 @@ def pooled(rounds: list[dict]) -> dict:
             "round_rps": [r["rps"] for r in rounds], "load_avg_1min": [r["load_avg_1min"] for r in rounds], **cpu}
 
 
-async def batcher_round(model, trips: list, max_batch: int, max_wait_ms: float, clients: int, requests: int) -> dict:
-    """The same round without HTTP: ``clients`` tasks submit prepared routes (Trips) straight to a DynamicBatcher
-    over the model's forward, in this process: what the forward passes alone allow."""
-    from stfast.serve.app import _forward
-    from stfast.serve.batcher import DynamicBatcher
+async def batcher_round(model, reqs: list[dict], max_batch: int, max_wait_ms: float, clients: int,
+                        requests: int) -> dict:
+    """The same round without HTTP: ``clients`` tasks submit the parsed request bodies ``reqs`` straight to the
+    service's batcher (:func:`stfast.serve.app.route_batcher`: the routes built per batch, then the forward
+    pass), in this process: what the service allows without HTTP and JSON."""
+    from stfast.serve.app import route_batcher
 
-    b = DynamicBatcher(_forward(model, max_batch), max_batch, max_wait_ms / 1000.0)
+    b = route_batcher(model, max_batch, max_wait_ms / 1000.0)
     lat: list[float] = []
 
     async def client(k: int):
         for i in range(requests):
             t0 = time.perf_counter()
-            await b.submit(trips[(k * requests + i) % len(trips)], 1)
+            await b.submit([reqs[(k * requests + i) % len(reqs)]], 1)
             lat.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
@@ -379,11 +380,11 @@ def main(argv=None) -> int:
         if a.threads:
             torch.set_num_threads(a.threads)
         model = load_model(a.checkpoint)
-        trips = [model.route_trips([json.loads(b)["route"]], [a.departure], densify=False) for b in bodies]
+        reqs = [json.loads(b) for b in bodies]
         for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
-            asyncio.run(batcher_round(model, trips, mb, a.max_wait_ms, 4, 5))
+            asyncio.run(batcher_round(model, reqs, mb, a.max_wait_ms, 4, 5))
             for c in a.clients:
-                r = asyncio.run(batcher_round(model, trips, mb, a.max_wait_ms, c, a.requests))
+                r = asyncio.run(batcher_round(model, reqs, mb, a.max_wait_ms, c, a.requests))
                 inproc.append({"mode": mode, **r})
                 print(f"in-process {mode:24s} {c:3d} clients: {r['rps']:7.1f} routes/s  p50 {r['p50_ms']:7.1f} ms  "
                       f"p99 {r['p99_ms']:7.1f} ms", flush=True)

@@ -168,6 +168,45 @@ def test_concurrent_requests_share_forward_passes(model, max_batch):
     assert b.forward_passes == 16 if max_batch == 1 else 2 <= b.forward_passes <= 4
 
 
+def test_one_batch_of_good_and_bad_requests(model):
+    """Routes are built once per batch: in one batch, each bad request still gets its own error (its route index,
+    its field) and the good ones, densified or not, the numbers of TrainedModel.eta."""
+    good = [{"route": _route(10 + k), "departure": DEP, "densify": k % 2 == 0} for k in range(4)]
+    bad = [{"route": _route(dx=0.5), "departure": DEP},
+           {"routes": [good[0], {"route": _route(), "departure": "x"}]},
+           {"routes": [good[1], good[2], {"route": _route(2), "departure": DEP, "densify": False}]},
+           {"route": _route(), "departure": DEP, "states": [0, 1]}]
+    app = create_app(model, max_batch=16, max_wait_ms=200)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await asyncio.gather(*(c.post("/eta", json=b) for b in [*good, *bad, {"routes": good}]))
+
+    rs = asyncio.run(go())
+    want = [model.eta([np.array(g["route"])], [DEP], densify=g["densify"])[0] for g in good]
+    assert [r.status_code for r in rs] == [200] * 4 + [422] * 4 + [200]
+    np.testing.assert_allclose([r.json()["eta_s"] for r in rs[:4]], want, rtol=1e-6)  # float32, other batch-mates
+    np.testing.assert_allclose([e["eta_s"] for e in rs[-1].json()["etas"]], want, rtol=1e-6)
+    errs = [r.json() for r in rs[4:8]]
+    assert [(e["route"], e["field"]) for e in errs] == [(0, "route"), (1, "departure"), (2, "route"), (0, "states")]
+    assert "outside the training area" in errs[0]["error"] and "kernel_size" in errs[2]["error"]
+    assert app.state.batcher.forward_passes == 1 and app.state.batcher.routes == 4 + 4  # the bad ones left it
+
+
+def test_batcher_prepare_sets_aside_failed_items():
+    async def go():
+        def prepare(items):
+            return [x * 2 for x in items if x >= 0], {k: ValueError(f"negative {x}") for k, x in enumerate(items)
+                                                       if x < 0}
+
+        b = DynamicBatcher(lambda xs: [x + 1 for x in xs], max_batch=8, max_wait_s=0.05, prepare=prepare)
+        return await asyncio.gather(*(b.submit(x, 1) for x in [1, -1, 2, -2]), return_exceptions=True), b
+
+    (got, b) = asyncio.run(go())
+    assert got[0] == 3 and got[2] == 5 and [str(got[1]), str(got[3])] == ["negative -1", "negative -2"]
+    assert (b.forward_passes, b.routes) == (1, 2)
+
+
 def test_batcher_waits_at_most_max_wait_and_caps_the_batch():
     calls = []
 

@@ -73,16 +73,68 @@ def parse_json(body: bytes):
             raise ApiError(400, f"the body is not JSON: {e}") from None
 
 
-def _forward(model: TrainedModel, max_batch: int):
-    """The batcher's forward: the routes (Trips) of several requests as one predict call, passes of at most
-    ``max_batch`` routes; one [n_i] array of seconds per request."""
+def _route_trips(model: TrainedModel, reqs: list[dict]) -> tuple[Trips, np.ndarray]:
+    """Checked route requests (:func:`_route_request`) as one Trips, one :meth:`TrainedModel.route_trips` call per
+    ``densify`` setting (a call for 64 routes costs a third of 64 calls of one), and ``pos`` [len(reqs)]: each
+    request's row in it. Raises RouteError (its index: the position among ``reqs`` of its ``densify`` group, so
+    callers that need a request's own index check one route at a time) or TypeError."""
+    groups: dict[bool, list[int]] = {}
+    for i, r in enumerate(reqs):
+        groups.setdefault(r.get("densify", True), []).append(i)
+    parts, order = [], []
+    for densify, idx in groups.items():
+        rs = [reqs[i] for i in idx]
+        states = [r.get("states") for r in rs]
+        parts.append(model.route_trips([r["route"] for r in rs], [r["departure"] for r in rs],
+                                       [r.get("driver") for r in rs],
+                                       None if all(x is None for x in states) else states, densify))
+        order += idx
+    pos = np.empty(len(reqs), np.int64)
+    pos[order] = np.arange(len(reqs))
+    return (parts[0] if len(parts) == 1 else Trips.concat(parts)), pos
 
-    def run(items: list[Trips]) -> list[np.ndarray]:
-        trips = items[0] if len(items) == 1 else Trips.concat(items)
+
+def _request_error(model: TrainedModel, reqs: list[dict]) -> ApiError | None:
+    """The error of one request's first bad route, naming its index in the request and the field; None if none."""
+    for i, r in enumerate(reqs):  # one at a time: an error names the route's place in this request
+        try:
+            _route_trips(model, [r])
+        except RouteError as e:
+            return ApiError(413 if e.too_large else 422, e.problem, i, e.field)
+        except TypeError as e:
+            return ApiError(422, str(e), i)
+    return None
+
+
+def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue: int = 100_000) -> DynamicBatcher:
+    """The service's :class:`DynamicBatcher`. An item is one request: its list of checked route requests
+    (:func:`_route_request`). When a batch is about to run, its routes are built in the event loop as one Trips
+    (checks, densification, distances, calendar ids: :meth:`TrainedModel.route_trips`), once per batch rather than
+    once per route; a request with a bad route gets its :class:`ApiError` (413/422 naming its route index and
+    field) and the rest run without it. The pass (one ``predict``, passes of at most ``max_batch`` routes) runs in
+    the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
+
+    def prepare(items: list[list[dict]]):
+        reqs = [r for item in items for r in item]
+        try:
+            trips, pos = _route_trips(model, reqs)
+            return (trips, pos, [len(item) for item in items]), {}
+        except (RouteError, TypeError):
+            pass
+        errors = {k: e for k, item in enumerate(items) if (e := _request_error(model, item)) is not None}
+        good = [item for k, item in enumerate(items) if k not in errors]
+        if not good:
+            return None, errors
+        trips, pos = _route_trips(model, [r for item in good for r in item])
+        return (trips, pos, [len(item) for item in good]), errors
+
+    def forward(batch) -> list[np.ndarray]:
+        trips, pos, counts = batch
         secs = model.predict(trips, batch_size=max_batch)
-        return np.split(secs, np.cumsum([len(t) for t in items])[:-1])
+        rows = np.stack([secs[pos], trips.dist[pos], trips.lengths[pos].astype(np.float64)], 1)
+        return np.split(rows, np.cumsum(counts)[:-1])
 
-    return run
+    return DynamicBatcher(forward, max_batch, max_wait_s, max_queue, prepare)
 
 
 def _route_request(obj, index: int) -> dict:
@@ -130,7 +182,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     bodies over ``max_body_bytes`` are refused (413); ``rate_limit`` > 0: requests per second per client address
     (429 past it); ``max_queue`` routes may wait."""
     app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
-    batcher = DynamicBatcher(_forward(model, max_batch), max_batch, max_wait_ms / 1000.0, max_queue)
+    batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue)
     limit = RateLimit(rate_limit) if rate_limit > 0 else None
     profile = model.route_defaults()
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
@@ -177,23 +229,11 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             reqs = [_route_request(r, i) for i, r in enumerate(obj["routes"])]
         else:
             reqs = [_route_request(obj, 0)]
-        parts = []
-        for i, r in enumerate(reqs):  # one at a time: an error names the route's place in this request
-            try:
-                parts.append(model.route_trips([r["route"]], [r["departure"]], [r.get("driver")],
-                                               None if r.get("states") is None else [r["states"]],
-                                               r.get("densify", True)))
-            except RouteError as e:
-                raise ApiError(413 if e.too_large else 422, e.problem, i, e.field) from None
-            except TypeError as e:
-                raise ApiError(422, str(e), i) from None
-        trips = parts[0] if len(parts) == 1 else Trips.concat(parts)
         try:
-            secs = await batcher.submit(trips, len(trips))
+            rows = await batcher.submit(reqs, len(reqs))
         except QueueFull as e:
             raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
-        out = [{"eta_s": float(s), "km": float(d), "points": int(n)}
-               for s, d, n in zip(secs, trips.dist, trips.lengths)]
+        out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
 
     app.router.add_route("/eta", eta, methods=["POST"])
