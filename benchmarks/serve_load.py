@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     ap.add_argument("--round-timeout", type=float, default=600.0, help="seconds a round may take")
     ap.add_argument("--pin", action="store_true",
                     help="the server on CPU 0, this load generator on CPU 1 (Linux; needs 2 CPUs)")
-    ap.add_argument("--in-process", action="store_true", help="also measure the batcher without HTTP")
+    ap.add_argument("--in-process", action="store_true", help="also measure the service's batcher without HTTP")
     ap.add_argument("--out", default=None, help="write OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
     load_before = os.getloadavg()
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
                 inproc.append({"mode": mode, **r})
                 print(f"in-process {mode:24s} {c:3d} clients: {r['rps']:7.1f} routes/s  p50 {r['p50_ms']:7.1f} ms  "
                       f"p99 {r['p99_ms']:7.1f} ms", flush=True)
-        md += "\n\nWithout HTTP (the batcher and the forward passes alone, in one process):\n\n" + table(inproc)
+        md += "\n\nWithout HTTP (the service's batcher: routes built per batch, forward passes; one process):\n\n" + table(inproc)
         print(table(inproc))
     if a.out:
         out = Path(a.out)
