@@ -277,7 +277,7 @@ def cmd_serve(a) -> int:
     try:
         from .serve.app import serve
     except ImportError as e:
-        raise ValueError(f"stfast serve needs FastAPI and uvicorn ({e}): pip install 'stfast[serve]'") from None
+        raise ValueError(f"stfast serve needs FastAPI, uvicorn and orjson ({e}): pip install 'stfast[serve]'") from None
     if a.threads:
         import torch
 

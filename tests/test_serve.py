@@ -14,7 +14,7 @@ import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from stfast.cli import build_parser  # noqa: E402
-from stfast.serve.app import create_app  # noqa: E402
+from stfast.serve.app import create_app, parse_json  # noqa: E402
 from stfast.serve.batcher import DynamicBatcher  # noqa: E402
 from stfast.serve.ratelimit import RateLimit  # noqa: E402
 from stfast.train.trained import load_model  # noqa: E402
@@ -89,6 +89,48 @@ def test_errors_are_json_with_the_status_a_client_expects(client, body, status, 
         assert e["route"] == 1  # the second route of the request
 
 
+@pytest.mark.parametrize("body, status, field, words", [
+    # JSON that only the stdlib reads still reaches the route checks (orjson refuses NaN; the answer must not change)
+    (b'{"route": [[104.06, 30.66], [NaN, 30.66], [104.07, 30.67]], "departure": "%s"}' % DEP.encode(), 422, "route",
+     "point 1 is not finite"),
+    (b'{"route": [[104.06, 30.66], [Infinity, 30.66], [104.07, 30.67]], "departure": "%s"}' % DEP.encode(), 422,
+     "route", "not finite"),
+    (json.dumps({"route": _route(), "departure": DEP}).encode("utf-16"), 200, None, None),
+    (b'{"route": [[1, 2]], "departure": "x"', 400, None, "not JSON"),
+    (b"\xff\xfe\x00", 400, None, "not JSON"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 63 - 1}).encode(), 200, None, None),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 70}).encode(), 422, "driver", "within 64 bits"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 1.5}).encode(), 422, "driver", "string or an integer"),
+    (json.dumps({"route": _route(), "departure": DEP, "densify": 1}).encode(), 422, "densify", "true or false"),
+    (json.dumps({"routes": []}).encode(), 422, "routes", "non-empty"),
+    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes", "1000 per"),
+])
+def test_lean_path_keeps_the_error_contract(client, body, status, field, words):
+    """POST /eta skips FastAPI's routing and parses with orjson: every answer keeps its status and JSON body."""
+    r = client.post("/eta", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    if status != 200:
+        assert words in r.json()["error"] and r.json().get("field") == field
+    else:
+        assert r.json()["eta_s"] > 0
+
+
+def test_lean_path_parses_as_the_stdlib_does():
+    for body in [b'{"a": [1.5, -2e-3, 104.0623456789012], "b": "\\u00e9", "c": null, "d": true}', b"[1, 2]",
+                 b'{"x": NaN, "y": -Infinity, "z": 1e400}', b'{"n": 9223372036854775807}']:
+        got, want = parse_json(body), json.loads(body)
+        assert json.dumps(got) == json.dumps(want)  # NaN != NaN: compare the text
+    with pytest.raises(Exception, match="not JSON"):
+        parse_json(b"{")
+
+
+def test_other_routes_and_methods_still_reach_fastapi(client):
+    assert client.get("/eta").status_code == 405
+    assert client.post("/eta/x", json={}).status_code == 404
+    assert client.get("/").status_code == 200 and "<svg" in client.get("/").text
+
+
 def test_body_limit(client):
     r = client.post("/eta", content=b"[" + b"0," * 150_000 + b"0]", headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and "limit of 200000" in r.json()["error"]
@@ -124,6 +166,45 @@ def test_concurrent_requests_share_forward_passes(model, max_batch):
     b = app.state.batcher
     assert b.routes == 16
     assert b.forward_passes == 16 if max_batch == 1 else 2 <= b.forward_passes <= 4
+
+
+def test_one_batch_of_good_and_bad_requests(model):
+    """Routes are built once per batch: in one batch, each bad request still gets its own error (its route index,
+    its field) and the good ones, densified or not, the numbers of TrainedModel.eta."""
+    good = [{"route": _route(10 + k), "departure": DEP, "densify": k % 2 == 0} for k in range(4)]
+    bad = [{"route": _route(dx=0.5), "departure": DEP},
+           {"routes": [good[0], {"route": _route(), "departure": "x"}]},
+           {"routes": [good[1], good[2], {"route": _route(2), "departure": DEP, "densify": False}]},
+           {"route": _route(), "departure": DEP, "states": [0, 1]}]
+    app = create_app(model, max_batch=16, max_wait_ms=200)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await asyncio.gather(*(c.post("/eta", json=b) for b in [*good, *bad, {"routes": good}]))
+
+    rs = asyncio.run(go())
+    want = [model.eta([np.array(g["route"])], [DEP], densify=g["densify"])[0] for g in good]
+    assert [r.status_code for r in rs] == [200] * 4 + [422] * 4 + [200]
+    np.testing.assert_allclose([r.json()["eta_s"] for r in rs[:4]], want, rtol=1e-6)  # float32, other batch-mates
+    np.testing.assert_allclose([e["eta_s"] for e in rs[-1].json()["etas"]], want, rtol=1e-6)
+    errs = [r.json() for r in rs[4:8]]
+    assert [(e["route"], e["field"]) for e in errs] == [(0, "route"), (1, "departure"), (2, "route"), (0, "states")]
+    assert "outside the training area" in errs[0]["error"] and "kernel_size" in errs[2]["error"]
+    assert app.state.batcher.forward_passes == 1 and app.state.batcher.routes == 4 + 4  # the bad ones left it
+
+
+def test_batcher_prepare_sets_aside_failed_items():
+    async def go():
+        def prepare(items):
+            return [x * 2 for x in items if x >= 0], {k: ValueError(f"negative {x}") for k, x in enumerate(items)
+                                                       if x < 0}
+
+        b = DynamicBatcher(lambda xs: [x + 1 for x in xs], max_batch=8, max_wait_s=0.05, prepare=prepare)
+        return await asyncio.gather(*(b.submit(x, 1) for x in [1, -1, 2, -2]), return_exceptions=True), b
+
+    (got, b) = asyncio.run(go())
+    assert got[0] == 3 and got[2] == 5 and [str(got[1]), str(got[3])] == ["negative -1", "negative -2"]
+    assert (b.forward_passes, b.routes) == (1, 2)
 
 
 def test_batcher_waits_at_most_max_wait_and_caps_the_batch():

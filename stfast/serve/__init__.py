@@ -1,4 +1,4 @@
-"""``stfast serve``: the ETA of planned routes over HTTP (FastAPI + uvicorn, the ``stfast[serve]`` extra).
+"""``stfast serve``: the ETA of planned routes over HTTP (FastAPI + uvicorn + orjson, the ``stfast[serve]`` extra).
 
 :mod:`.batcher` gathers concurrent requests into one forward pass (dynamic batching), :mod:`.ratelimit`
 is the optional per-client rate limit, :mod:`.app` the ASGI application (``POST /eta``, ``GET /healthz``,

@@ -23,19 +23,25 @@ class DynamicBatcher:
     """Gathers submitted items (each ``n`` routes) into batches of at most ``max_batch`` routes.
 
     Args:
-        forward: called in a worker thread with a list of items, returns one result per item (in order).
+        forward: called in a worker thread with a list of items (or what ``prepare`` made of them), returns one
+            result per item (in order).
         max_batch: routes per call of ``forward`` (≥ 1); an item larger than that goes alone.
         max_wait_s: the longest the oldest waiting item waits for more before its batch starts (≥ 0).
         max_queue: routes that may wait; beyond, :meth:`submit` raises :class:`QueueFull`.
+        prepare: optional, called in the event loop with a batch's items just before its pass; returns (what
+            ``forward`` gets, {position in the batch: exception}). An item with an exception gets it from
+            :meth:`submit` and leaves the batch; ``forward`` returns one result per remaining item.
 
     Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held.
     Create it anywhere; it starts its loop on the first :meth:`submit`, in that event loop.
     """
 
-    def __init__(self, forward: Callable[[list], list], max_batch: int, max_wait_s: float, max_queue: int = 100_000):
+    def __init__(self, forward: Callable[[list], list], max_batch: int, max_wait_s: float, max_queue: int = 100_000,
+                 prepare: Callable[[list], tuple] | None = None):
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"max_batch must be ≥ 1 and max_wait ≥ 0, got {max_batch} and {max_wait_s}")
         self.forward, self.max_batch, self.max_wait_s, self.max_queue = forward, max_batch, max_wait_s, max_queue
+        self.prepare = prepare
         self.forward_passes = 0
         self.routes = 0
         self._pending: collections.deque = collections.deque()  # (item, n routes, future, enqueued at)
@@ -80,10 +86,19 @@ class DynamicBatcher:
                 size += entry[1]
             self._queued -= size
             live = [e for e in batch if not e[2].done()]  # a client that went away cancelled its future
+            payload = [e[0] for e in live]
+            if live and self.prepare is not None:
+                try:
+                    payload, failed = self.prepare(payload)
+                except Exception as exc:  # every request of the batch gets the error
+                    payload, failed = None, dict.fromkeys(range(len(live)), exc)
+                for k, exc in failed.items():
+                    live[k][2].set_exception(exc)
+                live = [e for k, e in enumerate(live) if k not in failed]
             if not live:
                 continue
             try:
-                results = await loop.run_in_executor(self._pool, self.forward, [e[0] for e in live])
+                results = await loop.run_in_executor(self._pool, self.forward, payload)
             except Exception as exc:  # every request of the batch gets the error
                 for e in live:
                     if not e[2].done():
