@@ -13,10 +13,14 @@ Date and time are GMT. Labelled users have ``Data/<user>/labels.txt``: a header 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import itertools
 import logging
 import math
+import multiprocessing as mp
 import os
+from concurrent.futures import ProcessPoolExecutor
 from array import array
 from pathlib import Path
 from typing import Iterable
@@ -224,11 +228,102 @@ def _collect(root: Path, users) -> list[tuple[str, Path | None, list[Path]]]:
     return out
 
 
+READ_CHUNK_BYTES = 8 << 20
+"""About this many bytes of consecutive ``.plt`` files of one user make one task of a reading worker."""
+PARALLEL_MIN_BYTES = 16 << 20
+"""``workers=None`` reads less ``.plt`` data than this in the calling process (a pool costs more than it saves)."""
+
+
+def _read_chunk(paths: list[str], on_error: str) -> tuple:
+    """One task: the points of the ``.plt`` files ``paths`` (in order), in this process or a worker's.
+
+    Returns ``(lengths [F] int64, any_data [F] bool, lat, lng, t [sum(lengths)] float64, dropped counts,
+    first skipped error or None)``. Raises TrajectoryFormatError (``on_error="raise"``), which pickles, so a
+    worker's error reaches the caller as it is."""
+    probs, date_cache = _Problems(on_error), {}
+    parts = [_read_plt(Path(p), probs, date_cache) for p in paths]
+    lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    any_data = np.array([p[3] for p in parts], dtype=bool)
+    cat = lambda k: np.concatenate([np.asarray(p[k], dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    return lengths, any_data, cat(0), cat(1), cat(2), probs.dropped, probs.first
+
+
+def _split_chunk(chunk: tuple, probs: _Problems):
+    """Count a task's skipped records into ``probs``, then yield ``(lat, lng, t, any_data)`` per file."""
+    lengths, any_data, lat, lng, t, dropped, first = chunk
+    for kind, n in dropped.items():
+        probs.count(kind, n)
+    if probs.first is None:
+        probs.first = first
+    ends = np.cumsum(lengths)
+    for e, n, a in zip(ends, lengths, any_data):
+        yield lat[e - n:e], lng[e - n:e], t[e - n:e], bool(a)
+
+
+def _tasks(files: list[Path], parallel: bool) -> list[list[str]]:
+    """Consecutive runs of ``files`` of about :data:`READ_CHUNK_BYTES` each (all of them in one when not
+    ``parallel``)."""
+    if not parallel:
+        return [[str(f) for f in files]] if files else []
+    out, size = [], READ_CHUNK_BYTES
+    for f in files:
+        if size >= READ_CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(str(f))
+        size += f.stat().st_size
+    return out
+
+
+def _worker_count(workers: int | None, groups) -> int:
+    """Processes that read: ``workers`` when given; else one per usable core, or 1 (this process) for less
+    than :data:`PARALLEL_MIN_BYTES` of ``.plt`` files."""
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1 or None, not {workers!r}")
+        return workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2 or sum(f.stat().st_size for _, _, files in groups for f in files) < PARALLEL_MIN_BYTES:
+        return 1
+    return cores
+
+
+@contextlib.contextmanager
+def _read_users(groups, on_error: str, workers: int | None):
+    """Yields an iterator of ``(user, user folder, files, task results in file order)`` per group, in order.
+
+    With more than one worker the tasks run in a process pool (fork where the platform has it: the workers
+    need nothing that is not already imported) and their results are taken in submission order, so the
+    first error raised is the one a sequential read raises first, and the pool is shut down (pending tasks
+    cancelled) when the caller is done or fails."""
+    n = _worker_count(workers, groups)
+    per_group = [_tasks(files, n > 1) for _, _, files in groups]
+    flat = [t for tasks in per_group for t in tasks]
+    pool = None
+    if n > 1 and len(flat) > 1:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        pool = ProcessPoolExecutor(min(n, len(flat)), mp_context=ctx)
+        results = pool.map(_read_chunk, flat, itertools.repeat(on_error))
+    else:
+        results = (_read_chunk(t, on_error) for t in flat)  # lazily: stops at the first error
+
+    def per_user():
+        for (user, udir, files), tasks in zip(groups, per_group):
+            yield user, udir, files, [next(results) for _ in tasks]
+
+    try:
+        yield per_user()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def read_geolife(
     root: str | os.PathLike,
     *,
     on_error: str = "raise",
     users: Iterable[str | int] | None = None,
+    workers: int | None = None,
 ) -> Trajectories:
     """Read GeoLife 1.3 ``.plt`` trajectories (one trajectory per file).
 
@@ -238,6 +333,10 @@ def read_geolife(
         on_error: ``"raise"`` or ``"skip"`` (skip bad point lines / label lines, counted in
             ``dropped["bad_line"]`` / ``dropped["bad_label_line"]``, one warning).
         users: only these user ids (``"010"`` or ``10``); default all.
+        workers: processes that parse the ``.plt`` files (tasks of consecutive files of one user, about
+            :data:`READ_CHUNK_BYTES` each); None: one per usable core when there are at least
+            :data:`PARALLEL_MIN_BYTES` of files, else 1 (this process). The result, the dropped counts and
+            the error raised do not depend on it.
 
     Returns:
         :class:`~stfast.data.trips.Trajectories`, users in sorted order, files in name (= start time)
@@ -272,32 +371,32 @@ def read_geolife(
     if not any(files for _, _, files in groups):
         raise TrajectoryFormatError(root, None, None, "no .plt files found")
 
-    date_cache: dict = {}
     lats, lngs, ts, lens, drivers, sources, user_of_traj, ids = [], [], [], [], [], [], [], []
     labels: dict[int, tuple] = {}
     empty: list[Path] = []
     lost: list[tuple[str, str]] = []  # (trip id, reason) of files that give no trajectory
-    for gi, (user, udir, files) in enumerate(groups):
-        for f in files:
-            la, ln, t, any_data = _read_plt(f, probs, date_cache)
-            if not la:
-                if any_data:
-                    probs.count("no_valid_points")
-                else:
-                    empty.append(f)
-                lost.append((f"{user}/{f.stem}", "no_valid_points" if any_data else "empty_file"))
-                continue
-            lats.append(la)
-            lngs.append(ln)
-            ts.append(t)
-            lens.append(len(la))
-            drivers.append(user)
-            ids.append(f"{user}/{f.stem}")
-            sources.append(str(f))
-            user_of_traj.append(gi)
-        lab = udir / "labels.txt" if udir is not None else None
-        if lab is not None and lab.is_file():
-            labels[gi] = read_geolife_labels(lab, _probs=probs)
+    with _read_users(groups, on_error, workers) as per_user:
+        for gi, (user, udir, files, chunks) in enumerate(per_user):
+            points = (p for chunk in chunks for p in _split_chunk(chunk, probs))
+            for f, (la, ln, t, any_data) in zip(files, points):
+                if not len(la):
+                    if any_data:
+                        probs.count("no_valid_points")
+                    else:
+                        empty.append(f)
+                    lost.append((f"{user}/{f.stem}", "no_valid_points" if any_data else "empty_file"))
+                    continue
+                lats.append(la)
+                lngs.append(ln)
+                ts.append(t)
+                lens.append(len(la))
+                drivers.append(user)
+                ids.append(f"{user}/{f.stem}")
+                sources.append(str(f))
+                user_of_traj.append(gi)
+            lab = udir / "labels.txt" if udir is not None else None
+            if lab is not None and lab.is_file():
+                labels[gi] = read_geolife_labels(lab, _probs=probs)
 
     if empty:
         probs.count("empty_file", len(empty))
@@ -306,7 +405,7 @@ def read_geolife(
 
     lengths = np.array(lens, dtype=np.int64)
     offsets = lengths_to_offsets(lengths)
-    cat = lambda parts: np.concatenate([np.frombuffer(p, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0)
     lat, lng, t = cat(lats), cat(lngs), cat(ts)
     mode = None
     if labels:
