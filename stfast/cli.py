@@ -125,6 +125,49 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def given_dests(argv: list[str]) -> set[str]:
+    """The argparse destinations of the options given on the command line ``argv`` (abbreviated or as
+    ``--flag=value`` too), whatever their value: ``argv`` parsed again by a parser without defaults."""
+    ap = build_parser()
+    parsers = [ap]
+    while parsers:
+        for act in parsers.pop()._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                parsers.extend(act.choices.values())
+            else:
+                act.default = argparse.SUPPRESS
+    return set(vars(ap.parse_args(argv)))
+
+
+def _check_store_flags(a, given: set[str]) -> None:
+    """``train`` / ``data convert`` with ``--data`` a trips store: each preprocessing flag given on the
+    command line (its default value included) must be the store's setting. Raises ValueError naming the flag
+    and both values (the store cannot be preprocessed again; a flag that is not given takes the store's)."""
+    from .data.store import is_store
+
+    if a.command not in ("train", "data") or not a.data or not is_store(a.data):
+        return
+    from ._options import dest
+    from .data.load import store_settings
+    from .data.tz import check_tz
+    from .train.config import DATA_OPTIONS, TrainConfig, data_options_from_args, flag, show
+
+    have = store_settings(a.data)
+    for k, v in data_options_from_args(a).items():
+        if k not in DATA_OPTIONS or dest(TrainConfig, k) not in given:
+            continue
+        f = flag(k)
+        if k not in have:
+            raise ValueError(f"{f} does not apply to {a.data}, a trips store of DeepTTE records (which are not "
+                             "preprocessed); omit it")
+        v = {"modes": lambda: tuple(sorted(v)), "tz": lambda: check_tz(v)}.get(k, lambda: float(v))()
+        if v != have[k]:
+            why = "calendar ids were computed in" if k == "tz" else "trips were preprocessed with"
+            raise ValueError(f"{f} {show(k, v)} differs from the trips store {a.data}'s {f} {show(k, have[k])}: "
+                             f"its {why} {f} {show(k, have[k])}; omit {f}, or convert the raw data again with "
+                             f"{f} {show(k, v)}")
+
+
 def cmd_train(a) -> int:
     from .parallel.data_parallel import launch, launched_by_torchrun
     from .train.config import TrainConfig
@@ -295,6 +338,7 @@ def cmd_report(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = build_parser().parse_args(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format="stfast: %(message)s")
@@ -307,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     from .train.guards import RankFailure, TrainingDiverged
 
     try:
+        _check_store_flags(a, given_dests(argv))
         rc = fn(a)
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)

@@ -156,6 +156,31 @@ def test_store_settings_conflicts_are_refused(tmp_path):
         load_trips(str(tmp_path / "s"), "didi")
 
 
+@pytest.mark.parametrize("flag, made, given, shown", [
+    ("--gap-min", "10", "20", ("20", "10")),  # 20, 0.2, all and the format's zone: the defaults
+    ("--min-spacing-km", "0.5", "0.2", ("0.2", "0.5")),
+    ("--modes", "walk", "", ("(all)", "walk")),
+    ("--tz", "Europe/Lisbon", "Asia/Shanghai", ("Asia/Shanghai", "Europe/Lisbon")),
+])
+def test_cli_refuses_a_given_flag_at_its_default_against_a_store(tmp_path, capsys, shared_data, flag, made, given,
+                                                                  shown):
+    """A preprocessing flag given on the command line counts as asked for even at its default value: against a
+    store made with another value `data convert` and `train` refuse it, naming the flag and both values."""
+    store = tmp_path / "store"
+    raw = shared_data / "geolife_sample" / "Data" / "010"
+    assert main(["data", "convert", "--data", str(raw), "--out", str(store), flag, made]) == 0
+    capsys.readouterr()
+    want = f"{flag} {shown[0]} differs from the trips store {store}'s {flag} {shown[1]}"
+    for cmd in (["data", "convert", "--out", str(tmp_path / "t.jsonl")],
+                ["train", "--epochs", "1", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"]):
+        assert main([*cmd, "--data", str(store), f"{flag}={given}"]) == 2
+        assert want in capsys.readouterr().err
+        assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "run").exists()
+    assert main(["data", "convert", "--data", str(store), "--out", str(tmp_path / "t.jsonl"), flag, made]) == 0
+    assert main(["data", "convert", "--data", str(store), "--out", str(tmp_path / "u.jsonl")]) == 0  # not given
+    assert (tmp_path / "t.jsonl").read_bytes() == (tmp_path / "u.jsonl").read_bytes()
+
+
 def test_cli_store_train_predict_and_load_model(tmp_path, capsys):
     import stfast
 
