@@ -119,17 +119,86 @@ def test_deeptte_blocks_equal_line_by_line(tmp_path, monkeypatch):
     assert fast.tz == slow.tz
 
 
-def test_bad_line_in_a_later_block_is_named(tmp_path, monkeypatch):
+def _raw_with_a_bad_line_far_in(tmp_path, fmt: str):
+    """(good raw file, the same with one bad line far into it, that line's 1-based number, the field it names):
+    with BLOCK_BYTES = 2048 the bad line lies past dozens of blocks, as a line 60 M points into a file lies
+    past thousands of the default 32 MiB blocks."""
+    if fmt == "didi":
+        good, bad, at, field = _didi(tmp_path / "gps_1", n_orders=120), tmp_path / "bad" / "gps_1", 3001, "lat"
+        lines = good.read_text().splitlines()
+        lines[at - 1] = lines[at - 1].rsplit(",", 1)[0] + ",95.0"
+    elif fmt == "csv":
+        good, bad, at, field = tmp_path / "points.csv", tmp_path / "bad" / "points.csv", 2402, "timestamp"
+        lines = ["trip_id,timestamp,lng,lat"] + [f"t{tr},{1478000000 + 11 * k},{-9.1 + 0.002 * k:.6f},{38.7 + 0.001 * k:.6f}"
+                                                 for tr in range(100) for k in range(30)]
+        good.write_text("\n".join(lines) + "\n")
+        lines[at - 1] = "t80,2016-13-01 10:00:00,-9.1,38.7"  # no month 13
+    else:
+        good, bad, at, field = tmp_path / "trips.jsonl", tmp_path / "bad" / "trips.jsonl", 250, "time_gap"
+        random_trips(300, seed=7, max_len=20).to_jsonl(good)
+        lines = good.read_text().splitlines()
+        rec = json.loads(lines[at - 1])
+        rec["time_gap"] = rec["time_gap"][:-1]  # one value short of lngs
+        lines[at - 1] = json.dumps(rec)
+    bad.parent.mkdir()
+    bad.write_text("\n".join(lines) + "\n")
+    assert bad.stat().st_size > 40 * 2048
+    return good, bad, at, field
+
+
+def _listing(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("fmt", ["didi", "csv", "deeptte"])
+def test_bad_line_far_into_a_file_is_named_and_loses_nothing(tmp_path, monkeypatch, capsys, fmt):
+    """The error names the file, the 1-based line and the field; the failed conversion leaves no folder at --out
+    and no temporary or spill folder beside it, and an older store at --out keeps its bytes. `--on-error skip`
+    counts the line."""
     monkeypatch.setattr(_common, "BLOCK_BYTES", 2048)
-    raw = _didi(tmp_path / "gps_1", n_orders=40)
-    lines = raw.read_text().splitlines()
-    lines[700] = lines[700].rsplit(",", 1)[0] + ",95.0"
-    raw.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TrajectoryFormatError, match=r"gps_1:701: field 'lat'"):
-        conv.convert_to_store(str(raw), tmp_path / "s")
-    assert not (tmp_path / "s").exists() and [p.name for p in tmp_path.iterdir()] == ["gps_1"]
-    skipped = conv.convert_to_store(str(raw), tmp_path / "s", on_error="skip")
+    good, bad, at, field = _raw_with_a_bad_line_far_in(tmp_path, fmt)
+    old = conv.convert_to_store(str(good), tmp_path / "s")
+    manifest = (tmp_path / "s" / MANIFEST).read_bytes()
+    before = _listing(tmp_path)
+    for out in ("s", "new"):
+        with pytest.raises(TrajectoryFormatError) as ei:
+            conv.convert_to_store(str(bad), tmp_path / out)
+        assert (ei.value.path, ei.value.line, ei.value.field) == (str(bad), at, field)
+        assert main(["data", "convert", "--data", str(bad), "--out", str(tmp_path / out)]) == 2
+        assert f"{bad}:{at}: field '{field}'" in capsys.readouterr().err
+        assert _listing(tmp_path) == before
+        assert (tmp_path / "s" / MANIFEST).read_bytes() == manifest
+        assert open_store(tmp_path / "s").fingerprint == old.fingerprint
+    skipped = conv.convert_to_store(str(bad), tmp_path / "new", on_error="skip")
     assert skipped.dropped["bad_line"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["didi", "csv", "deeptte"])
+def test_interrupted_conversion_loses_nothing(tmp_path, monkeypatch, small_parts, fmt):
+    """A conversion stopped midway (Ctrl-C while it appends its second chunk of trips) leaves no folder at --out,
+    no temporary or spill folder beside it, and an older store at --out as it was."""
+    from stfast.data.store import StoreWriter
+
+    good, _, _, _ = _raw_with_a_bad_line_far_in(tmp_path, fmt)
+    old = conv.convert_to_store(str(good), tmp_path / "s")
+    manifest = (tmp_path / "s" / MANIFEST).read_bytes()
+    before = _listing(tmp_path)
+    append, calls = StoreWriter.append, []
+
+    def interrupted(self, trips):
+        calls.append(len(trips))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        append(self, trips)
+
+    monkeypatch.setattr(StoreWriter, "append", interrupted)
+    for out in ("s", "new"):
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            conv.convert_to_store(str(good), tmp_path / out)
+        assert len(calls) == 2 and _listing(tmp_path) == before
+        assert (tmp_path / "s" / MANIFEST).read_bytes() == manifest
+        assert open_store(tmp_path / "s").fingerprint == old.fingerprint
 
 
 def test_failed_conversion_keeps_the_old_store(tmp_path, small_parts):
