@@ -20,8 +20,8 @@ import logging
 import math
 import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor
 from array import array
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
