@@ -9,6 +9,8 @@ peak RSS), modes interleaved round by round, the load average noted before each 
     python benchmarks/geolife_workers.py --root /tmp/geolife_full --workers 1 2 --rounds 1
     python benchmarks/geolife_workers.py --root /tmp/geolife_full --workers 1 2 --rounds 3 --users 24
 
+``--parse fast line`` (the default: both): the vectorized parse, and the line-by-line read it replaces.
+
 Prints one JSON line per read and a Markdown table (points/s, time, CPU time of the reader and its workers,
 peak RSS of the reading process and of its largest worker, the 1-minute load average before the read).
 """
@@ -60,10 +62,15 @@ def make_layout(root: Path, seed: int = 0) -> int:
     return int(n.sum())
 
 
-def read_once(root: str, workers: int, users: int | None) -> dict:
-    """One read of ``root`` (its first ``users`` users; None: all) in a fresh process: seconds, CPU seconds
-    (this process and its workers), points, peak RSS of this process and of its largest worker (MiB)."""
+def read_once(root: str, workers: int, users: int | None, parse: str) -> dict:
+    """One read of ``root`` (its first ``users`` users; None: all) in a fresh process, ``parse`` "fast" (pyarrow,
+    numpy) or "line" (line by line, as every file with anything unusual is read): seconds, CPU seconds (this
+    process and its workers), points, peak RSS of this process and of its largest worker (MiB)."""
+    from stfast.data.readers import geolife
     from stfast.data.readers.geolife import read_geolife
+
+    if parse == "line":
+        geolife._fast_plt = lambda path: None
 
     t, c = time.perf_counter(), os.times()
     tr = read_geolife(root, workers=workers, users=None if users is None else [f"{u:03d}" for u in range(users)])
@@ -71,7 +78,7 @@ def read_once(root: str, workers: int, users: int | None) -> dict:
     cpu = sum(getattr(c2, k) - getattr(c, k) for k in ("user", "system", "children_user", "children_system"))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"workers": workers, "s": dt, "cpu_s": cpu, "points": int(tr.n_points), "files": len(tr),
+    return {"workers": workers, "parse": parse, "s": dt, "cpu_s": cpu, "points": int(tr.n_points), "files": len(tr),
             "points_per_s": tr.n_points / dt, "peak_rss_mib": peak, "worker_peak_rss_mib": child}
 
 
@@ -81,10 +88,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--users", type=int, default=None, help="read only the first N users (default: all 182)")
+    ap.add_argument("--parse", nargs="+", default=["fast", "line"], choices=("fast", "line"))
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: the read of one fresh process
     a = ap.parse_args()
     if a.one is not None:
-        print(json.dumps(read_once(a.root, a.one, a.users)))
+        print(json.dumps(read_once(a.root, a.one, a.users, a.parse[0])))
         return
     root = Path(a.root)
     t = time.perf_counter()
@@ -92,18 +100,18 @@ def main() -> None:
     print(f"layout: {points} points in {FILES} files of {USERS} users ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
     rows = []
     for _ in range(a.rounds):
-        for w in a.workers:
+        for parse, w in [(p, w) for p in a.parse for w in a.workers]:
             load = os.getloadavg()[0]
-            extra = [] if a.users is None else ["--users", str(a.users)]
+            extra = ["--parse", parse] + ([] if a.users is None else ["--users", str(a.users)])
             out = subprocess.run([sys.executable, __file__, "--root", a.root, "--one", str(w), *extra], check=True,
                                  capture_output=True, text=True).stdout
             row = json.loads(out.strip().splitlines()[-1]) | {"load_before": load}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    print("\n| workers | points | read s | CPU s | M points/s | peak RSS MiB (reader / largest worker) | load before |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| parse | workers | points | read s | CPU s | M points/s | peak RSS MiB (reader / largest worker) | load before |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['workers']} | {r['points']:,} | {r['s']:.1f} | {r['cpu_s']:.1f} | {r['points_per_s'] / 1e6:.3f} | "
+        print(f"| {r['parse']} | {r['workers']} | {r['points']:,} | {r['s']:.1f} | {r['cpu_s']:.1f} | {r['points_per_s'] / 1e6:.3f} | "
               f"{r['peak_rss_mib']:.0f} / {r['worker_peak_rss_mib']:.0f} | {r['load_before']:.2f} |")
 
 

@@ -360,3 +360,57 @@ def test_workers_skip_mode_counts_and_warns_as_one_process(tmp_path, monkeypatch
     for tr, w in zip(results[1:], warnings[1:]):
         _same(one, tr)
         assert w == warnings[0]
+
+
+# --- the vectorized parse --------------------------------------------------------------------------
+
+
+def _line_by_line(monkeypatch, *args, **kw):
+    import stfast.data.readers.geolife as gl
+
+    with monkeypatch.context() as m:
+        m.setattr(gl, "_fast_plt", lambda path: None)
+        return read_geolife(*args, **kw)
+
+
+def test_fast_parse_of_the_real_sample_equals_the_line_by_line_read(shared_data, geolife, monkeypatch):
+    from stfast.data.readers.geolife import _fast_plt
+
+    files = sorted((shared_data / "geolife_sample").rglob("*.plt"))
+    assert all(_fast_plt(f) is not None for f in files)  # real files take the fast path
+    _same(geolife, _line_by_line(monkeypatch, shared_data / "geolife_sample"))
+
+
+@pytest.mark.parametrize("body, fast", [
+    (P1 + P2 + P3, True),
+    (P1 + "\n\n" + P2, True),  # empty lines: skipped by both
+    ("39.9,116.3,0,100,39449.2923,2008-1-2,7:0:57\n" + P1, True),  # not zero-padded: the split path
+    ("39.9,116.3,0,100,39449.2923,2008-10-23,07:00:57.5\n", True),  # fractional seconds
+    (P1 + " \n" + P2, False),  # a blank line of spaces: line by line
+    ('"39.9",116.3,0,100,0,2008-10-23,07:00:57\n', False),  # quotes: Python's float() refuses them
+    ("39.9,116.3,0,,0,2008-10-23,07:00:57\n", False),  # an empty number: refused, not null
+    ("39.9,116.3,0,NaN,0,2008-10-23,07:00:57\n", False),
+    ("39.9,116.3,0,1,0,2008-02-30,07:00:57\n", False),  # no such day
+    ("39.9,116.3,0,1,0,2008-10-23,23:59:60\n", False),
+    ("39.9,116.3,0,1,0,2008-10-23,24:00:00\n", False),
+    ("39.9 ,116.3,0,1,0,2008-10-23, 07:00:57\n", False),  # int() takes " 07", the fast parse does not
+    ("39.9 ,116.3,0,1,0,2008-10-23,07:00:57\n", True),  # both take "39.9 " as 39.9
+    ("39.9,116.3,0,1,0,2008-10-23,7:0:5x\n", False),
+    ("", True), ("\n\n", True),
+])
+def test_fast_parse_equals_the_line_by_line_read_or_leaves_the_file_to_it(tmp_path, monkeypatch, body, fast):
+    """The vectorized parse of a file gives exactly what the line-by-line read gives, or nothing (None): then
+    the line-by-line read, with its checks and messages, reads the file."""
+    from stfast.data.readers.geolife import _fast_plt
+
+    f = _write(tmp_path / "Data/001/Trajectory/x.plt", body)
+    assert (_fast_plt(f) is not None) is fast
+    for on_error in ("raise", "skip"):
+        try:
+            want = _line_by_line(monkeypatch, f, on_error=on_error)
+        except TrajectoryFormatError as e:
+            with pytest.raises(TrajectoryFormatError) as ei:
+                read_geolife(f, on_error=on_error)
+            assert str(ei.value) == str(e)
+        else:
+            _same(want, read_geolife(f, on_error=on_error))

@@ -234,6 +234,105 @@ PARALLEL_MIN_BYTES = 16 << 20
 """``workers=None`` reads less ``.plt`` data than this in the calling process (a pool costs more than it saves)."""
 
 
+_PLT_COLUMNS = ("lat", "lng", "zero", "altitude", "days", "date", "time")
+
+
+def _ints(parts, k: int) -> np.ndarray:
+    """Part ``k`` of every row of a list array of 3 parts, as int64 (pyarrow raises on anything else)."""
+    import pyarrow.compute as pc
+
+    return pc.cast(pc.list_element(parts, k), "int64").to_numpy()
+
+
+def _digits(col, seps: dict[int, int]) -> np.ndarray | None:
+    """(n, 3) int64 of a pyarrow string array whose every value is 3 zero-padded numbers of 4|2 and 2, 2 digits
+    with the byte ``seps[i]`` at position ``i`` (``YYYY-MM-DD``, ``HH:MM:SS``); None when any value is not."""
+    width = 3 * 2 + 2 + (2 if 4 in seps else 0)
+    offs = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
+    if len(col) == 0 or (np.diff(offs) != width).any():
+        return None
+    b = np.frombuffer(col.buffers()[2], np.uint8)[offs[0]:offs[-1]].reshape(-1, width)
+    at = sorted(seps)
+    if any((b[:, i] != c).any() for i, c in seps.items()):
+        return None
+    v = b.astype(np.int64) - ord("0")
+    dig = np.delete(v, at, axis=1)
+    if ((dig < 0) | (dig > 9)).any():
+        return None
+    bounds = [0, at[0], at[1] - 1, width - 2]
+    out = np.zeros((len(b), 3), np.int64)
+    for k in range(3):
+        for j in range(bounds[k], bounds[k + 1]):
+            out[:, k] = out[:, k] * 10 + dig[:, j]
+    return out
+
+
+def _fast_plt(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """The points of one ``.plt`` file as :func:`_read_plt` gives them, parsed by pyarrow's CSV reader and
+    checked with numpy; None when anything is unusual (a bad or blank-but-not-empty line, a quote, a field
+    pyarrow and Python would read differently, an unreadable file): :func:`_read_plt` then reads the file line
+    by line, with its exact checks and messages."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    try:
+        buf = path.read_bytes()
+    except OSError:
+        return None
+    at = 0
+    for _ in range(GEOLIFE_HEADER_LINES):
+        at = buf.find(b"\n", at) + 1
+        if at == 0:
+            at = len(buf)
+            break
+    body = buf[at:]
+    if not body.strip(b"\r\n"):
+        return (np.zeros(0), np.zeros(0), np.zeros(0), False) if not body.strip() else None
+    f64 = pa.float64()
+    try:
+        tab = pacsv.read_csv(
+            pa.py_buffer(body),
+            read_options=pacsv.ReadOptions(column_names=list(_PLT_COLUMNS), use_threads=False),
+            parse_options=pacsv.ParseOptions(quote_char=False, ignore_empty_lines=True),
+            convert_options=pacsv.ConvertOptions(
+                column_types={"lat": f64, "lng": f64, "altitude": f64, "days": f64, "date": pa.string(),
+                              "time": pa.string()},
+                include_columns=["lat", "lng", "altitude", "days", "date", "time"], null_values=[],
+                strings_can_be_null=False))
+        if any(c.null_count for c in tab.columns):
+            return None
+        tab = tab.combine_chunks()
+        ymd = _digits(tab["date"].chunk(0), {4: ord("-"), 7: ord("-")})
+        hms = _digits(tab["time"].chunk(0), {2: ord(":"), 5: ord(":")})
+        if ymd is not None and hms is not None:  # zero-padded, as GeoLife writes them
+            (y, m, d), (h, mi), sec = ymd.T, hms.T[:2], hms[:, 2].astype(np.float64)
+        else:
+            date = pc.split_pattern(tab["date"].chunk(0), "-")
+            clock = pc.split_pattern(tab["time"].chunk(0), ":")
+            if not (pc.all(pc.equal(pc.list_value_length(date), 3)).as_py()
+                    and pc.all(pc.equal(pc.list_value_length(clock), 3)).as_py()):
+                return None
+            y, m, d = (_ints(date, k) for k in range(3))
+            h, mi = _ints(clock, 0), _ints(clock, 1)
+            sec = pc.cast(pc.list_element(clock, 2), "float64").to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    lat, lng, alt, days = (tab[c].to_numpy() for c in ("lat", "lng", "altitude", "days"))
+    with np.errstate(invalid="ignore"):
+        ok = ((lat >= -90.0) & (lat <= 90.0) & (lng >= -180.0) & (lng <= 180.0) & np.isfinite(alt)
+              & np.isfinite(days) & (h >= 0) & (h < 24) & (mi >= 0) & (mi < 60) & (sec >= 0.0) & (sec < 60.0)
+              & (y >= 1) & (y <= 9999) & (m >= 1) & (m <= 12) & (d >= 1))
+    if not ok.all():
+        return None
+    month = ((y - 1970) * 12 + (m - 1)).astype("datetime64[M]")
+    first = month.astype("datetime64[D]").astype(np.int64)
+    if (d > (month + 1).astype("datetime64[D]").astype(np.int64) - first).any():  # no such day
+        return None
+    t = ((first + d - 1) * 86400 + h * 3600 + mi * 60).astype(np.float64) + sec
+    return lat, lng, t, True
+
+
 def _read_chunk(paths: list[str], on_error: str) -> tuple:
     """One task: the points of the ``.plt`` files ``paths`` (in order), in this process or a worker's.
 
@@ -241,7 +340,7 @@ def _read_chunk(paths: list[str], on_error: str) -> tuple:
     first skipped error or None)``. Raises TrajectoryFormatError (``on_error="raise"``), which pickles, so a
     worker's error reaches the caller as it is."""
     probs, date_cache = _Problems(on_error), {}
-    parts = [_read_plt(Path(p), probs, date_cache) for p in paths]
+    parts = [_fast_plt(Path(p)) or _read_plt(Path(p), probs, date_cache) for p in paths]
     lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
     any_data = np.array([p[3] for p in parts], dtype=bool)
     cat = lambda k: np.concatenate([np.asarray(p[k], dtype=np.float64) for p in parts]) if parts else np.zeros(0)
