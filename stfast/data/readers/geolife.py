@@ -435,7 +435,9 @@ def read_geolife(
         workers: processes that parse the ``.plt`` files (tasks of consecutive files of one user, about
             :data:`READ_CHUNK_BYTES` each); None: one per usable core when there are at least
             :data:`PARALLEL_MIN_BYTES` of files, else 1 (this process). The result, the dropped counts and
-            the error raised do not depend on it.
+            the error raised do not depend on it. Each file is parsed by pyarrow's CSV reader and checked
+            with numpy; a file with anything unusual in it (a bad line, a blank line of spaces, a quote) is read
+            line by line instead, which gives the same points and the exact error.
 
     Returns:
         :class:`~stfast.data.trips.Trajectories`, users in sorted order, files in name (= start time)
