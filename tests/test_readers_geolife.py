@@ -396,6 +396,7 @@ def test_fast_parse_of_the_real_sample_equals_the_line_by_line_read(shared_data,
     ("39.9 ,116.3,0,1,0,2008-10-23, 07:00:57\n", False),  # int() takes " 07", the fast parse does not
     ("39.9 ,116.3,0,1,0,2008-10-23,07:00:57\n", True),  # both take "39.9 " as 39.9
     ("39.9,116.3,0,1,0,2008-10-23,7:0:5x\n", False),
+    (P1 + "39.9,116.3,0,1,0\r2008-10-23,07:00:57\n", False),  # a lone CR is inside a line, not a line end
     ("", True), ("\n\n", True),
 ])
 def test_fast_parse_equals_the_line_by_line_read_or_leaves_the_file_to_it(tmp_path, monkeypatch, body, fast):

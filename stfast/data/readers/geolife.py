@@ -287,6 +287,8 @@ def _fast_plt(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | N
             at = len(buf)
             break
     body = buf[at:]
+    if body.count(b"\r") != body.count(b"\r\n"):  # a lone CR ends a line for pyarrow, not for _read_plt
+        return None
     if not body.strip(b"\r\n"):
         return (np.zeros(0), np.zeros(0), np.zeros(0), False) if not body.strip() else None
     f64 = pa.float64()
