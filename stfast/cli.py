@@ -8,27 +8,26 @@ import os
 import sys
 from pathlib import Path
 
-DATA_ARGS = ("data", "format", "on_error", "modes", "min_spacing_km", "gap_s", "tz")  # TrainConfig fields
 
 
 def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_checkpoint: bool = False) -> None:
     """The data flags, as TrainConfig declares them. ``from_checkpoint`` (evaluate, predict): the
     preprocessing flags default to the checkpoint's settings, and an explicit value that differs from them
     is refused."""
-    from ._options import options
-    from .train.config import DATA_OPTIONS, TrainConfig, add_arguments
+    from ._options import add_arguments, options
+    from .data.options import PREPROCESS_OPTIONS, DataOptions
 
     over: dict = {"data": {"required": True, "help": "file or folder of trajectories"}} if required else {}
     if from_checkpoint:
-        help = {k: opt.help for k, opt in options(TrainConfig).items()}
+        help = {k: opt.help for k, opt in options(DataOptions).items()}
         ck = " (default: the checkpoint's; a different value is refused)"
         over = {"data": {"help": "file or folder of trajectories (default: the data the checkpoint was trained on)"},
                 "format": {"default": None,
                            "help": help["format"] + "; default: auto with --data, else the checkpoint's"},
                 "on_error": {"default": None,
                              "help": help["on_error"] + "; default: the checkpoint's without --data, else raise"},
-                **{k: {"default": None, "help": help[k] + ck} for k in DATA_OPTIONS}}
-    add_arguments(p, DATA_ARGS, over)
+                **{k: {"default": None, "help": help[k] + ck} for k in PREPROCESS_OPTIONS}}
+    add_arguments(p, DataOptions, None, over)  # the flags TrainConfig takes from DataOptions
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -52,34 +51,32 @@ def _preset_help() -> dict:
     return {k: {"help": decl[k].help + help_suffix(k, lambda v, k=k: show(k, v))} for k in FIELDS}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _train_args(t: argparse.ArgumentParser) -> None:
+    from .train.config import add_arguments
+
+    add_arguments(t, overrides=_preset_help())  # every TrainConfig field is a flag
+
+
+def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     from .train.config import add_arguments
     from .train.trained import SPLITS
 
-    fmt = _HelpFormatter
-    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
-                                 formatter_class=fmt)
-    sub = ap.add_subparsers(dest="command", required=True)
+    e.add_argument("--checkpoint", required=True, nargs="+",
+                   help="checkpoint.pt; several (e.g. seeds) are averaged as an ensemble")
+    _add_data_args(e, from_checkpoint=True)
+    e.add_argument("--split", default="all", choices=SPLITS,
+                   help="all trips of --data, or the training run's train/val/test split of them (the data "
+                        "must be the run's: same trips, checked by fingerprint)")
+    add_arguments(e, ["device"])
+    if predict:
+        e.add_argument("--out", required=True,
+                       help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
+                            "preprocessing dropped go to OUT's name with .dropped.csv, with their reason")
 
-    t = sub.add_parser("train", help="train DeepTTE (default data: the synthetic city)", formatter_class=fmt)
-    add_arguments(t, overrides=_preset_help())  # every TrainConfig field is a flag
 
-    for name, hlp in (("evaluate", "score a checkpoint on data"), ("predict", "write predicted travel times")):
-        e = sub.add_parser(name, help=hlp, formatter_class=fmt)
-        e.add_argument("--checkpoint", required=True, nargs="+",
-                       help="checkpoint.pt; several (e.g. seeds) are averaged as an ensemble")
-        _add_data_args(e, from_checkpoint=True)
-        e.add_argument("--split", default="all", choices=SPLITS,
-                       help="all trips of --data, or the training run's train/val/test split of them (the data "
-                            "must be the run's: same trips, checked by fingerprint)")
-        add_arguments(e, ["device"])
-        if name == "predict":
-            e.add_argument("--out", required=True,
-                           help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
-                                "preprocessing dropped go to OUT's name with .dropped.csv, with their reason")
+def _serve_args(v: argparse.ArgumentParser) -> None:
+    from .train.config import add_arguments
 
-    v = sub.add_parser("serve", help="HTTP service: the ETA of planned routes (needs the stfast[serve] extra)",
-                       formatter_class=fmt)
     v.add_argument("--checkpoint", required=True, help="checkpoint.pt of a stfast train run")
     v.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback exposes the "
                                                         "service to the network)")
@@ -93,9 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(v, ["device", "threads"], {"threads": {"help": "torch threads of the forward passes (default: "
                                                                  "torch's, one per core)"}})
 
-    b = sub.add_parser("bench", help="benchmarks on your data and hardware", formatter_class=fmt)
+
+def _bench_args(b: argparse.ArgumentParser) -> None:
+    from .train.config import add_arguments
+
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png", formatter_class=fmt)
+    m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png",
+                        formatter_class=_HelpFormatter)
     add_arguments(m, ["data", "format", "n_synthetic", "nproc", "threads", "batch_size"], {
         "data": {"help": "trajectories (default: the synthetic city)"},
         "n_synthetic": {"default": 3000},
@@ -112,17 +113,99 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--reuse", action="store_true",
                    help="keep runs that finished before in --out (their summary.json), run only the rest")
     m.add_argument("--out", required=True)
-    r = sub.add_parser("report", help="render a training run as report.png and report.html", formatter_class=fmt)
+
+
+def _report_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("run_dir", help="the --out folder of a stfast train run")
     r.add_argument("--out", default=None, help="where to write (default: RUN_DIR)")
-    d = sub.add_parser("data", help="data tools")
+
+
+def _data_args(d: argparse.ArgumentParser) -> None:
     dsub = d.add_subparsers(dest="data_command", required=True)
     c = dsub.add_parser("convert", help="read and preprocess trajectories into a trips store (a folder of "
-                        "memory-mapped columns that --data takes) or DeepTTE JSON lines", formatter_class=fmt)
+                        "memory-mapped columns that --data takes) or DeepTTE JSON lines",
+                        formatter_class=_HelpFormatter)
     _add_data_args(c, required=True)
     c.add_argument("--out", required=True, help="the trips store (folder) to write; a name ending in .jsonl: "
                    "DeepTTE JSON lines")
+
+
+COMMANDS = {
+    "train": ("train DeepTTE (default data: the synthetic city)", _train_args),
+    "evaluate": ("score a checkpoint on data", lambda p: _checkpoint_args(p, predict=False)),
+    "predict": ("write predicted travel times", lambda p: _checkpoint_args(p, predict=True)),
+    "serve": ("HTTP service: the ETA of planned routes (needs the stfast[serve] extra)", _serve_args),
+    "bench": ("benchmarks on your data and hardware", _bench_args),
+    "report": ("render a training run as report.png and report.html", _report_args),
+    "data": ("data tools", _data_args),
+}
+"""Each command: its help and the function that adds its options (and subcommands)."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; with ``command`` (the name of one) only that command's options are added, the
+    others keep their name and help: a command imports only the layers it uses (``data convert``: no torch)."""
+    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
+                                 formatter_class=_HelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, (hlp, add) in COMMANDS.items():
+        p = sub.add_parser(name, help=hlp, formatter_class=_HelpFormatter)
+        if command in (None, name):
+            add(p)
     return ap
+
+
+def _command(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), when it is one; else None."""
+    word = next((w for w in argv if not w.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
+def given_dests(argv: list[str]) -> set[str]:
+    """The argparse destinations of the options given on the command line ``argv`` (abbreviated or as
+    ``--flag=value`` too), whatever their value: ``argv`` parsed again by a parser without defaults."""
+    ap = build_parser(_command(argv))
+    parsers = [ap]
+    while parsers:
+        for act in parsers.pop()._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                parsers.extend(act.choices.values())
+            else:
+                act.default = argparse.SUPPRESS
+    return set(vars(ap.parse_args(argv)))
+
+
+def _check_store_flags(a, given: set[str]) -> None:
+    """``train`` / ``data convert`` with ``--data`` a trips store: each preprocessing flag given on the
+    command line (its default value included) must be the store's setting. Raises ValueError naming the flag
+    and both values (the store cannot be preprocessed again; a flag that is not given takes the store's)."""
+    from .data.store import is_store
+
+    if a.command not in ("train", "data") or not a.data or not is_store(a.data):
+        return
+    from ._options import dest, flag
+    from ._options import show as _show
+    from .data.load import store_settings
+    from .data.options import DataOptions, preprocess_options_from_args
+    from .data.tz import check_tz
+
+    def show(k, v):
+        return _show(DataOptions, k, v)
+
+    have = store_settings(a.data)
+    for k, v in preprocess_options_from_args(a).items():
+        if dest(DataOptions, k) not in given:
+            continue
+        f = flag(DataOptions, k)
+        if k not in have:
+            raise ValueError(f"{f} does not apply to {a.data}, a trips store of DeepTTE records (which are not "
+                             "preprocessed); omit it")
+        v = {"modes": lambda: tuple(sorted(v)), "tz": lambda: check_tz(v)}.get(k, lambda: float(v))()
+        if v != have[k]:
+            why = "calendar ids were computed in" if k == "tz" else "trips were preprocessed with"
+            raise ValueError(f"{f} {show(k, v)} differs from the trips store {a.data}'s {f} {show(k, have[k])}: "
+                             f"its {why} {f} {show(k, have[k])}; omit {f}, or convert the raw data again with "
+                             f"{f} {show(k, v)}")
 
 
 def cmd_train(a) -> int:
@@ -237,9 +320,9 @@ def dropped_path(predictions: Path) -> Path:
 
 def cmd_data_convert(a) -> int:
     from .data.load import load_trips, require_trips
-    from .train.config import data_options_from_args
+    from .data.options import preprocess_options_from_args
 
-    opts = data_options_from_args(a)
+    opts = preprocess_options_from_args(a)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"])
     if str(a.out).endswith(".jsonl"):
@@ -295,7 +378,8 @@ def cmd_report(a) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = build_parser(_command(argv)).parse_args(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING, format="stfast: %(message)s")
     from .data.errors import TrajectoryFormatError
@@ -303,15 +387,19 @@ def main(argv: list[str] | None = None) -> int:
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
             "bench": cmd_bench, "serve": cmd_serve}
     fn = cmd_data_convert if a.command == "data" else cmds[a.command]
-    from .parallel.data_parallel import JoinFailure
-    from .train.guards import RankFailure, TrainingDiverged
+    failed: tuple = ()  # the errors of a run that failed (not of its arguments): none where nothing trains
+    if a.command not in ("data", "report"):
+        from .parallel.data_parallel import JoinFailure
+        from .train.guards import RankFailure, TrainingDiverged
 
+        failed = (TrainingDiverged, RankFailure, JoinFailure)
     try:
+        _check_store_flags(a, given_dests(argv))
         rc = fn(a)
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 2
-    except (TrainingDiverged, RankFailure, JoinFailure) as e:  # the run failed (not the arguments)
+    except failed as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 1
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:

@@ -23,6 +23,8 @@ def test_build_info_fields():
 
 
 def test_ops_registered():
+    import stfast.ops  # noqa: F401  (the extension loads with the ops' Python face, not with `import stfast`)
+
     assert hasattr(torch.ops.stfast, "geo_conv_forward") and hasattr(torch.ops.stfast, "geo_conv_backward")
     has_cuda_kernel = torch._C._dispatch_has_kernel_for_dispatch_key("stfast::geo_conv_forward", "CUDA")
     assert has_cuda_kernel  # the real kernel, or the CPU-only build's explanatory stub

@@ -245,3 +245,173 @@ def test_missing_root_no_files_unknown_user(tmp_path):
         read_geolife(tmp_path, users=["999"])
     with pytest.raises(ValueError, match="on_error"):
         read_geolife(tmp_path, on_error="ignore")
+
+
+# --- worker processes ------------------------------------------------------------------------------
+
+_FIELDS = ("offsets", "lng", "lat", "t", "state", "driver", "source", "trip_id")
+
+
+def _same(a, b) -> None:
+    for k in _FIELDS:
+        assert np.array_equal(getattr(a, k), getattr(b, k)), k
+    assert (a.mode is None) == (b.mode is None)
+    if a.mode is not None:
+        assert a.mode.tolist() == b.mode.tolist()
+    assert a.dropped == b.dropped and list(a.dropped) == list(b.dropped)
+    assert list(a.dropped_trips) == list(b.dropped_trips) and a.tz == b.tz
+
+
+def _small_tasks(monkeypatch, nbytes: int = 1) -> None:
+    """Every .plt file its own task of a worker (tasks are cut in the parent, so forked workers need no patch)."""
+    monkeypatch.setattr("stfast.data.readers.geolife.READ_CHUNK_BYTES", nbytes)
+
+
+def test_workers_read_the_real_sample_as_one_process(shared_data, geolife, monkeypatch):
+    from stfast.data.fingerprint import compute_fingerprint
+    from stfast.data.preprocess import PreprocessConfig, preprocess
+
+    _small_tasks(monkeypatch, 200_000)  # a few files per task, several tasks per user
+    one = read_geolife(shared_data / "geolife_sample", workers=1)
+    _same(geolife, one)
+    for n in (2, 3):
+        many = read_geolife(shared_data / "geolife_sample", workers=n)
+        _same(one, many)
+    cfg = PreprocessConfig()
+    assert compute_fingerprint(preprocess(one, cfg)) == compute_fingerprint(preprocess(many, cfg))
+
+
+def test_workers_auto_count_uses_a_pool_only_for_enough_data(tmp_path, monkeypatch):
+    import stfast.data.readers.geolife as gl
+
+    made = []
+
+    class Recording(gl.ProcessPoolExecutor):
+        def __init__(self, max_workers, **kw):
+            made.append(max_workers)
+            super().__init__(max_workers, **kw)
+
+    monkeypatch.setattr(gl, "ProcessPoolExecutor", Recording)
+    monkeypatch.setattr(gl.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    for u in range(4):
+        _user(tmp_path, f"{u:03d}", {"a.plt": P1 + P2, "b.plt": P3})
+    _small_tasks(monkeypatch)
+    one = read_geolife(tmp_path, workers=1)
+    assert made == [] and len(one) == 8
+    _same(one, read_geolife(tmp_path))  # auto: far less than PARALLEL_MIN_BYTES, so this process
+    assert made == []
+    monkeypatch.setattr(gl, "PARALLEL_MIN_BYTES", 1)
+    _same(one, read_geolife(tmp_path))  # auto: one worker per usable core
+    assert made == [3]
+    _same(read_geolife(tmp_path, users=["002"], workers=1),
+          read_geolife(tmp_path, users=["002"], workers=8))  # never more workers than tasks
+    assert made == [3, 2]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="workers"):
+            read_geolife(tmp_path, workers=bad)
+
+
+def _broken_layout(tmp_path: Path) -> Path:
+    """Users 000..005 with 3 files each; bad point lines in 002/b (line 8), 002/c and 004/a, a bad labels row in
+    003 (line 3), an all-bad file in 001, an empty file in 005."""
+    bad = "39.9,116.3,0,0,0,2008-10-23,25:00:00\n"
+    for u in range(6):
+        _user(tmp_path, f"{u:03d}", {"a.plt": P1 + P2, "b.plt": P2 + P3, "c.plt": P1 + P3})
+    _write(tmp_path / "Data/001/Trajectory/b.plt", bad + bad)
+    _write(tmp_path / "Data/002/Trajectory/b.plt", P1 + bad + P3)
+    _write(tmp_path / "Data/002/Trajectory/c.plt", "x,y\n" + P2)
+    (tmp_path / "Data/003/labels.txt").write_bytes(b"Start Time\tEnd Time\tTransportation Mode\r\n"
+                                                   b"2008/10/23 02:53:05\t2008/10/23 02:53:15\twalk\r\nnope\r\n")
+    _write(tmp_path / "Data/004/Trajectory/a.plt", P1 + "1,2\n")
+    _write(tmp_path / "Data/005/Trajectory/c.plt", "")
+    return tmp_path
+
+
+@pytest.mark.parametrize("users, where, line, field", [
+    (None, "Data/001/Trajectory/b.plt", 7, "time"),  # the first bad line in file order, though later ones exist
+    (["002", "003", "004"], "Data/002/Trajectory/b.plt", 8, "time"),
+    (["003", "004"], "Data/003/labels.txt", 3, None),  # a user's labels are read after its files
+    (["004", "005"], "Data/004/Trajectory/a.plt", 8, None),
+])
+def test_worker_error_is_the_sequential_read_s(tmp_path, monkeypatch, users, where, line, field):
+    root = _broken_layout(tmp_path)
+    _small_tasks(monkeypatch)
+    errors = []
+    for n in (1, 2, 4):
+        with pytest.raises(TrajectoryFormatError) as ei:
+            read_geolife(root, users=users, workers=n)
+        errors.append(ei.value)
+    assert {(type(e), str(e), e.path, e.line, e.field, e.reason) for e in errors} == {
+        (TrajectoryFormatError, str(errors[0]), str(root / where), line, field, errors[0].reason)}
+
+
+def test_workers_skip_mode_counts_and_warns_as_one_process(tmp_path, monkeypatch, caplog):
+    root = _broken_layout(tmp_path)
+    _small_tasks(monkeypatch)
+    results, warnings = [], []
+    for n in (1, 2, 4):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="stfast.data"):
+            results.append(read_geolife(root, on_error="skip", workers=n))
+        warnings.append([r.getMessage() for r in caplog.records])
+    one = results[0]
+    assert one.dropped == {"bad_line": 5, "no_valid_points": 1, "bad_label_line": 1, "empty_file": 1}
+    assert f"first: {root / 'Data/001/Trajectory/b.plt'}:7" in warnings[0][-1]
+    for tr, w in zip(results[1:], warnings[1:]):
+        _same(one, tr)
+        assert w == warnings[0]
+
+
+# --- the vectorized parse --------------------------------------------------------------------------
+
+
+def _line_by_line(monkeypatch, *args, **kw):
+    import stfast.data.readers.geolife as gl
+
+    with monkeypatch.context() as m:
+        m.setattr(gl, "_fast_plt", lambda path: None)
+        return read_geolife(*args, **kw)
+
+
+def test_fast_parse_of_the_real_sample_equals_the_line_by_line_read(shared_data, geolife, monkeypatch):
+    from stfast.data.readers.geolife import _fast_plt
+
+    files = sorted((shared_data / "geolife_sample").rglob("*.plt"))
+    assert all(_fast_plt(f) is not None for f in files)  # real files take the fast path
+    _same(geolife, _line_by_line(monkeypatch, shared_data / "geolife_sample"))
+
+
+@pytest.mark.parametrize("body, fast", [
+    (P1 + P2 + P3, True),
+    (P1 + "\n\n" + P2, True),  # empty lines: skipped by both
+    ("39.9,116.3,0,100,39449.2923,2008-1-2,7:0:57\n" + P1, True),  # not zero-padded: the split path
+    ("39.9,116.3,0,100,39449.2923,2008-10-23,07:00:57.5\n", True),  # fractional seconds
+    (P1 + " \n" + P2, False),  # a blank line of spaces: line by line
+    ('"39.9",116.3,0,100,0,2008-10-23,07:00:57\n', False),  # quotes: Python's float() refuses them
+    ("39.9,116.3,0,,0,2008-10-23,07:00:57\n", False),  # an empty number: refused, not null
+    ("39.9,116.3,0,NaN,0,2008-10-23,07:00:57\n", False),
+    ("39.9,116.3,0,1,0,2008-02-30,07:00:57\n", False),  # no such day
+    ("39.9,116.3,0,1,0,2008-10-23,23:59:60\n", False),
+    ("39.9,116.3,0,1,0,2008-10-23,24:00:00\n", False),
+    ("39.9 ,116.3,0,1,0,2008-10-23, 07:00:57\n", False),  # int() takes " 07", the fast parse does not
+    ("39.9 ,116.3,0,1,0,2008-10-23,07:00:57\n", True),  # both take "39.9 " as 39.9
+    ("39.9,116.3,0,1,0,2008-10-23,7:0:5x\n", False),
+    (P1 + "39.9,116.3,0,1,0\r2008-10-23,07:00:57\n", False),  # a lone CR is inside a line, not a line end
+    ("", True), ("\n\n", True),
+])
+def test_fast_parse_equals_the_line_by_line_read_or_leaves_the_file_to_it(tmp_path, monkeypatch, body, fast):
+    """The vectorized parse of a file gives exactly what the line-by-line read gives, or nothing (None): then
+    the line-by-line read, with its checks and messages, reads the file."""
+    from stfast.data.readers.geolife import _fast_plt
+
+    f = _write(tmp_path / "Data/001/Trajectory/x.plt", body)
+    assert (_fast_plt(f) is not None) is fast
+    for on_error in ("raise", "skip"):
+        try:
+            want = _line_by_line(monkeypatch, f, on_error=on_error)
+        except TrajectoryFormatError as e:
+            with pytest.raises(TrajectoryFormatError) as ei:
+                read_geolife(f, on_error=on_error)
+            assert str(ei.value) == str(e)
+        else:
+            _same(want, read_geolife(f, on_error=on_error))

@@ -119,17 +119,86 @@ def test_deeptte_blocks_equal_line_by_line(tmp_path, monkeypatch):
     assert fast.tz == slow.tz
 
 
-def test_bad_line_in_a_later_block_is_named(tmp_path, monkeypatch):
+def _raw_with_a_bad_line_far_in(tmp_path, fmt: str):
+    """(good raw file, the same with one bad line far into it, that line's 1-based number, the field it names):
+    with BLOCK_BYTES = 2048 the bad line lies past dozens of blocks, as a line 60 M points into a file lies
+    past thousands of the default 32 MiB blocks."""
+    if fmt == "didi":
+        good, bad, at, field = _didi(tmp_path / "gps_1", n_orders=120), tmp_path / "bad" / "gps_1", 3001, "lat"
+        lines = good.read_text().splitlines()
+        lines[at - 1] = lines[at - 1].rsplit(",", 1)[0] + ",95.0"
+    elif fmt == "csv":
+        good, bad, at, field = tmp_path / "points.csv", tmp_path / "bad" / "points.csv", 2402, "timestamp"
+        lines = ["trip_id,timestamp,lng,lat"] + [f"t{tr},{1478000000 + 11 * k},{-9.1 + 0.002 * k:.6f},{38.7 + 0.001 * k:.6f}"
+                                                 for tr in range(100) for k in range(30)]
+        good.write_text("\n".join(lines) + "\n")
+        lines[at - 1] = "t80,2016-13-01 10:00:00,-9.1,38.7"  # no month 13
+    else:
+        good, bad, at, field = tmp_path / "trips.jsonl", tmp_path / "bad" / "trips.jsonl", 250, "time_gap"
+        random_trips(300, seed=7, max_len=20).to_jsonl(good)
+        lines = good.read_text().splitlines()
+        rec = json.loads(lines[at - 1])
+        rec["time_gap"] = rec["time_gap"][:-1]  # one value short of lngs
+        lines[at - 1] = json.dumps(rec)
+    bad.parent.mkdir()
+    bad.write_text("\n".join(lines) + "\n")
+    assert bad.stat().st_size > 40 * 2048
+    return good, bad, at, field
+
+
+def _listing(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("fmt", ["didi", "csv", "deeptte"])
+def test_bad_line_far_into_a_file_is_named_and_loses_nothing(tmp_path, monkeypatch, capsys, fmt):
+    """The error names the file, the 1-based line and the field; the failed conversion leaves no folder at --out
+    and no temporary or spill folder beside it, and an older store at --out keeps its bytes. `--on-error skip`
+    counts the line."""
     monkeypatch.setattr(_common, "BLOCK_BYTES", 2048)
-    raw = _didi(tmp_path / "gps_1", n_orders=40)
-    lines = raw.read_text().splitlines()
-    lines[700] = lines[700].rsplit(",", 1)[0] + ",95.0"
-    raw.write_text("\n".join(lines) + "\n")
-    with pytest.raises(TrajectoryFormatError, match=r"gps_1:701: field 'lat'"):
-        conv.convert_to_store(str(raw), tmp_path / "s")
-    assert not (tmp_path / "s").exists() and [p.name for p in tmp_path.iterdir()] == ["gps_1"]
-    skipped = conv.convert_to_store(str(raw), tmp_path / "s", on_error="skip")
+    good, bad, at, field = _raw_with_a_bad_line_far_in(tmp_path, fmt)
+    old = conv.convert_to_store(str(good), tmp_path / "s")
+    manifest = (tmp_path / "s" / MANIFEST).read_bytes()
+    before = _listing(tmp_path)
+    for out in ("s", "new"):
+        with pytest.raises(TrajectoryFormatError) as ei:
+            conv.convert_to_store(str(bad), tmp_path / out)
+        assert (ei.value.path, ei.value.line, ei.value.field) == (str(bad), at, field)
+        assert main(["data", "convert", "--data", str(bad), "--out", str(tmp_path / out)]) == 2
+        assert f"{bad}:{at}: field '{field}'" in capsys.readouterr().err
+        assert _listing(tmp_path) == before
+        assert (tmp_path / "s" / MANIFEST).read_bytes() == manifest
+        assert open_store(tmp_path / "s").fingerprint == old.fingerprint
+    skipped = conv.convert_to_store(str(bad), tmp_path / "new", on_error="skip")
     assert skipped.dropped["bad_line"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["didi", "csv", "deeptte"])
+def test_interrupted_conversion_loses_nothing(tmp_path, monkeypatch, small_parts, fmt):
+    """A conversion stopped midway (Ctrl-C while it appends its second chunk of trips) leaves no folder at --out,
+    no temporary or spill folder beside it, and an older store at --out as it was."""
+    from stfast.data.store import StoreWriter
+
+    good, _, _, _ = _raw_with_a_bad_line_far_in(tmp_path, fmt)
+    old = conv.convert_to_store(str(good), tmp_path / "s")
+    manifest = (tmp_path / "s" / MANIFEST).read_bytes()
+    before = _listing(tmp_path)
+    append, calls = StoreWriter.append, []
+
+    def interrupted(self, trips):
+        calls.append(len(trips))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        append(self, trips)
+
+    monkeypatch.setattr(StoreWriter, "append", interrupted)
+    for out in ("s", "new"):
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            conv.convert_to_store(str(good), tmp_path / out)
+        assert len(calls) == 2 and _listing(tmp_path) == before
+        assert (tmp_path / "s" / MANIFEST).read_bytes() == manifest
+        assert open_store(tmp_path / "s").fingerprint == old.fingerprint
 
 
 def test_failed_conversion_keeps_the_old_store(tmp_path, small_parts):
@@ -154,6 +223,31 @@ def test_store_settings_conflicts_are_refused(tmp_path):
         load_trips(str(tmp_path / "s"), tz="UTC")
     with pytest.raises(ValueError, match="--format didi does not apply"):
         load_trips(str(tmp_path / "s"), "didi")
+
+
+@pytest.mark.parametrize("flag, made, given, shown", [
+    ("--gap-min", "10", "20", ("20", "10")),  # 20, 0.2, all and the format's zone: the defaults
+    ("--min-spacing-km", "0.5", "0.2", ("0.2", "0.5")),
+    ("--modes", "walk", "", ("(all)", "walk")),
+    ("--tz", "Europe/Lisbon", "Asia/Shanghai", ("Asia/Shanghai", "Europe/Lisbon")),
+])
+def test_cli_refuses_a_given_flag_at_its_default_against_a_store(tmp_path, capsys, shared_data, flag, made, given,
+                                                                  shown):
+    """A preprocessing flag given on the command line counts as asked for even at its default value: against a
+    store made with another value `data convert` and `train` refuse it, naming the flag and both values."""
+    store = tmp_path / "store"
+    raw = shared_data / "geolife_sample" / "Data" / "010"
+    assert main(["data", "convert", "--data", str(raw), "--out", str(store), flag, made]) == 0
+    capsys.readouterr()
+    want = f"{flag} {shown[0]} differs from the trips store {store}'s {flag} {shown[1]}"
+    for cmd in (["data", "convert", "--out", str(tmp_path / "t.jsonl")],
+                ["train", "--epochs", "1", "--out", str(tmp_path / "run"), "--no-progress", "--threads", "1"]):
+        assert main([*cmd, "--data", str(store), f"{flag}={given}"]) == 2
+        assert want in capsys.readouterr().err
+        assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "run").exists()
+    assert main(["data", "convert", "--data", str(store), "--out", str(tmp_path / "t.jsonl"), flag, made]) == 0
+    assert main(["data", "convert", "--data", str(store), "--out", str(tmp_path / "u.jsonl")]) == 0  # not given
+    assert (tmp_path / "t.jsonl").read_bytes() == (tmp_path / "u.jsonl").read_bytes()
 
 
 def test_cli_store_train_predict_and_load_model(tmp_path, capsys):

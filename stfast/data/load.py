@@ -147,6 +147,23 @@ def _open_store_as(path, fmt: str, tz: str | None, preprocess_config, **asked) -
     return trips
 
 
+def store_settings(path) -> dict:
+    """The settings the trips store at ``path`` was made with, from its manifest alone, in the terms of
+    :func:`load_trips`'s arguments: ``tz`` (resolved: an IANA name or
+    :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`) and, for preprocessed trips (not DeepTTE records), ``modes``
+    (sorted tuple; empty: all), ``min_spacing_km`` (float; 0: every point kept) and ``gap_s`` (float, s).
+    Raises ValueError when ``path`` is not a trips store."""
+    from .store import read_manifest
+
+    m = read_manifest(path)
+    out = {"tz": m.get("tz")}
+    cfg = m.get("preprocess_config")
+    if cfg is not None:
+        out.update(modes=tuple(sorted(cfg.get("modes") or ())), min_spacing_km=float(cfg.get("min_spacing_km") or 0.0),
+                   gap_s=float(cfg["gap_s"]))
+    return out
+
+
 def require_trips(trips: Trips, source: str) -> Trips:
     """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
     of ``source``, with the counts of what was dropped and why."""

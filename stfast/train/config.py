@@ -13,10 +13,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from .. import _options
-from .._options import CommaList, OrWord, Scaled, SwitchTo, option, same_option
+from .._options import OrWord, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
-from ..data.preprocess import PreprocessConfig
-from ..data.readers import FORMATS
+from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
 from ..models.deeptte import DeepTTEConfig
 from . import presets, swa
 
@@ -39,15 +38,6 @@ def check_device(device: str) -> None:
         n = int(device.split(":")[1]) if ":" in device else 0
         if n >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-
-
-def _check_tz(tz: str) -> None:
-    from ..data.tz import check_tz
-
-    try:
-        check_tz(tz)
-    except ValueError as e:
-        raise ValueError(f"--tz: {e}") from None
 
 
 DEFAULT_SPLIT = "0.7/0.15/0.15"  # --split: train/val/test fractions
@@ -77,21 +67,14 @@ class TrainConfig:
     """Everything a training run depends on (each field is the `stfast train` flag of its name)."""
 
     # ---- data (DATA_OPTIONS: what evaluate/predict take from a checkpoint)
-    data: str | None = option(None, "file or folder of trajectories (default: the synthetic city)")
-    format: str = option("auto", "input format (auto: recognized by content)", choices=("auto", "synthetic", *FORMATS))
+    data: str | None = same_option(DataOptions, "data")
+    format: str = same_option(DataOptions, "format")
     n_synthetic: int = option(20000, "trips of the synthetic city", ge=1)  # when data is None
-    on_error: str = option("raise", "bad records: stop with an error naming file and line, or skip and count them",
-                           choices=("raise", "skip"))
-    modes: tuple = option((), "GeoLife transport modes to keep, e.g. car,taxi,bus (empty: all)", cli=CommaList(),
-                          unset="(all)")
-    min_spacing_km: float = option(0.2, "raw traces: resample to points at least this far apart (0: keep every point)",
-                                   unit="km", ge=0.0)
-    gap_s: float = option(PreprocessConfig.gap_s, "raw traces: split trips at time gaps above this (minutes)",
-                          unit="s", gt=0.0, flag="--gap-min", cli=Scaled(60.0, "minutes"))
-    tz: str | None = option(None, "time zone of local time (time of day, weekday, date), an IANA name such as "
-                                  "Europe/Lisbon; default: Asia/Shanghai for GeoLife, DeepTTE JSON and DiDi GAIA, "
-                                  "and for a point CSV the UTC offset its timestamps carry, else UTC",
-                            check=_check_tz, unset="(the format's default)")
+    on_error: str = same_option(DataOptions, "on_error")
+    modes: tuple = same_option(DataOptions, "modes")
+    min_spacing_km: float = same_option(DataOptions, "min_spacing_km")
+    gap_s: float = same_option(DataOptions, "gap_s")
+    tz: str | None = same_option(DataOptions, "tz")
     # ---- defaults by data (stfast.train.presets): the fields of presets.FIELDS default to None (not given) and
     # take the preset's values when the config is built (__post_init__)
     preset: str = option("auto", "the values of the options marked [preset] that are not given: paper (the faithful "
@@ -284,7 +267,7 @@ class TrainConfig:
 
 
 #: the data settings (field names), in flag order
-DATA_OPTIONS = ("modes", "min_spacing_km", "gap_s", "tz")
+DATA_OPTIONS = PREPROCESS_OPTIONS
 #: the model's options (TrainConfig fields that are DeepTTEConfig's fields of the same name)
 MODEL_OPTIONS = _options.names_from(TrainConfig, DeepTTEConfig)
 
@@ -308,8 +291,4 @@ def add_arguments(parser, names=None, overrides=None) -> None:
 def data_options_from_args(args) -> dict:
     """The data flags of parsed ``args`` as TrainConfig fields (None: not given, as evaluate/predict
     default them to the checkpoint's), each given value checked. Raises ValueError naming the flag."""
-    opts = _options.values_from_args(TrainConfig, args, DATA_OPTIONS)
-    for k, v in opts.items():
-        if v is not None:
-            _options.check_value(TrainConfig, k, v)
-    return opts
+    return preprocess_options_from_args(args)

@@ -13,11 +13,15 @@ Date and time are GMT. Labelled users have ``Data/<user>/labels.txt``: a header 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import itertools
 import logging
 import math
+import multiprocessing as mp
 import os
 from array import array
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -224,11 +228,203 @@ def _collect(root: Path, users) -> list[tuple[str, Path | None, list[Path]]]:
     return out
 
 
+READ_CHUNK_BYTES = 8 << 20
+"""About this many bytes of consecutive ``.plt`` files of one user make one task of a reading worker."""
+PARALLEL_MIN_BYTES = 16 << 20
+"""``workers=None`` reads less ``.plt`` data than this in the calling process (a pool costs more than it saves)."""
+
+
+_PLT_COLUMNS = ("lat", "lng", "zero", "altitude", "days", "date", "time")
+
+
+def _ints(parts, k: int) -> np.ndarray:
+    """Part ``k`` of every row of a list array of 3 parts, as int64 (pyarrow raises on anything else)."""
+    import pyarrow.compute as pc
+
+    return pc.cast(pc.list_element(parts, k), "int64").to_numpy()
+
+
+def _digits(col, seps: dict[int, int]) -> np.ndarray | None:
+    """(n, 3) int64 of a pyarrow string array whose every value is 3 zero-padded numbers of 4|2 and 2, 2 digits
+    with the byte ``seps[i]`` at position ``i`` (``YYYY-MM-DD``, ``HH:MM:SS``); None when any value is not."""
+    width = 3 * 2 + 2 + (2 if 4 in seps else 0)
+    offs = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
+    if len(col) == 0 or (np.diff(offs) != width).any():
+        return None
+    b = np.frombuffer(col.buffers()[2], np.uint8)[offs[0]:offs[-1]].reshape(-1, width)
+    at = sorted(seps)
+    if any((b[:, i] != c).any() for i, c in seps.items()):
+        return None
+    v = b.astype(np.int64) - ord("0")
+    dig = np.delete(v, at, axis=1)
+    if ((dig < 0) | (dig > 9)).any():
+        return None
+    bounds = [0, at[0], at[1] - 1, width - 2]
+    out = np.zeros((len(b), 3), np.int64)
+    for k in range(3):
+        for j in range(bounds[k], bounds[k + 1]):
+            out[:, k] = out[:, k] * 10 + dig[:, j]
+    return out
+
+
+def _fast_plt(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """The points of one ``.plt`` file as :func:`_read_plt` gives them, parsed by pyarrow's CSV reader and
+    checked with numpy; None when anything is unusual (a bad or blank-but-not-empty line, a quote, a field
+    pyarrow and Python would read differently, an unreadable file): :func:`_read_plt` then reads the file line
+    by line, with its exact checks and messages."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    try:
+        buf = path.read_bytes()
+    except OSError:
+        return None
+    at = 0
+    for _ in range(GEOLIFE_HEADER_LINES):
+        at = buf.find(b"\n", at) + 1
+        if at == 0:
+            at = len(buf)
+            break
+    body = buf[at:]
+    if body.count(b"\r") != body.count(b"\r\n"):  # a lone CR ends a line for pyarrow, not for _read_plt
+        return None
+    if not body.strip(b"\r\n"):
+        return (np.zeros(0), np.zeros(0), np.zeros(0), False) if not body.strip() else None
+    f64 = pa.float64()
+    try:
+        tab = pacsv.read_csv(
+            pa.py_buffer(body),
+            read_options=pacsv.ReadOptions(column_names=list(_PLT_COLUMNS), use_threads=False),
+            parse_options=pacsv.ParseOptions(quote_char=False, ignore_empty_lines=True),
+            convert_options=pacsv.ConvertOptions(
+                column_types={"lat": f64, "lng": f64, "altitude": f64, "days": f64, "date": pa.string(),
+                              "time": pa.string()},
+                include_columns=["lat", "lng", "altitude", "days", "date", "time"], null_values=[],
+                strings_can_be_null=False))
+        if any(c.null_count for c in tab.columns):
+            return None
+        tab = tab.combine_chunks()
+        ymd = _digits(tab["date"].chunk(0), {4: ord("-"), 7: ord("-")})
+        hms = _digits(tab["time"].chunk(0), {2: ord(":"), 5: ord(":")})
+        if ymd is not None and hms is not None:  # zero-padded, as GeoLife writes them
+            (y, m, d), (h, mi), sec = ymd.T, hms.T[:2], hms[:, 2].astype(np.float64)
+        else:
+            date = pc.split_pattern(tab["date"].chunk(0), "-")
+            clock = pc.split_pattern(tab["time"].chunk(0), ":")
+            if not (pc.all(pc.equal(pc.list_value_length(date), 3)).as_py()
+                    and pc.all(pc.equal(pc.list_value_length(clock), 3)).as_py()):
+                return None
+            y, m, d = (_ints(date, k) for k in range(3))
+            h, mi = _ints(clock, 0), _ints(clock, 1)
+            sec = pc.cast(pc.list_element(clock, 2), "float64").to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    lat, lng, alt, days = (tab[c].to_numpy() for c in ("lat", "lng", "altitude", "days"))
+    with np.errstate(invalid="ignore"):
+        ok = ((lat >= -90.0) & (lat <= 90.0) & (lng >= -180.0) & (lng <= 180.0) & np.isfinite(alt)
+              & np.isfinite(days) & (h >= 0) & (h < 24) & (mi >= 0) & (mi < 60) & (sec >= 0.0) & (sec < 60.0)
+              & (y >= 1) & (y <= 9999) & (m >= 1) & (m <= 12) & (d >= 1))
+    if not ok.all():
+        return None
+    month = ((y - 1970) * 12 + (m - 1)).astype("datetime64[M]")
+    first = month.astype("datetime64[D]").astype(np.int64)
+    if (d > (month + 1).astype("datetime64[D]").astype(np.int64) - first).any():  # no such day
+        return None
+    t = ((first + d - 1) * 86400 + h * 3600 + mi * 60).astype(np.float64) + sec
+    return lat, lng, t, True
+
+
+def _read_chunk(paths: list[str], on_error: str) -> tuple:
+    """One task: the points of the ``.plt`` files ``paths`` (in order), in this process or a worker's.
+
+    Returns ``(lengths [F] int64, any_data [F] bool, lat, lng, t [sum(lengths)] float64, dropped counts,
+    first skipped error or None)``. Raises TrajectoryFormatError (``on_error="raise"``), which pickles, so a
+    worker's error reaches the caller as it is."""
+    probs, date_cache = _Problems(on_error), {}
+    parts = [_fast_plt(Path(p)) or _read_plt(Path(p), probs, date_cache) for p in paths]
+    lengths = np.array([len(p[0]) for p in parts], dtype=np.int64)
+    any_data = np.array([p[3] for p in parts], dtype=bool)
+    cat = lambda k: np.concatenate([np.asarray(p[k], dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    return lengths, any_data, cat(0), cat(1), cat(2), probs.dropped, probs.first
+
+
+def _split_chunk(chunk: tuple, probs: _Problems):
+    """Count a task's skipped records into ``probs``, then yield ``(lat, lng, t, any_data)`` per file."""
+    lengths, any_data, lat, lng, t, dropped, first = chunk
+    for kind, n in dropped.items():
+        probs.count(kind, n)
+    if probs.first is None:
+        probs.first = first
+    ends = np.cumsum(lengths)
+    for e, n, a in zip(ends, lengths, any_data):
+        yield lat[e - n:e], lng[e - n:e], t[e - n:e], bool(a)
+
+
+def _tasks(files: list[Path], parallel: bool) -> list[list[str]]:
+    """Consecutive runs of ``files`` of about :data:`READ_CHUNK_BYTES` each (all of them in one when not
+    ``parallel``)."""
+    if not parallel:
+        return [[str(f) for f in files]] if files else []
+    out, size = [], READ_CHUNK_BYTES
+    for f in files:
+        if size >= READ_CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(str(f))
+        size += f.stat().st_size
+    return out
+
+
+def _worker_count(workers: int | None, groups) -> int:
+    """Processes that read: ``workers`` when given; else one per usable core, or 1 (this process) for less
+    than :data:`PARALLEL_MIN_BYTES` of ``.plt`` files."""
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1 or None, not {workers!r}")
+        return workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2 or sum(f.stat().st_size for _, _, files in groups for f in files) < PARALLEL_MIN_BYTES:
+        return 1
+    return cores
+
+
+@contextlib.contextmanager
+def _read_users(groups, on_error: str, workers: int | None):
+    """Yields an iterator of ``(user, user folder, files, task results in file order)`` per group, in order.
+
+    With more than one worker the tasks run in a process pool (fork where the platform has it: the workers
+    need nothing that is not already imported) and their results are taken in submission order, so the
+    first error raised is the one a sequential read raises first, and the pool is shut down (pending tasks
+    cancelled) when the caller is done or fails."""
+    n = _worker_count(workers, groups)
+    per_group = [_tasks(files, n > 1) for _, _, files in groups]
+    flat = [t for tasks in per_group for t in tasks]
+    pool = None
+    if n > 1 and len(flat) > 1:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        pool = ProcessPoolExecutor(min(n, len(flat)), mp_context=ctx)
+        results = pool.map(_read_chunk, flat, itertools.repeat(on_error))
+    else:
+        results = (_read_chunk(t, on_error) for t in flat)  # lazily: stops at the first error
+
+    def per_user():
+        for (user, udir, files), tasks in zip(groups, per_group):
+            yield user, udir, files, [next(results) for _ in tasks]
+
+    try:
+        yield per_user()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def read_geolife(
     root: str | os.PathLike,
     *,
     on_error: str = "raise",
     users: Iterable[str | int] | None = None,
+    workers: int | None = None,
 ) -> Trajectories:
     """Read GeoLife 1.3 ``.plt`` trajectories (one trajectory per file).
 
@@ -238,6 +434,12 @@ def read_geolife(
         on_error: ``"raise"`` or ``"skip"`` (skip bad point lines / label lines, counted in
             ``dropped["bad_line"]`` / ``dropped["bad_label_line"]``, one warning).
         users: only these user ids (``"010"`` or ``10``); default all.
+        workers: processes that parse the ``.plt`` files (tasks of consecutive files of one user, about
+            :data:`READ_CHUNK_BYTES` each); None: one per usable core when there are at least
+            :data:`PARALLEL_MIN_BYTES` of files, else 1 (this process). The result, the dropped counts and
+            the error raised do not depend on it. Each file is parsed by pyarrow's CSV reader and checked
+            with numpy; a file with anything unusual in it (a bad line, a blank line of spaces, a quote) is read
+            line by line instead, which gives the same points and the exact error.
 
     Returns:
         :class:`~stfast.data.trips.Trajectories`, users in sorted order, files in name (= start time)
@@ -272,32 +474,32 @@ def read_geolife(
     if not any(files for _, _, files in groups):
         raise TrajectoryFormatError(root, None, None, "no .plt files found")
 
-    date_cache: dict = {}
     lats, lngs, ts, lens, drivers, sources, user_of_traj, ids = [], [], [], [], [], [], [], []
     labels: dict[int, tuple] = {}
     empty: list[Path] = []
     lost: list[tuple[str, str]] = []  # (trip id, reason) of files that give no trajectory
-    for gi, (user, udir, files) in enumerate(groups):
-        for f in files:
-            la, ln, t, any_data = _read_plt(f, probs, date_cache)
-            if not la:
-                if any_data:
-                    probs.count("no_valid_points")
-                else:
-                    empty.append(f)
-                lost.append((f"{user}/{f.stem}", "no_valid_points" if any_data else "empty_file"))
-                continue
-            lats.append(la)
-            lngs.append(ln)
-            ts.append(t)
-            lens.append(len(la))
-            drivers.append(user)
-            ids.append(f"{user}/{f.stem}")
-            sources.append(str(f))
-            user_of_traj.append(gi)
-        lab = udir / "labels.txt" if udir is not None else None
-        if lab is not None and lab.is_file():
-            labels[gi] = read_geolife_labels(lab, _probs=probs)
+    with _read_users(groups, on_error, workers) as per_user:
+        for gi, (user, udir, files, chunks) in enumerate(per_user):
+            points = (p for chunk in chunks for p in _split_chunk(chunk, probs))
+            for f, (la, ln, t, any_data) in zip(files, points):
+                if not len(la):
+                    if any_data:
+                        probs.count("no_valid_points")
+                    else:
+                        empty.append(f)
+                    lost.append((f"{user}/{f.stem}", "no_valid_points" if any_data else "empty_file"))
+                    continue
+                lats.append(la)
+                lngs.append(ln)
+                ts.append(t)
+                lens.append(len(la))
+                drivers.append(user)
+                ids.append(f"{user}/{f.stem}")
+                sources.append(str(f))
+                user_of_traj.append(gi)
+            lab = udir / "labels.txt" if udir is not None else None
+            if lab is not None and lab.is_file():
+                labels[gi] = read_geolife_labels(lab, _probs=probs)
 
     if empty:
         probs.count("empty_file", len(empty))
@@ -306,7 +508,7 @@ def read_geolife(
 
     lengths = np.array(lens, dtype=np.int64)
     offsets = lengths_to_offsets(lengths)
-    cat = lambda parts: np.concatenate([np.frombuffer(p, dtype=np.float64) for p in parts]) if parts else np.zeros(0)
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0)
     lat, lng, t = cat(lats), cat(lngs), cat(ts)
     mode = None
     if labels:
