@@ -12,6 +12,8 @@ and the synthetic city are read whole, then written.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -83,6 +85,28 @@ class _Spill:
             k = ks[-1] + 1
 
 
+@contextlib.contextmanager
+def _large_arrays_reused():
+    """While converting, glibc's malloc serves arrays up to 256 MiB from its heap and keeps up to 1 GiB it freed
+    (mallopt M_MMAP_THRESHOLD, M_TRIM_THRESHOLD), instead of mapping and unmapping each large temporary: the page
+    faults of fresh mappings were a third of the conversion's CPU time (measured: system time 0.5 → 0.26 s per
+    1 M DiDi points, peak RSS +65 MiB). glibc's defaults (128 KiB each) are set back afterwards. Elsewhere
+    (not glibc): nothing."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        yield
+        return
+    m_trim, m_mmap = -1, -3  # <malloc.h>: M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+    mallopt(m_mmap, 256 << 20)
+    mallopt(m_trim, 1 << 30)
+    try:
+        yield
+    finally:
+        mallopt(m_mmap, 128 << 10)
+        mallopt(m_trim, 128 << 10)
+
+
 def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", modes=None,
                      min_spacing_km: float | None = 0.2, gap_s: float = 1200.0, tz: str | None = None,
                      n_synthetic: int = 20000, seed: int = 0, **options) -> Trips:
@@ -123,7 +147,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         cfg.tz = tz
     probs, codes = _Problems(on_error), _TripCodes()
     out = Path(out)
-    with StoreWriter(out, {"data": str(data), "format": fmt}) as w:
+    with StoreWriter(out, {"data": str(data), "format": fmt}) as w, _large_arrays_reused():
         spill = out.with_name(f".{out.name}.spill{os.getpid()}")
         spill.mkdir(parents=True, exist_ok=True)
         try:
@@ -182,7 +206,7 @@ def _convert_deeptte(data, out, on_error: str, tz: str | None, min_points: int |
     files = [(f, f"{f.name}:") for f in deeptte_files(p)] if p.is_dir() else [(p, "")]
     min_points = PreprocessConfig.min_points if min_points is None else int(min_points)
     zones: set = set()
-    with StoreWriter(out, {"data": str(data), "format": "deeptte"}) as w:
+    with StoreWriter(out, {"data": str(data), "format": "deeptte"}) as w, _large_arrays_reused():
         for f, prefix in files:
             done: dict = {}
             for trips in iter_file_blocks(f, on_error, 1.0, prefix, done):

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _BadField, _block_lines, _iter_blocks, _Problems, _read_ahead, _require_file
+from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _block_lines, _iter_blocks, _Problems, _read_ahead,
+                                         _require_file)
 from stfast.data.trips import DroppedTrips, Trips, lengths_to_offsets
 from stfast.data.tz import check_tz
 
@@ -301,7 +302,7 @@ def _fast_block(block: bytes, first: int, tol: float, id_prefix: str) -> dict | 
     if (raw[starts[~blank]] != ord("{")).any():  # blanks around a record, or something else: line by line
         return None
     try:
-        tab = pj.read_json(pa.py_buffer(block), read_options=pj.ReadOptions(block_size=len(block) + 1),
+        tab = pj.read_json(pa.py_buffer(block), read_options=pj.ReadOptions(block_size=2 * _PARSE_CHUNK),
                            parse_options=pj.ParseOptions(explicit_schema=_schema(), unexpected_field_behavior="infer"))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
