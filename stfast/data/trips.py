@@ -116,6 +116,18 @@ class _CSR:
             kw[name] = getattr(self, name)
         return type(self)(**kw)
 
+    def locate(self, idx) -> tuple["_CSR", np.ndarray]:
+        """Where trips ``idx`` ([B] int) are: (this container, [B] int64), as :meth:`TripsView.locate` answers
+        for a view (:mod:`stfast.data.trip_view`)."""
+        return self, np.asarray(idx, dtype=np.int64)
+
+    def view(self, idx):
+        """The trips ``idx`` (int array or boolean mask over trips), in that order, as a
+        :class:`~stfast.data.trip_view.TripsView`: no copy of the columns (a memory-mapped store stays shared)."""
+        from .trip_view import TripsView  # trip_view imports this module
+
+        return TripsView(self, idx)
+
     @classmethod
     def concat(cls, parts: list) -> "_CSR":
         """Concatenate containers of the same type (trip order kept)."""

@@ -26,6 +26,7 @@ from ..data.splits import (
     split_random,
 )
 from ..data.subtrips import subtrips
+from ..data.trip_view import TripsView
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from ..parallel import data_parallel as dp
@@ -49,15 +50,17 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
     return require_trips(trips, cfg.data or "the synthetic city")
 
 
-def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
-    """Train/validation/test trips by the configured rule. Raises ValueError on an empty split."""
+def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, TripsView]:
+    """Train/validation/test trips by the configured rule, as views of ``trips`` (an index each, no copy: the
+    splits of a memory-mapped store share its pages, :mod:`stfast.data.trip_view`). Raises ValueError on an
+    empty split."""
     days = None
     if cfg.split_days or cfg.split_by == "date":
         days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
         idx = split_by_days(trips.date_id, days)
     else:
         idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
-    parts = tuple(trips.subset(i) for i in idx)
+    parts = tuple(trips.view(i) for i in idx)
     for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
         if len(p) == 0 and days is not None:
             have = sorted(set(int(d) for d in trips.date_id))
