@@ -131,3 +131,19 @@ def test_store_run_resumes_evaluates_and_predicts_without_raw_data_or_rehashing(
     assert sorted(r["trip_id"] for r in rows) == sorted(test.trip_id.tolist())
     assert np.mean([abs(float(r["pred_time_s"]) / float(r["true_time_s"]) - 1) for r in rows]) == pytest.approx(
         summary["test_mape"], abs=1e-4)  # the CSV rounds the times
+
+
+def test_subtrips_that_would_copy_a_large_split_are_warned_about(tmp_path, monkeypatch, caplog):
+    """--subtrips makes its pieces (and a copy of the training split) in memory: past SUBTRIPS_WARN_GIB a run
+    says so and names --subtrips 0, instead of growing every rank's memory silently."""
+    from stfast.train import run_data
+
+    write_store(random_trips(200, seed=2), tmp_path / "store")
+    cfg = TrainConfig(data=str(tmp_path / "store"), epochs=1, subtrips=1)
+    monkeypatch.setattr(run_data, "SUBTRIPS_WARN_GIB", 1e-4)
+    with caplog.at_level("WARNING", logger="stfast.train"):
+        data = RunData.load(cfg, torch.float32)
+    assert len(data.train_ds) > len(data.train) and "use --subtrips 0" in caplog.text
+    caplog.clear()
+    RunData.load(TrainConfig(data=str(tmp_path / "store"), epochs=1, subtrips=0), torch.float32)
+    assert "--subtrips" not in caplog.text

@@ -37,6 +37,7 @@ from .resume import resume_checkpoint
 
 log = logging.getLogger("stfast.train")
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
+SUBTRIPS_WARN_GIB = 2.0  # warn when --subtrips would copy more than this per process
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 
 
@@ -183,6 +184,10 @@ class RunData:
         # baselines and the split sizes are the recorded trips'; with --subtrips-resample epoch one fresh set
         # of pieces per epoch (set e is epoch e's; the once set is set 0)
         draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
+        if cfg.subtrips and (gib := train.n_points * (1 + draws * cfg.subtrips) * 36 / 2**30) > SUBTRIPS_WARN_GIB:
+            log.warning("--subtrips %d makes its pieces in memory, with a copy of the training split: up to %.1f GiB "
+                        "per process for these %d trips; use --subtrips 0 on data this large", cfg.subtrips, gib,
+                        len(train))
         sets = [subtrips(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
         fit = Trips.concat([train, *sets]) if sets else train
         piece_sets = tuple(len(p) for p in sets) if draws > 1 else ()
