@@ -68,8 +68,10 @@ class TrainingArea:
         cell_lng = cell_lat / max(math.cos(math.radians(mean_lat)), 1e-3)
         area = cls(float(lng0), float(lat0), cell_lng, cell_lat, np.zeros((0, 2), np.int64),
                    (float(lng0), float(lat0), float(lng1), float(lat1)), float(cell_km), int(margin_cells))
-        cells = [np.unique(area._cell(lng, lat), axis=0) for lng, lat in chunks() if len(lng)]
-        area.cells = cells[0] if len(cells) == 1 else np.unique(np.concatenate(cells), axis=0)
+        # as int64 keys (cells of the area's own points have column, row >= 0): a 1-D unique, in the order of
+        # np.unique(cells, axis=0), many times faster
+        keys = np.unique(np.concatenate([np.unique(area._keys(area._cell(lng, lat))) for lng, lat in chunks()]))
+        area.cells = np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1).astype(np.int64)
         return area
 
     def _cell(self, lng, lat) -> np.ndarray:

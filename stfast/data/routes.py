@@ -80,7 +80,10 @@ class RouteProfile:
         for part in iter_chunks(train):
             on += int(np.count_nonzero(np.asarray(part.state, dtype=np.float64) > 0.5))
             step = np.diff(np.asarray(part.dist_gap, dtype=np.float64))
-            step = step[~np.isin(np.arange(1, part.n_points), part.offsets[1:-1])]  # not across trips
+            within = np.ones(len(step), dtype=bool)
+            ends = np.asarray(part.offsets[1:-1])
+            within[ends[ends > 0] - 1] = False  # not across trips
+            step = step[within]
             steps.append(step[step > 0][::stride])
         share = on / n if n else 0.0
         step = np.concatenate(steps) if steps else np.zeros(0)
