@@ -70,7 +70,9 @@ class TrainingArea:
                    (float(lng0), float(lat0), float(lng1), float(lat1)), float(cell_km), int(margin_cells))
         # as int64 keys (cells of the area's own points have column, row >= 0): a 1-D unique, in the order of
         # np.unique(cells, axis=0), many times faster
-        keys = np.unique(np.concatenate([np.unique(area._keys(area._cell(lng, lat))) for lng, lat in chunks()]))
+        keys = np.zeros(0, dtype=np.int64)
+        for lng, lat in chunks():  # merged piece by piece: memory is the area's cells, not the points
+            keys = np.union1d(keys, area._keys(area._cell(lng, lat)))
         area.cells = np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1).astype(np.int64)
         return area
 

@@ -84,7 +84,7 @@ class RouteProfile:
             ends = np.asarray(part.offsets[1:-1])
             within[ends[ends > 0] - 1] = False  # not across trips
             step = step[within]
-            steps.append(step[step > 0][::stride])
+            steps.append(step[step > 0][::stride].copy())  # a copy: a strided view would keep all of them
         share = on / n if n else 0.0
         step = np.concatenate(steps) if steps else np.zeros(0)
         spacing = float(np.median(step)) if step.size else 0.2
