@@ -6,6 +6,7 @@ Each stage runs in a fresh process so that its peak RSS (getrusage ru_maxrss) is
 
     python benchmarks/scale.py --trips 100000 300000 1000000 --out /tmp/scale
     python benchmarks/scale.py --trips --points 1000000 8000000 --jsonl-trips 200000 --plot docs/scale.png
+    python benchmarks/scale.py --trips --train-trips 200000 1000000 10000000 --out /tmp/scale10m
 
 ``--points``: a DiDi GAIA file (``gps_*``, sorted by order as DiDi ships it) and a point CSV (ISO
 timestamps with offsets, rows shuffled) of N points each are generated; ``stfast.data.convert`` converts
@@ -14,6 +15,13 @@ that import), side by side with a plain ``csv.reader`` loop over the same file (
 points/s and peak RSS of each. ``--jsonl-trips``: a DeepTTE JSON-lines file of K synthetic trips, read by
 ``read_deeptte_jsonl`` and converted to a store, against a ``json.loads`` loop over its lines. ``--plot``:
 points/s and peak RSS against size.
+
+``--train-trips``: a trips store of K synthetic trips (written by StoreWriter in chunks of 50,000, so any K
+fits in memory; kept under ``--out`` and reused), then ``stfast train --data STORE --nproc 2 --max-steps S``
+(validation and test splits of ``--test-trips`` each) with each rank's memory polled from /proc (peak RSS,
+private vs file-backed pages: the ranks share the store's pages), the data-side share of a step (the step rows'
+``data_s``: the slicer's cut and collation, plus the epoch's sampling per step) and ``stfast predict --split
+test`` on the run (its MAPE must be the run's test MAPE). One table row per K.
 
 ``build`` = synthetic_trips(N) (raw GPS of the synthetic city + preprocessing) then Trips.save;
 ``load+epoch`` = Trips.load(mmap) and one epoch: trainer.epoch_batches (seeded shuffle, length-sorted
@@ -91,6 +99,26 @@ def stage_load_epoch(path: str, batch_size: int, world_size: int) -> dict:
             "per_global_batch_ms": 1e3 * t_part / max(len(batches), 1),
             "partitioner": "slicer.partition(balanced)" if partition is not None else "equal_shard",
             "world_size": world_size, "peak_mib": _peak_mib()}
+
+
+def stage_store(n: int, path: str, chunk: int = 50_000) -> dict:
+    """A trips store of ``n`` synthetic trips written by StoreWriter in chunks of ``chunk`` trips (seed = chunk
+    number; trip ids ``0 .. n-1``), so memory stays that of one chunk whatever ``n``."""
+    import numpy as np
+
+    from stfast.data.store import StoreWriter
+    from stfast.data.synthetic import synthetic_trips
+
+    t0 = time.perf_counter()
+    with StoreWriter(path, {"data": f"synthetic city, {n} trips in chunks of {chunk}"}) as w:
+        for i, s in enumerate(range(0, n, chunk)):
+            part = synthetic_trips(min(chunk, n - s), seed=i)
+            part.trip_id = np.arange(s, s + len(part)).astype(str).astype(object)
+            w.append(part)
+        t_write = time.perf_counter() - t0
+        store = w.finish()
+    return {"trips": len(store), "points": store.n_points, "write_s": t_write,
+            "finish_s": time.perf_counter() - t0 - t_write, "peak_mib": _peak_mib()}
 
 
 def stage_gen(kind: str, n: int, path: str) -> dict:
@@ -181,6 +209,133 @@ def stage_convert(path: str, fmt: str, out: str, read_only: str = "") -> dict:
             "points_out": trips.n_points, "peak_after_import_mib": base, "peak_mib": _peak_mib()}
 
 
+def _ranks(pid: int) -> dict[int, int]:
+    """{rank: pid} of the processes under ``pid`` that torchrun started as ranks (LOCAL_RANK in their environment)."""
+    import os
+
+    parent = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                parent[int(p)] = int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = {}, [pid]
+    while todo:
+        q = todo.pop()
+        for c in [c for c, pp in parent.items() if pp == q]:
+            todo.append(c)
+            try:
+                env = dict(kv.split("=", 1) for kv in open(f"/proc/{c}/environ").read().split("\0") if "=" in kv)
+            except OSError:
+                continue
+            if "LOCAL_RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+                out[int(env["LOCAL_RANK"])] = c
+    return out
+
+
+def _memory(pid: int) -> dict[str, float]:
+    """MiB: VmHWM (peak RSS), VmRSS, RssAnon (the process's own pages), RssFile (mapped files: the store's pages
+    it touched, shared with the other ranks through the page cache) and Pss_File (RssFile divided among the
+    processes that share each page), from /proc."""
+    out = {}
+    for line in open(f"/proc/{pid}/status"):
+        k, _, v = line.partition(":")
+        if k in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+            out[k] = int(v.split()[0]) / 1024
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            k, _, v = line.partition(":")
+            if k == "Pss_File":
+                out[k] = int(v.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
+
+
+def train_row(n: int, out: str, steps: int, batch_size: int, test_trips: int) -> dict:
+    """``stfast train --data STORE --nproc 2`` on a store of ``n`` synthetic trips (built when missing), ``steps``
+    optimizer steps, the split's validation and test parts ``test_trips`` trips each; the ranks' memory polled
+    from /proc every 0.2 s; then ``stfast predict --split test`` on the run. Data-side share of a step: the
+    step rows' ``data_s`` (cutting the shards, collating the batches) plus the epoch's sampling
+    (``epoch_batches``, timed here on the same lengths) per step, over ``step_s``."""
+    import os
+    import shutil
+
+    import numpy as np
+
+    store, run = f"{out}/store_{n}", f"{out}/run_{n}"
+    if not os.path.exists(f"{store}/manifest.json"):
+        print(json.dumps({"stage": "store", "n": n, **_run("store", n, store)}), flush=True)
+    shutil.rmtree(run, ignore_errors=True)
+    f = test_trips / n
+    cmd = [sys.executable, "-m", "stfast.cli", "train", "--data", store, "--nproc", "2", "--threads", "1",
+           "--max-steps", str(steps), "--batch-size", str(batch_size), "--subtrips", "0",
+           "--split", f"{1 - 2 * f:.6f}/{f:.6f}/{f:.6f}", "--no-progress", "--out", run]
+    load0, t0 = _load(), time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak: dict[int, dict] = {}
+    while proc.poll() is None:
+        for r, pid in _ranks(proc.pid).items():
+            try:
+                m = _memory(pid)
+            except OSError:
+                continue
+            peak[r] = {k: max(v, peak.get(r, {}).get(k, 0.0)) for k, v in m.items()}
+        time.sleep(0.2)
+    log = proc.stdout.read()
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{log}")
+    wall = time.perf_counter() - t0
+    rows = [json.loads(x) for x in open(f"{run}/metrics.jsonl")]
+    st = [r for r in rows if r.get("type") == "step"][2:]  # the first steps warm up
+    data_s = np.mean([r["data_s"] for r in st])
+    step_s = np.mean([r["step_s"] for r in st])
+    from stfast.data.store import open_store
+    from stfast.train.run_data import epoch_batches
+
+    lengths = np.asarray(open_store(store).lengths)[: int(n * (1 - 2 * f))]
+    t = time.perf_counter()
+    batches = epoch_batches(lengths, batch_size, 0, 0)
+    sample_s = (time.perf_counter() - t) / len(batches)
+    summary = json.loads(open(f"{run}/summary.json").read())
+    t = time.perf_counter()
+    pred = subprocess.run([sys.executable, "-m", "stfast.cli", "predict", "--checkpoint", f"{run}/checkpoint.pt",
+                           "--split", "test", "--out", f"{run}/test.csv"], capture_output=True, text=True)
+    if pred.returncode:
+        raise SystemExit(f"predict failed:\n{pred.stdout}{pred.stderr}")
+    pred_s = time.perf_counter() - t
+    got = np.loadtxt(f"{run}/test.csv", delimiter=",", skiprows=1, usecols=(5, 6), ndmin=2)
+    return {"stage": "train", "n": n, "points": open_store(store).n_points, "steps": len(st) + 2,
+            "batch_size": batch_size, "wall_s": wall, "step_s": step_s, "data_s": data_s, "sample_s": sample_s,
+            "data_share": (data_s + sample_s) / step_s, "ranks": peak, "test_mape": summary["test_mape"],
+            "predict_s": pred_s, "predict_mape": float(np.mean(np.abs(got[:, 1] - got[:, 0]) / got[:, 0])),
+            "n_test": summary["n_test"], "load_before": load0, "load_after": _load()}
+
+
+def train_table(sizes: list[int], out: str, steps: int, batch_size: int, test_trips: int) -> list[dict]:
+    """:func:`train_row` at each size; one JSON line each, then the table."""
+    rows = []
+    for n in sizes:
+        rows.append(train_row(n, out, steps, batch_size, test_trips))
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'trips':>11} {'points':>12} {'step ms':>8} {'data ms':>8} {'sample ms':>9} {'data %':>7}"
+          f" {'rank peak RSS MiB':>18} {'RssAnon':>8} {'RssFile':>8} {'Pss_File':>8} {'test MAPE':>9}"
+          f" {'predict':>8} {'load':>5}")
+    for r in rows:
+        ranks = r["ranks"].values()
+        mx = {k: max(x.get(k, 0.0) for x in ranks) for k in ("VmHWM", "RssAnon", "RssFile", "Pss_File")}
+        print(f"{r['n']:>11,} {r['points']:>12,} {1e3 * r['step_s']:8.1f} {1e3 * r['data_s']:8.2f}"
+              f" {1e3 * r['sample_s']:9.3f} {100 * r['data_share']:6.2f}% {mx['VmHWM']:18.0f} {mx['RssAnon']:8.0f}"
+              f" {mx['RssFile']:8.0f} {mx['Pss_File']:8.0f} {100 * r['test_mape']:8.2f}%"
+              f" {100 * r['predict_mape']:7.2f}% {r['load_before']:5.1f}")
+    print("(per rank, the larger of the 2 ranks; step/data ms: mean over the steps after the first 2; data: cutting the"
+          " shards + collating, sample: the epoch's shuffle/batching per step; data % = (data + sample) / step;"
+          " RssAnon: the rank's own memory, RssFile: mapped files (store pages touched, shared), Pss_File: its share"
+          " of them; predict: MAPE of `stfast predict --split test`, = test MAPE; load: 1-min load average before)")
+    return rows
+
+
 def _load() -> float:
     return __import__("os").getloadavg()[0]
 
@@ -265,18 +420,26 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="/tmp/stfast-scale", help="folder for the saved data sets")
     ap.add_argument("--batch-size", type=int, default=64, help="global batch (trips)")
     ap.add_argument("--world-size", type=int, default=8)
+    ap.add_argument("--train-trips", type=int, nargs="*", default=[],
+                    help="train from stores of these many synthetic trips (stfast train --nproc 2; built when missing)")
+    ap.add_argument("--train-steps", type=int, default=30, help="optimizer steps of each training run")
+    ap.add_argument("--train-batch-size", type=int, default=256, help="global batch of the training runs")
+    ap.add_argument("--test-trips", type=int, default=10_000, help="trips of the validation and test splits")
     ap.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # internal: one stage in this process
     a = ap.parse_args(argv)
     if a.stage:
         name, *rest = a.stage
         fn = {"baseline": stage_baseline, "build": stage_build, "load_epoch": stage_load_epoch, "gen": stage_gen,
-              "loop": stage_loop, "convert": stage_convert}[name]
+              "loop": stage_loop, "convert": stage_convert,
+              "store": stage_store}[name]
         args = [int(x) if x.isdigit() else x for x in rest]
         print(json.dumps(fn(*args)))
         return
     __import__("os").makedirs(a.out, exist_ok=True)
     if a.points or a.jsonl_trips:
         convert_table(a.points, a.jsonl_trips, a.out, a.plot)
+    if a.train_trips:
+        train_table(a.train_trips, a.out, a.train_steps, a.train_batch_size, a.test_trips)
     if not a.trips:
         return
     base = _run("baseline")["peak_mib"]

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "scale.py"
 
 
@@ -32,3 +34,21 @@ def test_scale_script_conversion_small(tmp_path):
     assert rows[0]["trips"] == rows[1]["trips"]  # the same trips, sorted (DiDi) or shuffled (CSV)
     assert rows[2]["trips"] == 200 and rows[2]["read_s"] > 0
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_scale_script_training_small(tmp_path):
+    """--train-trips: a store of synthetic trips written in chunks, `stfast train --nproc 2` from it with the ranks'
+    memory polled, `stfast predict --split test` on the run (its MAPE is the run's test MAPE), and the table."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--train-trips", "3000", "--train-steps", "5",
+                        "--train-batch-size", "32", "--test-trips", "150", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    store = next(x for x in rows if x["stage"] == "store")
+    (t,) = [x for x in rows if x["stage"] == "train"]
+    assert store["trips"] == 3000 and (tmp_path / "store_3000" / "manifest.json").is_file()
+    assert t["steps"] == 5 and t["n_test"] == 150 and 0 < t["data_s"] < t["step_s"] and 0 < t["data_share"] < 1
+    assert sorted(t["ranks"]) == ["0", "1"] and all(m["VmHWM"] >= m["RssAnon"] > 0 for m in t["ranks"].values())
+    assert t["predict_mape"] == pytest.approx(t["test_mape"], abs=1e-3)  # the CSV rounds the times
+    assert "Pss_File" in r.stdout and "data %" in r.stdout

@@ -186,7 +186,7 @@ ROW_KEYS = {'epoch': ['epoch', 'lr', 'samples_per_s', 'step', 'train_loss', 'typ
             'loss_slope', 'micro_batch', 'noise_kind', 'noise_scale', 'noise_scale_point', 'overhead_s',
             'samples_per_s', 'step', 'steps', 'steps_per_s', 'trips', 'type', 'wall_s', 'window', 'window_s'],
  'bad_step': ['at_batch', 'at_epoch', 'bad_step', 'loss', 'reason', 'type'],
- 'step': ['compute_s', 'cost_coef', 'cost_fit_error', 'epoch', 'idle_s', 'imbalance_measured',
+ 'step': ['compute_s', 'cost_coef', 'cost_fit_error', 'data_s', 'epoch', 'idle_s', 'imbalance_measured',
           'imbalance_predicted', 'shard_points', 'shard_trips', 'slicer', 'step', 'step_s', 'type']}
 
 EXPECTED: dict = {  # recorded on main at 84bcac9

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .trip_view import iter_chunks
 from .trips import Trips, _gather_points
 
 
@@ -28,6 +29,32 @@ def local_spans(trips: Trips, values: np.ndarray, k: int) -> np.ndarray:
     starts = np.repeat(trips.offsets[:-1], n_win) + (
         np.arange(int(n_win.sum())) - np.repeat(np.cumsum(n_win) - n_win, n_win))
     return values[starts + k - 1] - values[starts]
+
+
+class _Moments:
+    """Mean and standard deviation of values added in pieces (Chan et al.'s pairwise update); one piece gives
+    numpy's ``mean()`` and ``std()`` exactly."""
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, a) -> "_Moments":
+        a = np.asarray(a, dtype=np.float64)
+        if a.size == 0:
+            return self
+        m = float(a.mean())
+        d = a - m
+        m2, n = float(np.add.reduce(np.multiply(d, d, out=d))), self.n + a.size
+        delta = m - self.mean
+        self.mean = m if self.n == 0 else self.mean + delta * a.size / n
+        self.m2 = m2 if self.n == 0 else self.m2 + m2 + delta * delta * self.n * a.size / n
+        self.n = n
+        return self
+
+    def mean_std(self) -> tuple[float, float]:
+        """(mean, standard deviation), the deviation 1.0 for fewer than 2 values or one below 1e-12."""
+        s = float(np.sqrt(self.m2 / self.n)) if self.n > 1 else 1.0
+        return self.mean, (s if s > 1e-12 else 1.0)
 
 
 @dataclass
@@ -56,25 +83,24 @@ class NormStats:
 
     @classmethod
     def from_trips(cls, trips: Trips, kernel_size: int = 3) -> "NormStats":
-        """Statistics of the (training) trips. Raises ValueError on an empty set."""
+        """Statistics of the (training) trips: Trips or a :class:`~stfast.data.trip_view.TripsView`, read in
+        pieces of :data:`~stfast.data.trip_view.CHUNK_POINTS` points (memory stays bounded on a split of a store
+        of any size; trips of one piece give numpy's ``mean``/``std`` exactly). Raises ValueError on an empty set."""
         if len(trips) == 0:
             raise ValueError("cannot compute normalization statistics of an empty training split")
-        ld = local_spans(trips, trips.dist_gap, kernel_size)
-        lt = local_spans(trips, trips.time_gap, kernel_size)
-
-        def ms(a):
-            a = np.asarray(a, dtype=np.float64)
-            s = float(a.std()) if a.size > 1 else 1.0
-            return float(a.mean()), (s if s > 1e-12 else 1.0)
-
-        lm, ls = ms(trips.lng)
-        am, as_ = ms(trips.lat)
-        dm, ds = ms(trips.dist)
-        tm, ts = ms(trips.time)
-        ldm, lds = ms(ld) if ld.size else (0.0, 1.0)
-        ltm, lts = ms(lt) if lt.size else (0.0, 1.0)
-        speed = float(np.sum(trips.dist) / max(float(np.sum(trips.time)), 1e-9))
-        return cls(lm, ls, am, as_, dm, ds, tm, ts, ldm, lds, ltm, lts, speed, int(kernel_size))
+        lng, lat, ld, lt = (_Moments() for _ in range(4))
+        for part in iter_chunks(trips):
+            lng.add(part.lng)
+            lat.add(part.lat)
+            ld.add(local_spans(part, part.dist_gap, kernel_size))
+            lt.add(local_spans(part, part.time_gap, kernel_size))
+        dist, time = np.asarray(trips.dist, dtype=np.float64), np.asarray(trips.time, dtype=np.float64)
+        dm, ds = _Moments().add(dist).mean_std()
+        tm, ts = _Moments().add(time).mean_std()
+        ldm, lds = ld.mean_std() if ld.n else (0.0, 1.0)
+        ltm, lts = lt.mean_std() if lt.n else (0.0, 1.0)
+        speed = float(np.sum(dist) / max(float(np.sum(time)), 1e-9))
+        return cls(*lng.mean_std(), *lat.mean_std(), dm, ds, tm, ts, ldm, lds, ltm, lts, speed, int(kernel_size))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,7 +190,7 @@ class TripDataset:
 
     def __init__(self, trips: Trips, vocab: DriverVocab, dtype: torch.dtype = torch.float32):
         self.trips = trips
-        self.driver_idx = vocab.encode(trips.driver)
+        self.vocab = vocab
         self.dtype = dtype
 
     def __len__(self) -> int:
@@ -175,10 +201,10 @@ class TripDataset:
         return self.trips.lengths
 
     def batch(self, idx) -> TripBatch:
-        """Padded batch of trips ``idx`` ([B] ints, B ≥ 1), in that order."""
-        tr = self.trips
-        idx = np.asarray(idx, dtype=np.int64)
-        pt, off = _gather_points(tr.offsets, idx)
+        """Padded batch of trips ``idx`` ([B] ints, B ≥ 1), in that order. Only these trips' points are read
+        (gathered from the columns of a view's base: a memory-mapped store is not copied)."""
+        tr, idx = self.trips.locate(idx)
+        pt, off = _gather_points(np.asarray(tr.offsets), idx)
         lens = np.diff(off)
         b, lmax = len(idx), int(lens.max()) if len(idx) else 0
         rows = np.repeat(np.arange(b), lens)
@@ -193,10 +219,10 @@ class TripDataset:
             return torch.from_numpy(np.ascontiguousarray(a[idx])).to(dt)
 
         return TripBatch(
-            lng=pad(tr.lng), lat=pad(tr.lat), state=pad(tr.state.astype(np.float64)),
+            lng=pad(tr.lng), lat=pad(tr.lat), state=pad(tr.state),
             time_gap=pad(tr.time_gap), dist_gap=pad(tr.dist_gap),
             lengths=torch.from_numpy(lens.astype(np.int64)),
             dist=vec(tr.dist, self.dtype), time=vec(tr.time, self.dtype),
-            driver=torch.from_numpy(self.driver_idx[idx]),
+            driver=torch.from_numpy(self.vocab.encode(tr.driver[idx])),
             week_id=vec(tr.week_id, torch.int64), time_id=vec(tr.time_id, torch.int64),
         )

@@ -27,6 +27,7 @@ import numpy as np
 from .coverage import TrainingArea
 from .geo import haversine_km
 from .preprocess import _resample  # the training run's resampling rule (step 5), applied as is
+from .trip_view import CHUNK_POINTS, iter_chunks
 from .trips import Trips, lengths_to_offsets
 from .tz import TZ_FROM_TIMESTAMPS, calendar_ids
 
@@ -70,12 +71,25 @@ class RouteProfile:
 
     @classmethod
     def from_trips(cls, train: Trips) -> "RouteProfile":
-        """The profile of the training split ``train`` (T ≥ 1 trips). Raises ValueError when it has no points."""
-        share = float(np.mean(np.asarray(train.state, dtype=np.float64) > 0.5)) if train.n_points else 0.0
-        step = np.diff(np.asarray(train.dist_gap, dtype=np.float64))
-        step = step[~np.isin(np.arange(1, train.n_points), train.offsets[1:-1])]  # not across trips
-        spacing = float(np.median(step[step > 0])) if np.any(step > 0) else 0.2
-        return cls(TrainingArea.from_points(train.lng, train.lat), int(share >= 0.5), share, spacing, train.n_points)
+        """The profile of the training split ``train`` (T ≥ 1 trips; Trips or a
+        :class:`~stfast.data.trip_view.TripsView`), read in pieces (:func:`~stfast.data.trip_view.iter_chunks`):
+        bounded memory on a split of a store of any size. Past one piece the median spacing is that of every
+        k-th step (k = pieces), at most about one piece of steps. Raises ValueError when it has no points."""
+        n, on, steps = train.n_points, 0, []
+        stride = max(1, -(-n // CHUNK_POINTS))
+        for part in iter_chunks(train):
+            on += int(np.count_nonzero(np.asarray(part.state, dtype=np.float64) > 0.5))
+            step = np.diff(np.asarray(part.dist_gap, dtype=np.float64))
+            within = np.ones(len(step), dtype=bool)
+            ends = np.asarray(part.offsets[1:-1])
+            within[ends[ends > 0] - 1] = False  # not across trips
+            step = step[within]
+            steps.append(step[step > 0][::stride].copy())  # a copy: a strided view would keep all of them
+        share = on / n if n else 0.0
+        step = np.concatenate(steps) if steps else np.zeros(0)
+        spacing = float(np.median(step)) if step.size else 0.2
+        area = TrainingArea.from_point_chunks(lambda: ((p.lng, p.lat) for p in iter_chunks(train)))
+        return cls(area, int(share >= 0.5), share, spacing, n)
 
     def to_dict(self) -> dict:
         return {"area": self.area.to_dict(), "state": self.state, "state_share": self.state_share,

@@ -116,6 +116,11 @@ class _CSR:
             kw[name] = getattr(self, name)
         return type(self)(**kw)
 
+    def locate(self, idx) -> tuple["_CSR", np.ndarray]:
+        """Where trips ``idx`` ([B] int) are: (this container, [B] int64), as :meth:`TripsView.locate` answers
+        for a view (:mod:`stfast.data.trip_view`)."""
+        return self, np.asarray(idx, dtype=np.int64)
+
     @classmethod
     def concat(cls, parts: list) -> "_CSR":
         """Concatenate containers of the same type (trip order kept)."""
@@ -303,6 +308,13 @@ class Trips(_CSR):
     def __post_init__(self):
         self._fill_trip_ids()
         self._validate()
+
+    def view(self, idx):
+        """The trips ``idx`` (int array or boolean mask over trips), in that order, as a
+        :class:`~stfast.data.trip_view.TripsView`: no copy of the columns (a memory-mapped store stays shared)."""
+        from .trip_view import TripsView  # trip_view imports this module
+
+        return TripsView(self, idx)
 
     def record(self, i: int) -> dict:
         """Trip ``i`` as a DeepTTE JSON record: the keys of the original data, plus ``tripID`` (str),

@@ -26,6 +26,7 @@ from ..data.splits import (
     split_random,
 )
 from ..data.subtrips import subtrips
+from ..data.trip_view import TripsView
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from ..parallel import data_parallel as dp
@@ -36,6 +37,7 @@ from .resume import resume_checkpoint
 
 log = logging.getLogger("stfast.train")
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
+SUBTRIPS_WARN_GIB = 2.0  # warn when --subtrips would copy more than this per process
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 
 
@@ -49,15 +51,17 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
     return require_trips(trips, cfg.data or "the synthetic city")
 
 
-def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[Trips, Trips, Trips]:
-    """Train/validation/test trips by the configured rule. Raises ValueError on an empty split."""
+def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, TripsView]:
+    """Train/validation/test trips by the configured rule, as views of ``trips`` (an index each, no copy: the
+    splits of a memory-mapped store share its pages, :mod:`stfast.data.trip_view`). Raises ValueError on an
+    empty split."""
     days = None
     if cfg.split_days or cfg.split_by == "date":
         days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
         idx = split_by_days(trips.date_id, days)
     else:
         idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
-    parts = tuple(trips.subset(i) for i in idx)
+    parts = tuple(trips.view(i) for i in idx)
     for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
         if len(p) == 0 and days is not None:
             have = sorted(set(int(d) for d in trips.date_id))
@@ -180,6 +184,10 @@ class RunData:
         # baselines and the split sizes are the recorded trips'; with --subtrips-resample epoch one fresh set
         # of pieces per epoch (set e is epoch e's; the once set is set 0)
         draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
+        if cfg.subtrips and (gib := train.n_points * (1 + draws * cfg.subtrips) * 36 / 2**30) > SUBTRIPS_WARN_GIB:
+            log.warning("--subtrips %d makes its pieces in memory, with a copy of the training split: up to %.1f GiB "
+                        "per process for these %d trips; use --subtrips 0 on data this large", cfg.subtrips, gib,
+                        len(train))
         sets = [subtrips(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
         fit = Trips.concat([train, *sets]) if sets else train
         piece_sets = tuple(len(p) for p in sets) if draws > 1 else ()

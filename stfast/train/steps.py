@@ -46,6 +46,7 @@ class WholeModelSteps:
 
     def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync=None):
         self.model, self.batch_of, self.info, self.grad_sync = model, batch_of, info, grad_sync
+        self.data_s = 0.0  # this step's data-side seconds on this rank: the shard's cut and its collation
 
     def describe(self) -> str | None:
         """A line for the log (None: nothing to say)."""
@@ -56,7 +57,7 @@ class WholeModelSteps:
         return None
 
     def begin_step(self) -> None:
-        pass
+        self.data_s = 0.0
 
     def _quiet(self, last: bool):
         return self.grad_sync.no_sync() if self.grad_sync is not None and not last else contextlib.nullcontext()
@@ -73,8 +74,11 @@ class WholeModelSteps:
         """Forward + backward of this rank's shard of ``micro`` ([b] trip indices; ``last``: the step's last
         micro-step). Returns (trips in the shard, its loss)."""
         with self._quiet(last):
+            t = time.perf_counter()
             shard = self._shard(micro)
-            loss = self._forward_backward(self.batch_of(shard), loss_fn) if len(shard) else 0.0
+            batch = self.batch_of(shard) if len(shard) else None
+            self.data_s += time.perf_counter() - t
+            loss = self._forward_backward(batch, loss_fn) if len(shard) else 0.0
         return len(shard), loss
 
     def statistics(self, extra: torch.Tensor) -> torch.Tensor:
@@ -128,6 +132,7 @@ class SlicedSteps(WholeModelSteps):
             torch.cuda.synchronize(self.device)  # the slicer's timing needs the kernels finished
 
     def begin_step(self) -> None:
+        super().begin_step()
         self.cut = []
 
     def _shard(self, micro: np.ndarray) -> np.ndarray:
@@ -140,7 +145,9 @@ class SlicedSteps(WholeModelSteps):
         return out
 
     def end_step(self, step: int, compute_s: list[float], started: float) -> dict:
-        return self.sampler.observe_step(self.cut, compute_s, step, started)
+        """The sampler's step record (:meth:`BalancedBatchSampler.observe_step`) and ``data_s``: this rank's
+        seconds of the step spent cutting its shards and collating their batches (inside ``compute_s``)."""
+        return {**self.sampler.observe_step(self.cut, compute_s, step, started), "data_s": self.data_s}
 
     def slicer_state(self) -> dict | None:
         cm = self.sampler.cost_model
