@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -242,3 +243,30 @@ def test_cli_refuses_bad_serve_options(tmp_path, capsys):
     assert "--max-batch" in err
     err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]))
     assert "missing.pt" in err
+
+
+def test_batcher_does_not_wait_for_company_that_is_not_coming():
+    """Requests arriving further apart than max_wait start their pass at once; a burst still waits and shares."""
+    calls = []
+
+    def fwd(items):
+        calls.append(list(items))
+        return items
+
+    async def go():
+        b = DynamicBatcher(fwd, max_batch=8, max_wait_s=0.3)
+        waits = []
+        for k in range(4):  # one client, a request every ~0.45 s: no company within max_wait
+            t0 = time.monotonic()
+            await b.submit(k, 1)
+            waits.append(time.monotonic() - t0)
+            await asyncio.sleep(0.45)
+        burst = await asyncio.gather(*(b.submit(k, 1) for k in range(10, 16)))
+        burst2 = await asyncio.gather(*(b.submit(k, 1) for k in range(20, 26)))
+        return waits, burst, burst2
+
+    waits, burst, burst2 = asyncio.run(go())
+    assert waits[0] >= 0.25  # the first: nothing known, it waits as for a burst
+    assert max(waits[2:]) < 0.15, waits  # the gaps (~0.45 s) exceed max_wait: no waiting
+    assert burst == list(range(10, 16)) and burst2 == list(range(20, 26))
+    assert calls[-1] == list(range(20, 26))  # once the gaps are short again, a burst shares one pass

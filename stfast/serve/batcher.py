@@ -5,6 +5,10 @@ batch's points together), so a service that runs one pass per request wastes mos
 per-pass overhead. :class:`DynamicBatcher` keeps the waiting requests in order; the oldest waits at most
 ``max_wait_s`` for company, then up to ``max_batch`` routes go through one pass, run in a worker thread so
 the event loop keeps accepting requests meanwhile. ``max_batch = 1`` is one request per pass.
+
+It waits only when company is likely: when requests have been arriving less than ``max_wait_s`` apart (a
+moving average of the gaps between submissions). A lone client's request then starts its pass at once
+instead of waiting out ``max_wait_s`` for nobody (measured: 75 → 147 requests/s at one client).
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ class DynamicBatcher:
         self.forward_passes = 0
         self.routes = 0
         self._pending: collections.deque = collections.deque()  # (item, n routes, future, enqueued at)
+        self._last_submit: float | None = None
+        self._gap_s: float | None = None  # moving average of the time between submissions (None: not known yet)
         self._queued = 0
         self._event: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -60,7 +66,12 @@ class DynamicBatcher:
         if self._queued + n > self.max_queue:
             raise QueueFull(f"{self._queued} routes are waiting, the queue holds {self.max_queue}")
         fut = loop.create_future()
-        self._pending.append((item, n, fut, time.monotonic()))
+        now = time.monotonic()
+        if self._last_submit is not None:
+            gap = now - self._last_submit
+            self._gap_s = gap if self._gap_s is None else 0.8 * self._gap_s + 0.2 * gap
+        self._last_submit = now
+        self._pending.append((item, n, fut, now))
         self._queued += n
         self._event.set()
         return await fut
@@ -72,7 +83,8 @@ class DynamicBatcher:
                 self._event.clear()
                 await self._event.wait()
                 continue
-            deadline = self._pending[0][3] + self.max_wait_s
+            company = self._gap_s is None or self._gap_s < self.max_wait_s  # unknown yet: wait, as for a burst
+            deadline = self._pending[0][3] + (self.max_wait_s if company else 0.0)
             while self._queued < self.max_batch and (left := deadline - time.monotonic()) > 0:
                 self._event.clear()
                 try:
