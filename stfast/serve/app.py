@@ -353,7 +353,6 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     import uvicorn
 
     from ..train.trained import load_model
-    from .protocol import protocol_class
 
     token = None
     if token_file is not None:
@@ -365,8 +364,22 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
                      cors_origins=cors_origins)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
-                timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
-                proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
-                server_header=False)
+    uvicorn.Server(server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips,
+                                 header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+                                 idle_timeout_s=idle_timeout_s, max_connections=max_connections,
+                                 drain_s=drain_s)).run()
+
+
+def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_allow_ips: str | None = None,
+                  header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
+                  max_connections: int = 1000, drain_s: float = 30.0):
+    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does)."""
+    import uvicorn
+
+    from .protocol import protocol_class
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
+                          timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
+                          proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
+                          server_header=False)

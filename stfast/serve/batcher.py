@@ -11,8 +11,9 @@ It waits only for company that is on its way: requests that have arrived but are
 back never waits for nobody; when some are, the oldest waits at most ``max_wait_s`` for them.
 
 A batch is formed so that a short route does not pay for a long one's padding: the pass pads every route to the
-batch's longest, and an item joins only while the padded points stay within twice the real ones (or within
-:data:`FREE_PADDING` points, a pass that costs little whatever its shape).
+batch's longest, and an item joins only while the padded points stay within 1.5 times the real ones (or within
+:data:`FREE_PADDING` points, a pass that costs little whatever its shape); the items left out form the next
+batches, so routes of like lengths end up together.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-FREE_PADDING = 4096
+FREE_PADDING = 8192
 """Padded points (routes × longest route) a batch may have whatever its real points."""
 
 
@@ -112,7 +113,7 @@ class DynamicBatcher:
                     break
                 continue
             lg = max(longest, e[3])
-            if points + e[2] > self.max_batch_points or (routes + e[1]) * lg > max(2 * (points + e[2]), FREE_PADDING):
+            if points + e[2] > self.max_batch_points or (routes + e[1]) * lg > max(1.5 * (points + e[2]), FREE_PADDING):
                 continue
             batch.append(e)
             routes, points, longest = routes + e[1], points + e[2], lg
