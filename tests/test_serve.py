@@ -233,6 +233,13 @@ def test_cli_parses_serve():
     a = build_parser().parse_args(["serve", "--checkpoint", "run/checkpoint.pt", "--max-batch", "1",
                                    "--max-wait-ms", "2"])
     assert (a.host, a.port, a.max_batch, a.max_wait_ms, a.rate_limit) == ("127.0.0.1", 8000, 1, 2.0, 0.0)
+    assert (a.forwarded_allow_ips, a.token_file, a.cors_origin) == (None, None, [])  # trust nothing by default
+    assert (a.max_route_points, a.max_request_points, a.max_batch_points) == (10_000, 20_000, 20_000)
+    a = build_parser().parse_args(["serve", "--checkpoint", "c.pt", "--cors-origin", "https://a.example",
+                                   "--cors-origin", "https://b.example", "--forwarded-allow-ips", "10.0.0.1",
+                                   "--token-file", "t", "--body-timeout-s", "5", "--max-connections", "50"])
+    assert a.cors_origin == ["https://a.example", "https://b.example"] and a.forwarded_allow_ips == "10.0.0.1"
+    assert (a.token_file, a.body_timeout_s, a.max_connections) == ("t", 5.0, 50)
 
 
 def test_cli_refuses_bad_serve_options(tmp_path, capsys):

@@ -267,7 +267,7 @@ def test_finding2_health_and_a_short_request_answer_while_the_heaviest_request_r
     (b'{"route": [[1, 2]], "departure": "x", "\\ud800": 1}', 422, "unknown key '\\ud800'"),
     (b'{"route": [[1, 2]], "departure": "\\udfff\\ud800", "x": 1}', 422, "unknown key 'x'"),
     (b'{"routes": [{"route": %s, "departure": "\\ud800"}]}' % json.dumps(_route()).encode(), 422, "ISO-8601"),
-    (b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', 422, "missing"),  # brackets in a string are not depth
+    (b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', 422, "unknown key 'a'"),  # brackets in a string are not depth
 ])
 def test_finding3_odd_json_gets_a_json_4xx(model, body, status, words):
     app = create_app(model)
@@ -514,6 +514,20 @@ def test_finding8_densified_routes_are_built_in_workers_and_share_passes(model):
     assert app.state.batcher.forward_passes <= 8
     want = model.eta([np.array(_route(3 + k % 5, 1.0)) for k in range(64)], [DEP] * 64)
     np.testing.assert_allclose([r.json()["eta_s"] for r in rs], want, rtol=1e-6)
+
+
+def test_finding8_densifying_many_routes_at_once_gives_each_routes_points():
+    from stfast.data.routes import densify
+    from stfast.serve.densify import densify_many
+
+    rng = np.random.default_rng(1)
+    routes = [np.stack([CENTER[0] + np.cumsum(rng.normal(0, 0.005, k)), CENTER[1] + np.cumsum(rng.normal(0, 0.005, k))],
+                       1) for k in rng.integers(2, 40, 50)]
+    routes.append(np.array([[CENTER[0], CENTER[1]], [CENTER[0], CENTER[1]], [CENTER[0] + 0.01, CENTER[1]]]))
+    states = [rng.integers(0, 2, len(r)).astype(float) if i % 3 else None for i, r in enumerate(routes)]
+    for (a, b, c), r, s in zip(densify_many(routes, states, 0.2), routes, states):
+        x, y, z = densify(r[:, 0], r[:, 1], 0.2, s)
+        assert np.array_equal(a, x) and np.array_equal(b, y) and (z is None if s is None else np.array_equal(c, z))
 
 
 # -- property-based fuzzing of the request model -------------------------------------------------------------------

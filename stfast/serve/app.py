@@ -40,14 +40,19 @@ from fastapi import FastAPI, Request  # module level: FastAPI resolves the handl
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..data.geo import haversine_km
 from ..data.routes import MAX_ROUTE_POINTS, RouteError
 from ..data.trips import Trips
 from ..train.trained import TrainedModel
 from .batcher import DynamicBatcher, QueueFull
+from .densify import densify_many
 from .ratelimit import POINTS_PER_UNIT, RateLimit
 from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
 
 log = logging.getLogger("stfast.serve")
+SMALL_REQUEST_POINTS = 2000
+"""Requests of up to this many points (after densification) are built together (one densification for all of
+them); a larger one is built on its own, so that a short request is never built behind a heavy one."""
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -69,31 +74,46 @@ def error_response(e: ApiError) -> Response:
     return json_response(e.body(), e.status, e.headers)
 
 
-def build_item(model: TrainedModel, reqs: list[Checked]) -> tuple[Trips, np.ndarray]:
-    """Checked route requests as one Trips (one :meth:`TrainedModel.route_trips` call per ``densify`` setting) and
-    ``pos`` [len(reqs)]: each route's row in it. Runs in a worker thread. Raises ApiError: 422 / 413 naming the
-    route (its index in the request) and field."""
-    groups: dict[bool, list[int]] = {}
-    for i, r in enumerate(reqs):
-        groups.setdefault(r.densify, []).append(i)
-    parts, order = [], []
-    for densify, idx in groups.items():
-        rs = [reqs[i] for i in idx]
-        states = [r.states for r in rs]
+def build_items(model: TrainedModel, items: list[list[Checked]]) -> list:
+    """Checked requests built into the trips the model reads, in a worker thread: the densified routes of all
+    ``items`` in one :func:`~.densify.densify_many` call, then per request one :meth:`TrainedModel.route_trips`
+    call (the points as densified; coverage, distances, calendar ids). Each item's result: (Trips, pos
+    [len(item)]: each route's row, here the identity) or its :class:`ApiError` (413/422 naming the route, in the
+    request, and the field), so that one request's error is its own."""
+    spacing, kernel = model.densify_spacing_km(), model.norm_stats.kernel_size
+    flat = [(k, j) for k, item in enumerate(items) for j, r in enumerate(item) if r.densify]
+    dense = dict(zip(flat, densify_many([items[k][j].route for k, j in flat], [items[k][j].states for k, j in flat],
+                                        spacing)))
+    out = []
+    for k, item in enumerate(items):
         try:
-            parts.append(model.route_trips([r.route for r in rs], [r.departure for r in rs], [r.driver for r in rs],
-                                           None if all(s is None for s in states) else states, densify))
-        except RouteError as e:
-            raise ApiError(413 if e.too_large else 422, e.problem, idx[e.index], e.field) from None
-        order += idx
-    pos = np.empty(len(reqs), np.int64)
-    pos[order] = np.arange(len(reqs))
-    return (parts[0] if len(parts) == 1 else Trips.concat(parts)), pos
+            pts, states = [], []
+            for j, r in enumerate(item):
+                if r.densify:
+                    lng, lat, st = dense[(k, j)]
+                    if len(lng) < kernel:
+                        km = float(haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:]).sum())
+                        raise ApiError(422, f"{len(lng)} points ({km:.3f} km) after densification, DeepTTE's "
+                                            f"geo-conv needs at least kernel_size={kernel}", j, "route")
+                    pts.append(np.stack([lng, lat], 1))
+                    states.append(st)
+                else:
+                    pts.append(r.route)
+                    states.append(r.states)
+            try:
+                trips = model.route_trips(pts, [r.departure for r in item], [r.driver for r in item],
+                                          None if all(s is None for s in states) else states, densify=False)
+            except RouteError as e:
+                raise ApiError(413 if e.too_large else 422, e.problem, e.index, e.field) from None
+            out.append((trips, np.arange(len(item))))
+        except ApiError as e:
+            out.append(e)
+    return out
 
 
 def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
                   max_batch_points: int | None = None) -> DynamicBatcher:
-    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_item`: its trips and each
+    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: its trips and each
     route's row); a batch's trips are concatenated and go through one ``predict`` (passes of at most ``max_batch``
     routes) in the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
 
@@ -189,7 +209,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         max_batch_points: points per forward pass (a request of more goes alone); at least max_request_points.
         token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
         cors_origins: browser origins allowed to call the API from another site (others: 403).
-        build_threads: worker threads that parse, check and build requests.
+        build_threads: worker threads that parse and check requests (building: one thread for requests of up to
+            :data:`SMALL_REQUEST_POINTS` points, built together, one for larger ones).
     """
     if max_batch_points < max_request_points or max_request_points < max_route_points:
         raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
@@ -200,7 +221,10 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     profile = model.route_defaults()
     spacing_km = model.densify_spacing_km()
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
-    pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-build")
+    pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-check")
+    heavy = ThreadPoolExecutor(1, thread_name_prefix="stfast-build-large")
+    builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
+                             max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, thread_name="stfast-build")
     app.state.batcher = batcher
 
     @app.exception_handler(StarletteHTTPException)
@@ -240,19 +264,22 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def answer(scope, receive) -> Response:
         loop = asyncio.get_running_loop()
         client = client_of(scope)
-        with batcher.arriving():
-            if limit is not None and (wait := limit.check(client)) > 0:
-                refuse_rate(wait)
-            body = await read_body(scope, receive)
+        if limit is not None and (wait := limit.check(client)) > 0:
+            refuse_rate(wait)
+        body = await read_body(scope, receive)
+        with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
             reqs, many = await loop.run_in_executor(pool, check, body)
             points = sum(r.points for r in reqs)
             if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
                 refuse_rate(wait)
-            try:
-                batcher.reserve(points)
-            except QueueFull as e:
-                raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
-            trips, pos = await loop.run_in_executor(pool, build_item, model, reqs)
+            batcher.reserve(points)
+            if points <= SMALL_REQUEST_POINTS:
+                built = await builder.submit(reqs, len(reqs), points)
+            else:
+                built = (await loop.run_in_executor(heavy, build_items, model, [reqs]))[0]
+            if isinstance(built, ApiError):
+                raise built
+            trips, pos = built
         lengths = trips.lengths
         job = asyncio.ensure_future(batcher.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
         gone = asyncio.ensure_future(_disconnected(receive))
@@ -264,10 +291,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             gone.cancel()
         if job.cancelled():
             raise _Gone
-        try:
-            rows = job.result()
-        except QueueFull as e:
-            raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
+        rows = job.result()
         out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
 
@@ -277,6 +301,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             response = await answer(scope, receive)
         except ApiError as e:
             response = error_response(e)
+        except QueueFull as e:
+            response = error_response(ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}))
         except _Gone:
             return
         except Exception:

@@ -43,17 +43,20 @@ class DynamicBatcher:
         max_wait_s: the longest the oldest waiting item waits for arriving ones before its batch starts (≥ 0).
         max_queue: points that may wait; beyond, :meth:`submit` raises :class:`QueueFull`.
         max_batch_points: points per call of ``forward`` (an item with more goes alone); None: no cap.
+        padding: cap the batch's padding (module docstring); False: items of any length share a batch.
+        thread_name: the worker thread's name.
 
     Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held.
     Create it anywhere; it starts its loop on the first :meth:`submit`, in that event loop.
     """
 
     def __init__(self, forward: Callable[[list], list], max_batch: int, max_wait_s: float, max_queue: int = 10_000_000,
-                 max_batch_points: int | None = None):
+                 max_batch_points: int | None = None, padding: bool = True, thread_name: str = "stfast-forward"):
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"max_batch must be ≥ 1 and max_wait ≥ 0, got {max_batch} and {max_wait_s}")
         self.forward, self.max_batch, self.max_wait_s, self.max_queue = forward, max_batch, max_wait_s, max_queue
         self.max_batch_points = max_batch_points or float("inf")
+        self.padding = padding
         self.forward_passes = 0
         self.routes = 0
         self._pending: list = []  # [item, n routes, points, longest, future, enqueued at], oldest first
@@ -61,7 +64,7 @@ class DynamicBatcher:
         self._arriving = 0
         self._event: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stfast-forward")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
 
     @contextlib.contextmanager
     def arriving(self):
@@ -113,7 +116,8 @@ class DynamicBatcher:
                     break
                 continue
             lg = max(longest, e[3])
-            if points + e[2] > self.max_batch_points or (routes + e[1]) * lg > max(1.5 * (points + e[2]), FREE_PADDING):
+            if points + e[2] > self.max_batch_points or (
+                    self.padding and (routes + e[1]) * lg > max(1.5 * (points + e[2]), FREE_PADDING)):
                 continue
             batch.append(e)
             routes, points, longest = routes + e[1], points + e[2], lg
