@@ -251,6 +251,12 @@ def test_cli_refuses_bad_serve_options(tmp_path, capsys):
     assert "--max-batch" in err
     err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]))
     assert "missing.pt" in err
+    (tmp_path / "t").write_text("short\n")
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--token-file",
+                                       str(tmp_path / "t")]))
+    assert "at least 16 characters" in err
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--body-timeout-s", "0"]))
+    assert "timeouts" in err
 
 
 def test_batcher_waits_only_for_requests_on_their_way():

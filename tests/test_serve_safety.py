@@ -462,6 +462,8 @@ def test_finding6_the_contract(model):
     assert len(set(texts)) == 1  # one rule, one message
     for driver in (2 ** 63 - 1, -(2 ** 63), "d2", "x" * 256):
         assert c.post("/eta", json={**_good(), "driver": driver}).status_code == 200
+    one = c.post("/eta", json={"route": [[CENTER[0], CENTER[1]]], "departure": DEP})
+    assert one.status_code == 422 and "at least 2" in one.json()["error"] and "shape" not in one.json()["error"]
     same = c.post("/eta", json={"route": [[CENTER[0], CENTER[1]]] * 10_000, "departure": DEP, "densify": False})
     assert same.status_code == 422 and "0 km" in same.json()["error"]
     # messages in the API's words: no Python internals

@@ -141,6 +141,8 @@ def check_request(obj, index: int, *, spacing_km: float, max_route_points: int) 
     if len(route) > max_route_points:
         raise ApiError(413, f"{len(route)} points, more than the limit of {max_route_points} points per route",
                        index, "route")
+    if len(route) < 2:
+        raise ApiError(422, f"a route needs at least 2 [lng, lat] points, got {len(route)}", index, "route")
     if not all(type(p) is list and len(p) == 2 and _number(p[0]) and _number(p[1]) for p in route):
         j = next(j for j, p in enumerate(route)
                  if not (type(p) is list and len(p) == 2 and _number(p[0]) and _number(p[1])))
