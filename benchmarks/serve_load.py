@@ -2,15 +2,15 @@
 
 One server build, two runs of it: ``--max-batch B --max-wait-ms W`` (batching) and ``--max-batch 1``. For each,
 1, 16 and 64 concurrent clients each send a fixed number of requests, one after another, on one keep-alive
-connection each; every request is one real route (the points of a held-out trip of the run, its test split; trips outside the
-training area left out), sent twice over: as recorded points (``densify: false``) and with the API's default
-(densify on, what a planned route needs: the service densifies it to the training spacing), ``--densify``. Reported per mode and client
-count: requests/s (requests / wall time of the whole round; a round holds at least ``--min-round-requests``,
-so that one client's rate is not read off a few requests), the p50 / p99 latency of a request, and the CPU time
-per request of the server (its event loop, its forward passes) and of the load generator. Both servers run
-side by side, and each client count gets ``--repeats`` rounds per mode, the modes taking turns, pooled; each
-round's requests/s and the load average are kept. Writes ``OUT.json``, ``OUT.md`` (the table) and ``OUT.png``
-(the plot), and prints the table.
+connection each; every request is one real route (the points of a held-out trip of the run, its test split;
+trips outside the training area left out), sent twice over: as recorded points (``densify: false``) and with the
+API's default (densify on, what a planned route needs: the service densifies it to the training spacing),
+``--densify``. Reported per densify setting, mode and client count: requests/s (requests / wall time of the whole
+round; a round holds at least ``--min-round-requests``, so that one client's rate is not read off a few
+requests), the p50 / p99 latency of a request, and the CPU time per request of the server (its event loop, its
+other threads) and of the load generator. Both servers run side by side, and each client count gets
+``--repeats`` rounds per mode, the modes taking turns, pooled; each round's requests/s and the load average are
+kept. Writes ``OUT.json``, ``OUT.md`` (the tables) and ``OUT.png`` (the plot), and prints the tables.
 
 The clients run in this process. By default they are lean (:class:`LeanClient`: asyncio streams, requests
 encoded before the clock starts, ~0.1 ms of CPU per request); ``--client httpx`` uses httpx (2–3 ms per request,

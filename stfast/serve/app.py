@@ -165,7 +165,8 @@ class Service:
         if origin is not None and not cors and origin.partition(b"://")[2] != headers.get(b"host"):
             return await error_response(ApiError(403, "cross-origin requests are refused (allow an origin with "
                                                       "--cors-origin)"))(scope, receive, send)
-        if not cors and headers.get(b"sec-fetch-site") == b"cross-site" and headers.get(b"sec-fetch-mode") != b"navigate":
+        if (not cors and headers.get(b"sec-fetch-site") == b"cross-site"
+                and headers.get(b"sec-fetch-mode") != b"navigate"):
             return await error_response(ApiError(403, "cross-origin requests are refused (allow an origin with "
                                                       "--cors-origin)"))(scope, receive, send)
         if cors:
