@@ -105,7 +105,8 @@ def test_errors_are_json_with_the_status_a_client_expects(client, body, status, 
     (json.dumps({"route": _route(), "departure": DEP, "driver": 1.5}).encode(), 422, "driver", "text of 1 to 256"),
     (json.dumps({"route": _route(), "departure": DEP, "densify": 1}).encode(), 422, "densify", "true or false"),
     (json.dumps({"routes": []}).encode(), 422, "routes", "non-empty"),
-    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes", "1000 routes per request"),
+    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes",
+     "1000 routes per request"),
 ])
 def test_lean_path_keeps_the_error_contract(client, body, status, field, words):
     """POST /eta skips FastAPI's routing and parses with orjson: every answer keeps its status and JSON body."""
