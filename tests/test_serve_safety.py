@@ -158,6 +158,9 @@ def test_finding2_rate_limit_counts_points(model):
     first, second = asyncio.run(_send(app, [heavy])), asyncio.run(_send(app, [_good()]))
     assert first[0].status_code == 200 and second[0].status_code == 429  # the bucket is in debt
     assert "units of work" in second[0].json()["error"] and int(second[0].headers["Retry-After"]) >= 1
+    app = create_app(model, rate_limit=2.0)
+    codes = [asyncio.run(_send(app, [b"{not json"]))[0].status_code for _ in range(4)]
+    assert codes[:2] == [400, 400] and codes[2:] == [429, 429]  # refused bodies are charged too
 
 
 def test_finding2_a_client_that_left_is_dropped_before_its_pass(model):

@@ -269,7 +269,12 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             refuse_rate(wait)
         body = await read_body(scope, receive)
         with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
-            reqs, many = await loop.run_in_executor(pool, check, body)
+            try:
+                reqs, many = await loop.run_in_executor(pool, check, body)
+            except ApiError:
+                if limit is not None:  # a refused body costs its client a unit too: parsing it was work
+                    limit.spend(client, 1.0)
+                raise
             points = sum(r.points for r in reqs)
             if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
                 refuse_rate(wait)
