@@ -52,7 +52,8 @@ from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, pars
 log = logging.getLogger("stfast.serve")
 SMALL_REQUEST_POINTS = 2000
 """Requests of up to this many points (after densification) are built together (one densification for all of
-them); a larger one is built on its own, so that a short request is never built behind a heavy one."""
+them) and batched together; a larger one is built on its own and runs in its own forward thread, so that a short
+request never waits behind a heavy one's building or pass (the two passes then share the cores)."""
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -112,7 +113,7 @@ def build_items(model: TrainedModel, items: list[list[Checked]]) -> list:
 
 
 def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
-                  max_batch_points: int | None = None) -> DynamicBatcher:
+                  max_batch_points: int | None = None, thread_name: str = "stfast-forward") -> DynamicBatcher:
     """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: its trips and each
     route's row); a batch's trips are concatenated and go through one ``predict`` (passes of at most ``max_batch``
     routes) in the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
@@ -127,7 +128,7 @@ def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_qu
             start += len(t)
         return out
 
-    return DynamicBatcher(forward, max_batch, max_wait_s, max_queue_points, max_batch_points)
+    return DynamicBatcher(forward, max_batch, max_wait_s, max_queue_points, max_batch_points, thread_name=thread_name)
 
 
 class Service:
@@ -218,6 +219,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                          f"({max_request_points}) ≤ per batch ({max_batch_points})")
     app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
     batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue_points, max_batch_points)
+    large = route_batcher(model, max_batch, 0.0, max_queue_points, max_batch_points, "stfast-forward-large")
     limit = RateLimit(rate_limit, max(rate_limit, 1.0)) if rate_limit > 0 else None
     profile = model.route_defaults()
     spacing_km = model.densify_spacing_km()
@@ -226,7 +228,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     heavy = ThreadPoolExecutor(1, thread_name_prefix="stfast-build-large")
     builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
                              max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, thread_name="stfast-build")
-    app.state.batcher = batcher
+    app.state.batcher, app.state.large_batcher = batcher, large
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):  # 404, 405: the documented {"error": ...}
@@ -278,7 +280,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             points = sum(r.points for r in reqs)
             if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
                 refuse_rate(wait)
-            batcher.reserve(points)
+            lane = batcher if points <= SMALL_REQUEST_POINTS else large
+            lane.reserve(points)
             if points <= SMALL_REQUEST_POINTS:
                 built = await builder.submit(reqs, len(reqs), points)
             else:
@@ -287,7 +290,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                 raise built
             trips, pos = built
         lengths = trips.lengths
-        job = asyncio.ensure_future(batcher.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
+        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -339,8 +342,9 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                                      "one", "cell_km": a.cell_km, "margin_cells": a.margin_cells,
                              "cells": int(len(a.cells)), "bbox": list(a.bbox)},
                 "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000.0,
-                             "forward_passes": batcher.forward_passes, "routes": batcher.routes,
-                             "queued_points": batcher.queued_points},
+                             "forward_passes": batcher.forward_passes + large.forward_passes,
+                             "routes": batcher.routes + large.routes,
+                             "queued_points": batcher.queued_points + large.queued_points},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
                            "max_route_points": max_route_points, "max_request_points": max_request_points,
                            "max_batch_points": max_batch_points, "max_queue_points": max_queue_points,
