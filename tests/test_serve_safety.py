@@ -539,6 +539,7 @@ def test_finding8_densifying_many_routes_at_once_gives_each_routes_points():
 
 FUZZ_REQUESTS = int(os.environ.get("STFAST_FUZZ_REQUESTS", "300"))
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True),
+                     st.sampled_from([10 ** 400, -(10 ** 400), 2 ** 64, 10 ** 39]),
                      st.text(st.characters(codec=None, exclude_categories=()), max_size=12),
                      st.sampled_from([HUGE, "1e400", "-0", "2016-11-02T08:30:00+08:00", "104.06"]))
 _json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -556,7 +557,11 @@ _one = st.fixed_dictionaries({"route": _route_s, "departure": _departure},
                                                                     max_size=30), _json),
                                        "densify": st.one_of(st.booleans(), _scalars),
                                        "extra": _json})
-_body = st.one_of(_one, st.fixed_dictionaries({"routes": st.lists(_one, max_size=4)}), _json)
+_near_valid = st.fixed_dictionaries(  # a good route with one odd field: reaches the building step
+    {"route": st.integers(3, 30).map(_route), "departure": _departure},
+    optional={"driver": _scalars, "states": st.lists(_scalars, min_size=3, max_size=3), "densify": st.booleans()})
+_body = st.one_of(_one, _near_valid, st.fixed_dictionaries({"routes": st.lists(st.one_of(_one, _near_valid),
+                                                                                max_size=4)}), _json)
 _raw = st.one_of(_body.map(lambda b: json.dumps(b, ensure_ascii=True).encode()),  # NaN, Infinity, \ud800 escapes
                  _body.map(lambda b: json.dumps(b).encode("utf-16")),
                  st.tuples(_body, st.integers(0, 200)).map(lambda t: json.dumps(t[0]).encode()[:t[1]]),
