@@ -600,6 +600,10 @@ def test_fuzz_no_5xx_every_error_json_and_healthy_after(model):
         good = loop.run_until_complete(client.post("/eta", json=_good()))
     finally:
         loop.run_until_complete(client.aclose())
+        pending = asyncio.all_tasks(loop)  # the batchers' loops
+        for t in pending:
+            t.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
     print(f"fuzz: {seen['n']} requests, statuses {sorted(seen['statuses'].items())}")
     assert seen["n"] >= FUZZ_REQUESTS
