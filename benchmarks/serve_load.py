@@ -2,20 +2,22 @@
 
 One server build, two runs of it: ``--max-batch B --max-wait-ms W`` (batching) and ``--max-batch 1``. For each,
 1, 16 and 64 concurrent clients each send a fixed number of requests, one after another, on one keep-alive
-connection each; every request is one real route (the points of a held-out trip of the run, its test split, as
-``POST /eta`` with ``densify: false``; trips outside the training area left out). Reported per mode and client
-count: requests/s (requests / wall time of the whole round), the p50 / p99 latency of a request, and the CPU time
-per request of the server (its event loop, its forward passes) and of the load generator. Both servers run
-side by side, and each client count gets ``--repeats`` rounds per mode, the modes taking turns, pooled; each
-round's requests/s and the load average are kept. Writes ``OUT.json``, ``OUT.md`` (the table) and ``OUT.png``
-(the plot), and prints the table.
+connection each; every request is one real route (the points of a held-out trip of the run, its test split;
+trips outside the training area left out), sent twice over: as recorded points (``densify: false``) and with the
+API's default (densify on, what a planned route needs: the service densifies it to the training spacing),
+``--densify``. Reported per densify setting, mode and client count: requests/s (requests / wall time of the whole
+round; a round holds at least ``--min-round-requests``, so that one client's rate is not read off a few
+requests), the p50 / p99 latency of a request, and the CPU time per request of the server (its event loop, its
+other threads) and of the load generator. Both servers run side by side, and each client count gets
+``--repeats`` rounds per mode, the modes taking turns, pooled; each round's requests/s and the load average are
+kept. Writes ``OUT.json``, ``OUT.md`` (the tables) and ``OUT.png`` (the plot), and prints the tables.
 
 The clients run in this process. By default they are lean (:class:`LeanClient`: asyncio streams, requests
 encoded before the clock starts, ~0.1 ms of CPU per request); ``--client httpx`` uses httpx (2–3 ms per request,
 which on a 2-core machine takes CPU from the server it measures). ``--pin`` puts the server on CPU 0 and the
 load generator on CPU 1.
 
-    python benchmarks/serve_load.py --checkpoint runs/chengdu/checkpoint.pt --out docs/serve_load
+    python benchmarks/serve_load.py --checkpoint runs/chengdu_eta/checkpoint.pt --threads 1 --out docs/serve_load
 
 Bounded: clients × requests per round, a timeout per round (``--round-timeout``); the servers are stopped at the
 end.
@@ -218,18 +220,24 @@ def pooled(rounds: list[dict]) -> dict:
 
 async def batcher_round(model, reqs: list[dict], max_batch: int, max_wait_ms: float, clients: int,
                         requests: int) -> dict:
-    """The same round without HTTP: ``clients`` tasks submit the parsed request bodies ``reqs`` straight to the
-    service's batcher (:func:`stfast.serve.app.route_batcher`: the routes built per batch, then the forward
-    pass), in this process: what the service allows without HTTP and JSON."""
-    from stfast.serve.app import route_batcher
+    """The same round without HTTP: ``clients`` tasks check and build the parsed request bodies ``reqs``
+    (:func:`stfast.serve.request.check_body`, :func:`stfast.serve.app.build_items`, in this thread) and submit them
+    to the service's batcher (:func:`stfast.serve.app.route_batcher`), in this process: what the service allows
+    without HTTP and JSON."""
+    from stfast.serve.app import build_items, route_batcher
+    from stfast.serve.request import check_body
 
     b = route_batcher(model, max_batch, max_wait_ms / 1000.0)
+    spacing = model.densify_spacing_km()
     lat: list[float] = []
 
     async def client(k: int):
         for i in range(requests):
             t0 = time.perf_counter()
-            await b.submit([reqs[(k * requests + i) % len(reqs)]], 1)
+            checked, _ = check_body(reqs[(k * requests + i) % len(reqs)], spacing_km=spacing, max_route_points=10_000,
+                                    max_request_points=20_000)
+            trips, pos = build_items(model, [checked])[0]
+            await b.submit((trips, pos), len(checked), int(trips.lengths.sum()), int(trips.lengths.max()))
             lat.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
@@ -241,8 +249,10 @@ async def batcher_round(model, reqs: list[dict], max_batch: int, max_wait_ms: fl
             "forward_passes": b.forward_passes, "routes": b.routes}
 
 
-def route_bodies(checkpoint: str, n: int, departure: str) -> list[bytes]:
-    """``n`` request bodies: the points of the run's held-out (test split) trips, as recorded (densify off)."""
+def route_bodies(checkpoint: str, n: int, departure: str, densify: bool = False) -> list[bytes]:
+    """``n`` request bodies: the points of the run's held-out (test split) trips, as recorded (``densify`` False:
+    sent with ``"densify": false``) or as a planned route (True: no ``densify`` key, the API's default).
+    Trips the service would refuse (outside the training area) are left out."""
     from stfast.train.trained import load_model
 
     from stfast.data.routes import RouteError
@@ -254,10 +264,11 @@ def route_bodies(checkpoint: str, n: int, departure: str) -> list[bytes]:
         s = test.points(i)
         route = np.stack([test.lng[s], test.lat[s]], 1)
         try:
-            m.route_trips([route], [departure], densify=False)
+            m.route_trips([route], [departure], densify=densify)
         except RouteError:  # outside the training area: the service would refuse it (422)
             continue
-        out.append(json.dumps({"route": route.tolist(), "departure": departure, "densify": False}).encode())
+        body = {"route": route.tolist(), "departure": departure, **({} if densify else {"densify": False})}
+        out.append(json.dumps(body).encode())
         if len(out) == n:
             break
     return out
@@ -292,19 +303,20 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for m in dict.fromkeys(r["mode"] for r in rows):
-        rs = [r for r in rows if r["mode"] == m]
-        cs = [r["clients"] for r in rs]
-        a.plot(cs, [r["rps"] for r in rs], "o-", label=m)
-        b.plot(cs, [r["p99_ms"] for r in rs], "o-", label=f"{m} p99")
-        b.plot(cs, [r["p50_ms"] for r in rs], "o--", label=f"{m} p50", alpha=0.6)
-    for ax, yl in ((a, "requests / s"), (b, "latency (ms)")):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for d in dict.fromkeys(r.get("densify", "off") for r in rows):
+        for m in dict.fromkeys(r["mode"] for r in rows):
+            rs = [r for r in rows if r["mode"] == m and r.get("densify", "off") == d]
+            cs = [r["clients"] for r in rs]
+            style = "-" if d == "on" else ":"
+            a.plot(cs, [r["rps"] for r in rs], "o" + style, label=f"{m}, densify {d}")
+            b.plot(cs, [r["p99_ms"] for r in rs], "o" + style, label=f"{m}, densify {d}: p99")
+    for ax, yl in ((a, "requests / s"), (b, "p99 latency (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     b.set_yscale("log")
     fig.suptitle("stfast serve on loopback: dynamic batching vs one request per forward pass")
     fig.tight_layout()
@@ -328,12 +340,17 @@ def main(argv=None) -> int:
     ap.add_argument("--pin", action="store_true",
                     help="the server on CPU 0, this load generator on CPU 1 (Linux; needs 2 CPUs)")
     ap.add_argument("--in-process", action="store_true", help="also measure the service's batcher without HTTP")
+    ap.add_argument("--densify", choices=["on", "off", "both"], default="both",
+                    help="send the routes densified by the service (on: the API's default), as recorded (off), or both")
+    ap.add_argument("--min-round-requests", type=int, default=400,
+                    help="requests per round at least (each client sends max(--requests, this / clients))")
     ap.add_argument("--out", default=None, help="write OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
     load_before = os.getloadavg()
     import httpx
 
-    bodies = route_bodies(a.checkpoint, 256, a.departure)
+    settings = {"on": ["on"], "off": ["off"], "both": ["off", "on"]}[a.densify]
+    bodies = {d: route_bodies(a.checkpoint, 256, a.departure, d == "on") for d in settings}
     cpus = os.sched_getaffinity(0)
     if a.pin:
         if not {0, 1} <= cpus:
@@ -344,32 +361,39 @@ def main(argv=None) -> int:
     try:
         for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
             servers[mode] = start_server(a.checkpoint, mb, a.max_wait_ms, a.threads, {0} if a.pin else None)
-            asyncio.run(one_round(servers[mode][1], bodies, 4, 10, kind=a.client))  # warm-up: first passes
-        for c in a.clients:
-            # the modes take turns (A B, B A, ...): a change in the machine's other load falls on both alike
-            got: dict[str, list] = {mode: [] for mode in servers}
-            for rep in range(a.repeats):
-                for mode in (list(servers) if rep % 2 == 0 else list(servers)[::-1]):
-                    proc, url = servers[mode]
-                    got[mode].append(asyncio.run(one_round(url, bodies, c, a.requests, proc.pid, a.client,
-                                                           a.round_timeout)))
-            for mode, (proc, url) in servers.items():
-                r = pooled(got[mode])
-                h = httpx.get(url + "/healthz").json()["batching"]
-                rows.append({"mode": mode, **r, "forward_passes": h["forward_passes"], "routes": h["routes"]})
-                print(f"{mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s (rounds: "
-                      f"{', '.join(f'{x:.0f}' for x in r['round_rps'])})  p50 {r['p50_ms']:7.1f} ms  "
-                      f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  CPU ms/request: server "
-                      f"{r['server_cpu_ms_per_req']:.2f} (event loop {r['server_loop_cpu_ms_per_req']:.2f}), load "
-                      f"generator {r['client_cpu_ms_per_req']:.2f}; load average "
-                      f"{', '.join(f'{x:.1f}' for x in r['load_avg_1min'])}", flush=True)
+            for d in settings:
+                asyncio.run(one_round(servers[mode][1], bodies[d], 4, 10, kind=a.client))  # warm-up: first passes
+        for d in settings:
+            for c in a.clients:
+                per_client = max(a.requests, -(-a.min_round_requests // c))
+                # the modes take turns (A B, B A, ...): a change in the machine's other load falls on both alike
+                got: dict[str, list] = {mode: [] for mode in servers}
+                passes0 = {mode: httpx.get(url + "/healthz").json()["batching"] for mode, (_, url) in servers.items()}
+                for rep in range(a.repeats):
+                    for mode in (list(servers) if rep % 2 == 0 else list(servers)[::-1]):
+                        proc, url = servers[mode]
+                        got[mode].append(asyncio.run(one_round(url, bodies[d], c, per_client, proc.pid, a.client,
+                                                               a.round_timeout)))
+                for mode, (proc, url) in servers.items():
+                    r = pooled(got[mode])
+                    h = httpx.get(url + "/healthz").json()["batching"]
+                    rows.append({"mode": mode, "densify": d, **r,
+                                 "forward_passes": h["forward_passes"] - passes0[mode]["forward_passes"],
+                                 "routes": h["routes"] - passes0[mode]["routes"]})
+                    print(f"densify {d:3s} {mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s (rounds: "
+                          f"{', '.join(f'{x:.0f}' for x in r['round_rps'])})  p50 {r['p50_ms']:7.1f} ms  "
+                          f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  CPU ms/request: server "
+                          f"{r['server_cpu_ms_per_req']:.2f} (event loop {r['server_loop_cpu_ms_per_req']:.2f}), load "
+                          f"generator {r['client_cpu_ms_per_req']:.2f}; load average "
+                          f"{', '.join(f'{x:.1f}' for x in r['load_avg_1min'])}", flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(timeout=30)
     if a.pin:
         os.sched_setaffinity(0, cpus)
-    md = table(rows)
+    what = {"on": "the API's default: the service densifies each route", "off": "recorded points, densify: false"}
+    md = "\n\n".join(f"Densify {d} ({what[d]}):\n\n" + table([r for r in rows if r["densify"] == d]) for d in settings)
     print(md)
     inproc = []
     if a.in_process:  # the forward passes alone, no HTTP (one thread, as the server's worker)
@@ -380,7 +404,7 @@ def main(argv=None) -> int:
         if a.threads:
             torch.set_num_threads(a.threads)
         model = load_model(a.checkpoint)
-        reqs = [json.loads(b) for b in bodies]
+        reqs = [json.loads(b) for b in bodies[settings[0]]]
         for mode, mb in ((f"batching (max-batch {a.max_batch})", a.max_batch), ("max-batch 1", 1)):
             asyncio.run(batcher_round(model, reqs, mb, a.max_wait_ms, 4, 5))
             for c in a.clients:
@@ -394,7 +418,7 @@ def main(argv=None) -> int:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"load_avg_before": load_before, "load_avg_after": os.getloadavg(), "cpus": os.cpu_count(),
-                "requests_per_client": a.requests, "repeats": a.repeats, "max_wait_ms": a.max_wait_ms, "threads": a.threads,
+                "requests_per_client": a.requests, "min_round_requests": a.min_round_requests, "repeats": a.repeats, "max_wait_ms": a.max_wait_ms, "threads": a.threads,
                 "client": a.client, "pinned": a.pin, "rows": rows, "in_process_rows": inproc}
         out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
         out.with_suffix(".md").write_text(md + "\n")

@@ -86,7 +86,25 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
                    help="the longest a request waits for others to share its forward pass (ms)")
     v.add_argument("--max-body-kb", type=int, default=1024, help="request body limit (KiB; larger: 413)")
     v.add_argument("--rate-limit", type=float, default=0.0,
-                   help="requests per second per client address (past it: 429); 0: no limit")
+                   help="work per second per client address, in requests of up to 1,000 route points (after "
+                        "densification; a larger request counts points/1,000; past it: 429); 0: no limit")
+    v.add_argument("--max-route-points", type=int, default=10_000, help="points per route after densification (413)")
+    v.add_argument("--max-request-points", type=int, default=20_000, help="points per request after densification")
+    v.add_argument("--max-batch-points", type=int, default=20_000, help="points per forward pass")
+    v.add_argument("--forwarded-allow-ips", default=None,
+                   help="comma-separated addresses of reverse proxies whose X-Forwarded-For/-Proto are trusted "
+                        "(default: none; '*' trusts every peer)")
+    v.add_argument("--token-file", default=None,
+                   help="file whose first line is a bearer token (≥ 16 characters) that every path but /healthz "
+                        "and the page needs (401 without it)")
+    v.add_argument("--cors-origin", action="append", default=[],
+                   help="a browser origin (https://host[:port]) allowed to call the API cross-site; repeatable")
+    v.add_argument("--header-timeout-s", type=float, default=10.0, help="request line and headers must arrive within")
+    v.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within (408)")
+    v.add_argument("--idle-timeout-s", type=float, default=30.0, help="idle keep-alive connections close after")
+    v.add_argument("--max-connections", type=int, default=1000, help="open connections (more: 503)")
+    v.add_argument("--drain-s", type=float, default=30.0,
+                   help="on SIGTERM, how long requests in flight may take to be answered")
     add_arguments(v, ["device", "threads"], {"threads": {"help": "torch threads of the forward passes (default: "
                                                                  "torch's, one per core)"}})
 
@@ -365,7 +383,14 @@ def cmd_serve(a) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    serve(a.checkpoint, a.host, a.port, a.max_batch, a.max_wait_ms, a.max_body_kb * 1024, a.rate_limit, a.device)
+    if min(a.max_route_points, a.max_connections) < 1 or min(a.header_timeout_s, a.body_timeout_s,
+                                                              a.idle_timeout_s, a.drain_s) <= 0:
+        raise ValueError("--max-route-points and --max-connections must be ≥ 1, the timeouts and --drain-s > 0")
+    serve(a.checkpoint, a.host, a.port, a.max_batch, a.max_wait_ms, a.max_body_kb * 1024, a.rate_limit, a.device,
+          forwarded_allow_ips=a.forwarded_allow_ips, token_file=a.token_file, cors_origins=tuple(a.cors_origin),
+          max_route_points=a.max_route_points, max_request_points=a.max_request_points,
+          max_batch_points=a.max_batch_points, header_timeout_s=a.header_timeout_s, body_timeout_s=a.body_timeout_s,
+          idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s)
     return 0
 
 

@@ -100,11 +100,13 @@ def test_errors_are_json_with_the_status_a_client_expects(client, body, status, 
     (b'{"route": [[1, 2]], "departure": "x"', 400, None, "not JSON"),
     (b"\xff\xfe\x00", 400, None, "not JSON"),
     (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 63 - 1}).encode(), 200, None, None),
-    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 70}).encode(), 422, "driver", "within 64 bits"),
-    (json.dumps({"route": _route(), "departure": DEP, "driver": 1.5}).encode(), 422, "driver", "string or an integer"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 2 ** 70}).encode(), 422, "driver",
+     "[-2^63, 2^63)"),
+    (json.dumps({"route": _route(), "departure": DEP, "driver": 1.5}).encode(), 422, "driver", "text of 1 to 256"),
     (json.dumps({"route": _route(), "departure": DEP, "densify": 1}).encode(), 422, "densify", "true or false"),
     (json.dumps({"routes": []}).encode(), 422, "routes", "non-empty"),
-    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes", "1000 per"),
+    (json.dumps({"routes": [{"route": [[1, 2]], "departure": "x"}] * 1001}).encode(), 413, "routes",
+     "1000 routes per request"),
 ])
 def test_lean_path_keeps_the_error_contract(client, body, status, field, words):
     """POST /eta skips FastAPI's routing and parses with orjson: every answer keeps its status and JSON body."""
@@ -194,18 +196,19 @@ def test_one_batch_of_good_and_bad_requests(model):
     assert app.state.batcher.forward_passes == 1 and app.state.batcher.routes == 4 + 4  # the bad ones left it
 
 
-def test_batcher_prepare_sets_aside_failed_items():
-    async def go():
-        def prepare(items):
-            return [x * 2 for x in items if x >= 0], {k: ValueError(f"negative {x}") for k, x in enumerate(items)
-                                                       if x < 0}
+def test_batcher_isolates_a_failing_item():
+    """forward raising on a batch: the items run alone, only the one at fault gets the error, the rest their result."""
+    def fwd(items):
+        if any(x < 0 for x in items):
+            raise ValueError(f"negative in {items}")
+        return [x + 1 for x in items]
 
-        b = DynamicBatcher(lambda xs: [x + 1 for x in xs], max_batch=8, max_wait_s=0.05, prepare=prepare)
-        return await asyncio.gather(*(b.submit(x, 1) for x in [1, -1, 2, -2]), return_exceptions=True), b
+    async def go():
+        b = DynamicBatcher(fwd, max_batch=8, max_wait_s=0.05)
+        return await asyncio.gather(*(b.submit(x, 1) for x in [1, -1, 2]), return_exceptions=True), b
 
     (got, b) = asyncio.run(go())
-    assert got[0] == 3 and got[2] == 5 and [str(got[1]), str(got[3])] == ["negative -1", "negative -2"]
-    assert (b.forward_passes, b.routes) == (1, 2)
+    assert got[0] == 2 and got[2] == 3 and isinstance(got[1], ValueError) and str(got[1]) == "negative in [-1]"
 
 
 def test_batcher_waits_at_most_max_wait_and_caps_the_batch():
@@ -232,6 +235,13 @@ def test_cli_parses_serve():
     a = build_parser().parse_args(["serve", "--checkpoint", "run/checkpoint.pt", "--max-batch", "1",
                                    "--max-wait-ms", "2"])
     assert (a.host, a.port, a.max_batch, a.max_wait_ms, a.rate_limit) == ("127.0.0.1", 8000, 1, 2.0, 0.0)
+    assert (a.forwarded_allow_ips, a.token_file, a.cors_origin) == (None, None, [])  # trust nothing by default
+    assert (a.max_route_points, a.max_request_points, a.max_batch_points) == (10_000, 20_000, 20_000)
+    a = build_parser().parse_args(["serve", "--checkpoint", "c.pt", "--cors-origin", "https://a.example",
+                                   "--cors-origin", "https://b.example", "--forwarded-allow-ips", "10.0.0.1",
+                                   "--token-file", "t", "--body-timeout-s", "5", "--max-connections", "50"])
+    assert a.cors_origin == ["https://a.example", "https://b.example"] and a.forwarded_allow_ips == "10.0.0.1"
+    assert (a.token_file, a.body_timeout_s, a.max_connections) == ("t", 5.0, 50)
 
 
 def test_cli_refuses_bad_serve_options(tmp_path, capsys):
@@ -243,10 +253,17 @@ def test_cli_refuses_bad_serve_options(tmp_path, capsys):
     assert "--max-batch" in err
     err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "missing.pt")]))
     assert "missing.pt" in err
+    (tmp_path / "t").write_text("short\n")
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--token-file",
+                                       str(tmp_path / "t")]))
+    assert "at least 16 characters" in err
+    err = one_line_error(capsys, main(["serve", "--checkpoint", str(tmp_path / "c.pt"), "--body-timeout-s", "0"]))
+    assert "timeouts" in err
 
 
-def test_batcher_does_not_wait_for_company_that_is_not_coming():
-    """Requests arriving further apart than max_wait start their pass at once; a burst still waits and shares."""
+def test_batcher_waits_only_for_requests_on_their_way():
+    """A lone client's request starts its pass at once; while other requests are being read and checked
+    (``arriving``), the oldest waits for them (up to max_wait) and they share its pass."""
     calls = []
 
     def fwd(items):
@@ -256,17 +273,23 @@ def test_batcher_does_not_wait_for_company_that_is_not_coming():
     async def go():
         b = DynamicBatcher(fwd, max_batch=8, max_wait_s=0.3)
         waits = []
-        for k in range(4):  # one client, a request every ~0.45 s: no company within max_wait
+        for k in range(4):  # one client, back to back: nobody on the way, no waiting
             t0 = time.monotonic()
             await b.submit(k, 1)
             waits.append(time.monotonic() - t0)
-            await asyncio.sleep(0.45)
-        burst = await asyncio.gather(*(b.submit(k, 1) for k in range(10, 16)))
-        burst2 = await asyncio.gather(*(b.submit(k, 1) for k in range(20, 26)))
-        return waits, burst, burst2
 
-    waits, burst, burst2 = asyncio.run(go())
-    assert waits[0] >= 0.25  # the first: nothing known, it waits as for a burst
-    assert max(waits[2:]) < 0.15, waits  # the gaps (~0.45 s) exceed max_wait: no waiting
-    assert burst == list(range(10, 16)) and burst2 == list(range(20, 26))
-    assert calls[-1] == list(range(20, 26))  # once the gaps are short again, a burst shares one pass
+        on_its_way = b.arriving()
+        on_its_way.__enter__()  # a second request is being read and checked
+
+        async def late(k):
+            await asyncio.sleep(0.05)
+            on_its_way.__exit__(None, None, None)
+            return await b.submit(k, 1)
+
+        t0 = time.monotonic()
+        both = await asyncio.gather(b.submit(10, 1), late(11))
+        return waits, both, time.monotonic() - t0
+
+    waits, both, t = asyncio.run(go())
+    assert max(waits) < 0.1, waits
+    assert both == [10, 11] and calls[-1] == [10, 11] and t < 0.25

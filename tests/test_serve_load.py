@@ -86,6 +86,8 @@ def test_lean_client_against_the_service(served):
     ck, url = served
     bodies = serve_load.route_bodies(ck, 6, "2016-11-02T08:30:00+08:00")
     assert len(bodies) == 6 and all(json.loads(b)["densify"] is False for b in bodies)
+    planned = serve_load.route_bodies(ck, 6, "2016-11-02T08:30:00+08:00", densify=True)
+    assert all("densify" not in json.loads(b) for b in planned)
 
     async def answers(kind):
         out = []
@@ -118,14 +120,15 @@ def test_the_command_writes_its_table_and_plot(served, tmp_path):
     ck, _ = served
     out = tmp_path / "load"
     assert serve_load.main(["--checkpoint", str(ck), "--clients", "1", "3", "--requests", "3", "--repeats", "2",
-                            "--threads", "1", "--departure", "2016-11-02T08:30:00+08:00", "--out", str(out)]) == 0
+                            "--threads", "1", "--departure", "2016-11-02T08:30:00+08:00", "--min-round-requests", "0",
+                            "--out", str(out)]) == 0
     rep = json.loads(out.with_suffix(".json").read_text())
-    assert [(r["mode"], r["clients"], r["rounds"], r["requests"]) for r in rep["rows"]] == [
-        ("batching (max-batch 64)", 1, 2, 6), ("max-batch 1", 1, 2, 6),
-        ("batching (max-batch 64)", 3, 2, 18), ("max-batch 1", 3, 2, 18)]
+    assert [(r["densify"], r["mode"], r["clients"], r["rounds"], r["requests"]) for r in rep["rows"]] == [
+        (d, m, c, 2, 6 * c) for d in ("off", "on") for c in (1, 3) for m in ("batching (max-batch 64)", "max-batch 1")]
     assert all(r["errors"] == 0 and r["forward_passes"] > 0 for r in rep["rows"])
     md = out.with_suffix(".md").read_text()
-    assert "| 3 |" in md and "x |" in md and out.with_suffix(".png").stat().st_size > 1000
+    assert "Densify on" in md and "Densify off" in md and "| 3 |" in md and "x |" in md
+    assert out.with_suffix(".png").stat().st_size > 1000
 
 
 def test_a_refused_request_fails_the_round(served):

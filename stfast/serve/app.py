@@ -6,237 +6,323 @@ Endpoints:
   "states": [...], "densify": true}`` → ``{"eta_s": ..., "km": ..., "points": ...}`` (the number
   :meth:`TrainedModel.eta` gives; ``km`` the route's length, ``points`` what the model read after
   densification); ``{"routes": [{...}, ...]}`` → ``{"etas": [{...}, ...]}`` in the order given.
-* ``GET /healthz``: status, model and data summary, the training area's extent, batching counters. It
-  names no file or folder.
+* ``GET /healthz``: status, model and data summary, the training area's extent, batching counters, limits. It
+  names no file or folder, and needs no token.
 * ``GET /coverage``: the training area's occupied cells (what the page draws).
 * ``GET /``: a self-contained page (no external resources) to click or paste a route and see its ETA.
 
-Errors are JSON ``{"error": ..., "route": i, "field": ...}``: 400 a body that is not JSON, 413 a body over the
-limit, too many routes or a route over 10,000 points, 422 a request that is JSON but wrong (a missing or unknown
-key, a bad route, a point outside the training area, an unparsable departure), 429 over the per-client rate
-limit or a full queue (with ``Retry-After``). A request names no file: the service reads the checkpoint once at
-start and nothing a request sends reaches the file system.
+Every answer but a 200 is JSON ``{"error": ..., "route": i, "field": ...}``: 400 a body that is not JSON (or
+nested too deep), 401 a missing or wrong token (``--token-file``), 403 a cross-origin browser request not allowed
+by ``--cors-origin``, 404 / 405 an unknown path or method, 408 a body that did not arrive in time, 413 a body,
+route, request or batch over its limit (the message names it), 422 a request that is JSON but wrong (naming the
+route and field), 429 over the client's rate limit or a full queue (with ``Retry-After``), 500 a fault of ours
+(that request's alone), 503 over the connection limit. A request names no file: the service reads the checkpoint
+once at start and nothing a request sends reaches the file system.
+
+The path of a request (docs/serve.md): its body is read with a size cap (:mod:`.protocol` times it), parsed and
+checked in a worker thread (:mod:`.request`: depth, types, point counts after densification, before any costly
+step), charged to its client's rate limit by points, built into trips in that worker (densification, distances,
+calendar ids), and only then joins a batch (:mod:`.batcher`), so a request in a batch holds nothing that can fail
+its batch-mates. A request whose client has gone leaves the queue before its pass.
 """
 from __future__ import annotations
 
-import json
+import asyncio
+import hmac
+import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' annotations here
 from fastapi.responses import HTMLResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..data.routes import RouteError
+from ..data.geo import haversine_km
+from ..data.routes import MAX_ROUTE_POINTS, RouteError
 from ..data.trips import Trips
 from ..train.trained import TrainedModel
 from .batcher import DynamicBatcher, QueueFull
-from .ratelimit import RateLimit
+from .densify import densify_many
+from .ratelimit import POINTS_PER_UNIT, RateLimit
+from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
 
-ROUTE_KEYS = {"route", "departure", "driver", "states", "densify"}
-MAX_ROUTES_PER_REQUEST = 1000
-
-
-class ApiError(Exception):
-    """An error answer: HTTP ``status`` and the JSON body's fields."""
-
-    def __init__(self, status: int, error: str, route: int | None = None, field: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(error)
-        self.status, self.error, self.route, self.field, self.headers = status, error, route, field, headers
-
-    def body(self) -> dict:
-        return {"error": self.error, **({} if self.route is None else {"route": self.route}),
-                **({} if self.field is None else {"field": self.field})}
-
-    def response(self) -> Response:
-        return json_response(self.body(), self.status, self.headers)
+log = logging.getLogger("stfast.serve")
+SMALL_REQUEST_POINTS = 2000
+"""Requests of up to this many points (after densification) are built together (one densification for all of
+them) and batched together; a larger one is built on its own and runs in its own forward thread, so that a short
+request never waits behind a heavy one's building or pass (the two passes then share the cores)."""
+OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
+PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff"}
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> Response:
-    """``obj`` as a JSON response, encoded once by orjson."""
-    return Response(orjson.dumps(obj), status, headers, media_type="application/json")
-
-
-def parse_json(body: bytes):
-    """The request body as Python objects. orjson first (a sixth of the stdlib's time on a route of 33 points);
-    what only the stdlib reads (``NaN`` / ``Infinity`` literals, numbers past a double's range, UTF-16/32 text) is
-    read by ``json`` as before, so the route checks, not the parser, answer for it. orjson reads an integer past
-    64 bits as a float, which the driver check refuses (422). Raises ApiError 400."""
+    """``obj`` as a JSON response, encoded once by orjson (text it cannot encode, a lone surrogate, is escaped
+    by the stdlib instead)."""
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
+        body = orjson.dumps(obj)
+    except TypeError:
+        import json
+
+        body = json.dumps(obj, ensure_ascii=True, default=str).encode("ascii")
+    return Response(body, status, headers, media_type="application/json")
+
+
+def error_response(e: ApiError) -> Response:
+    return json_response(e.body(), e.status, e.headers)
+
+
+def build_items(model: TrainedModel, items: list[list[Checked]]) -> list:
+    """Checked requests built into the trips the model reads, in a worker thread: the densified routes of all
+    ``items`` in one :func:`~.densify.densify_many` call, then per request one :meth:`TrainedModel.route_trips`
+    call (the points as densified; coverage, distances, calendar ids). Each item's result: (Trips, pos
+    [len(item)]: each route's row, here the identity) or its :class:`ApiError` (413/422 naming the route, in the
+    request, and the field), so that one request's error is its own."""
+    spacing, kernel = model.densify_spacing_km(), model.norm_stats.kernel_size
+    flat = [(k, j) for k, item in enumerate(items) for j, r in enumerate(item) if r.densify]
+    dense = dict(zip(flat, densify_many([items[k][j].route for k, j in flat], [items[k][j].states for k, j in flat],
+                                        spacing)))
+    out = []
+    for k, item in enumerate(items):
         try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not JSON: {e}") from None
+            pts, states = [], []
+            for j, r in enumerate(item):
+                if r.densify:
+                    lng, lat, st = dense[(k, j)]
+                    if len(lng) < kernel:
+                        km = float(haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:]).sum())
+                        raise ApiError(422, f"{len(lng)} points ({km:.3f} km) after densification, DeepTTE's "
+                                            f"geo-conv needs at least kernel_size={kernel}", j, "route")
+                    pts.append(np.stack([lng, lat], 1))
+                    states.append(st)
+                else:
+                    pts.append(r.route)
+                    states.append(r.states)
+            try:
+                trips = model.route_trips(pts, [r.departure for r in item], [r.driver for r in item],
+                                          None if all(s is None for s in states) else states, densify=False)
+            except RouteError as e:
+                raise ApiError(413 if e.too_large else 422, e.problem, e.index, e.field) from None
+            out.append((trips, np.arange(len(item))))
+        except ApiError as e:
+            out.append(e)
+    return out
 
 
-def _route_trips(model: TrainedModel, reqs: list[dict]) -> tuple[Trips, np.ndarray]:
-    """Checked route requests (:func:`_route_request`) as one Trips, one :meth:`TrainedModel.route_trips` call per
-    ``densify`` setting (a call for 64 routes costs a third of 64 calls of one), and ``pos`` [len(reqs)]: each
-    request's row in it. Raises RouteError (its index: the position among ``reqs`` of its ``densify`` group, so
-    callers that need a request's own index check one route at a time) or TypeError."""
-    groups: dict[bool, list[int]] = {}
-    for i, r in enumerate(reqs):
-        groups.setdefault(r.get("densify", True), []).append(i)
-    parts, order = [], []
-    for densify, idx in groups.items():
-        rs = [reqs[i] for i in idx]
-        states = [r.get("states") for r in rs]
-        parts.append(model.route_trips([r["route"] for r in rs], [r["departure"] for r in rs],
-                                       [r.get("driver") for r in rs],
-                                       None if all(x is None for x in states) else states, densify))
-        order += idx
-    pos = np.empty(len(reqs), np.int64)
-    pos[order] = np.arange(len(reqs))
-    return (parts[0] if len(parts) == 1 else Trips.concat(parts)), pos
+def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
+                  max_batch_points: int | None = None, thread_name: str = "stfast-forward") -> DynamicBatcher:
+    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: its trips and each
+    route's row); a batch's trips are concatenated and go through one ``predict`` (passes of at most ``max_batch``
+    routes) in the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
 
-
-def _request_error(model: TrainedModel, reqs: list[dict]) -> ApiError | None:
-    """The error of one request's first bad route, naming its index in the request and the field; None if none."""
-    for i, r in enumerate(reqs):  # one at a time: an error names the route's place in this request
-        try:
-            _route_trips(model, [r])
-        except RouteError as e:
-            return ApiError(413 if e.too_large else 422, e.problem, i, e.field)
-        except TypeError as e:
-            return ApiError(422, str(e), i)
-    return None
-
-
-def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue: int = 100_000) -> DynamicBatcher:
-    """The service's :class:`DynamicBatcher`. An item is one request: its list of checked route requests
-    (:func:`_route_request`). When a batch is about to run, its routes are built in the event loop as one Trips
-    (checks, densification, distances, calendar ids: :meth:`TrainedModel.route_trips`), once per batch rather than
-    once per route; a request with a bad route gets its :class:`ApiError` (413/422 naming its route index and
-    field) and the rest run without it. The pass (one ``predict``, passes of at most ``max_batch`` routes) runs in
-    the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
-
-    def prepare(items: list[list[dict]]):
-        reqs = [r for item in items for r in item]
-        try:
-            trips, pos = _route_trips(model, reqs)
-            return (trips, pos, [len(item) for item in items]), {}
-        except (RouteError, TypeError):
-            pass
-        errors = {k: e for k, item in enumerate(items) if (e := _request_error(model, item)) is not None}
-        good = [item for k, item in enumerate(items) if k not in errors]
-        if not good:
-            return None, errors
-        trips, pos = _route_trips(model, [r for item in good for r in item])
-        return (trips, pos, [len(item) for item in good]), errors
-
-    def forward(batch) -> list[np.ndarray]:
-        trips, pos, counts = batch
+    def forward(items: list[tuple[Trips, np.ndarray]]) -> list[np.ndarray]:
+        trips = items[0][0] if len(items) == 1 else Trips.concat([t for t, _ in items])
         secs = model.predict(trips, batch_size=max_batch)
-        rows = np.stack([secs[pos], trips.dist[pos], trips.lengths[pos].astype(np.float64)], 1)
-        return np.split(rows, np.cumsum(counts)[:-1])
+        rows = np.stack([secs, trips.dist, trips.lengths.astype(np.float64)], 1)
+        out, start = [], 0
+        for t, pos in items:
+            out.append(rows[start + pos])
+            start += len(t)
+        return out
 
-    return DynamicBatcher(forward, max_batch, max_wait_s, max_queue, prepare)
-
-
-def _route_request(obj, index: int) -> dict:
-    if not isinstance(obj, dict):
-        raise ApiError(422, f"expected a JSON object with route and departure, got {type(obj).__name__}", index)
-    unknown = sorted(set(obj) - ROUTE_KEYS)
-    if unknown:
-        raise ApiError(422, f"unknown key {unknown[0]!r}; a route has {', '.join(sorted(ROUTE_KEYS))}", index,
-                       unknown[0])
-    for key in ("route", "departure"):
-        if key not in obj:
-            raise ApiError(422, f"missing {key!r}", index, key)
-    if not isinstance(obj["route"], list):
-        raise ApiError(422, "expected a list of [lng, lat] pairs", index, "route")
-    if "densify" in obj and not isinstance(obj["densify"], bool):
-        raise ApiError(422, "expected true or false", index, "densify")
-    if obj.get("driver") is not None and not isinstance(obj["driver"], (str, int)):
-        # orjson reads an integer past 64 bits as a float: such an id is refused here, not rounded to another id
-        raise ApiError(422, "expected a string or an integer within 64 bits (send a larger id as a string)", index,
-                       "driver")
-    return obj
+    return DynamicBatcher(forward, max_batch, max_wait_s, max_queue_points, max_batch_points, thread_name=thread_name)
 
 
-class EtaFirst:
-    """The service's ASGI app: ``POST /eta`` goes straight to its handler, every other request (the page, health,
-    coverage, 404 and 405) to the FastAPI app. FastAPI's middleware stack and router cost about 0.1 ms of CPU per
-    request, a fifth of what the whole /eta path spends besides the forward pass (docs/serve.md). ``state`` is
-    the FastAPI app's (``state.batcher``)."""
+class Service:
+    """The service's ASGI app. In front of FastAPI: the cross-origin rule (``cors_origins``), the token
+    (``token``; :data:`OPEN_PATHS` need none), ``POST /eta`` straight to its handler (FastAPI's middleware stack and
+    router cost about 0.1 ms of CPU per request), and a last guard: any exception becomes a JSON 500 of that request
+    alone. ``state`` is the FastAPI app's (``state.batcher``)."""
 
-    def __init__(self, app: FastAPI, eta):
+    def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...]):
         self.app, self.eta, self.state = app, eta, app.state
+        self.token = None if token is None else f"Bearer {token}".encode()
+        self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] == "/eta" and scope["method"] == "POST":
-            response = await self.eta(Request(scope, receive))
-            await response(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked_send(message):
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._route(scope, receive, tracked_send)
+        except Exception:
+            log.exception("error answering %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await error_response(ApiError(500, "internal error; it was logged"))(scope, receive, send)
+
+    async def _route(self, scope, receive, send):
+        headers = dict(scope["headers"])
+        origin = headers.get(b"origin")
+        cors = origin is not None and origin in self.cors_origins
+        if origin is not None and not cors and origin.partition(b"://")[2] != headers.get(b"host"):
+            return await error_response(ApiError(403, "cross-origin requests are refused (allow an origin with "
+                                                      "--cors-origin)"))(scope, receive, send)
+        if (not cors and headers.get(b"sec-fetch-site") == b"cross-site"
+                and headers.get(b"sec-fetch-mode") != b"navigate"):
+            return await error_response(ApiError(403, "cross-origin requests are refused (allow an origin with "
+                                                      "--cors-origin)"))(scope, receive, send)
+        if cors:
+            if scope["method"] == "OPTIONS":  # a preflight
+                return await Response(None, 204, {
+                    "Access-Control-Allow-Origin": origin.decode("latin-1"), "Vary": "Origin",
+                    "Access-Control-Allow-Methods": "GET, POST", "Access-Control-Max-Age": "600",
+                    "Access-Control-Allow-Headers": "Authorization, Content-Type"})(scope, receive, send)
+            inner = send
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (b"access-control-allow-origin", origin), (b"vary", b"Origin")]}
+                await inner(message)
+        path = scope["path"]
+        if self.token is not None and path not in OPEN_PATHS:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.token):
+                return await error_response(ApiError(401, "a bearer token is required: Authorization: Bearer <token>",
+                                                     headers={"WWW-Authenticate": "Bearer"}))(scope, receive, send)
+        if path == "/eta" and scope["method"] == "POST":
+            return await self.eta(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.0, max_body_bytes: int = 1 << 20,
-               rate_limit: float = 0.0, max_queue: int = 100_000):
-    """The ASGI app serving ``model`` (module docstring): FastAPI, with ``POST /eta`` taken first (:class:`EtaFirst`).
-    ``max_batch`` routes per forward pass, the oldest waiting request waits at most ``max_wait_ms`` for company;
-    bodies over ``max_body_bytes`` are refused (413); ``rate_limit`` > 0: requests per second per client address
-    (429 past it); ``max_queue`` routes may wait."""
-    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
-    batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue)
-    limit = RateLimit(rate_limit) if rate_limit > 0 else None
-    profile = model.route_defaults()
-    page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
-    app.state.batcher = batcher
+               rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
+               max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
+               max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
+               build_threads: int = 2):
+    """The ASGI app serving ``model`` (module docstring).
 
-    async def read_json(request: Request):
-        if limit is not None:
-            wait = limit.allow(request.client.host if request.client else "?")
-            if wait > 0:
-                raise ApiError(429, f"rate limit: at most {rate_limit:g} requests/s per client", None, None,
-                               {"Retry-After": str(max(1, math.ceil(wait)))})
-        size = request.headers.get("content-length")
+    Args:
+        max_batch: routes per forward pass; the oldest waiting request waits at most ``max_wait_ms`` for requests
+            still being read and checked.
+        max_body_bytes: larger bodies are refused (413).
+        rate_limit: > 0: units of work per second per client address, a unit a request of up to 1,000 points
+            (after densification; a larger one costs points / 1,000), past it 429; 0: no limit.
+        max_queue_points: points that may wait for a pass (past it 429).
+        max_route_points / max_request_points: points (after densification) per route / per request (413).
+        max_batch_points: points per forward pass (a request of more goes alone); at least max_request_points.
+        token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
+        cors_origins: browser origins allowed to call the API from another site (others: 403).
+        build_threads: worker threads that parse and check requests (building: one thread for requests of up to
+            :data:`SMALL_REQUEST_POINTS` points, built together, one for larger ones).
+    """
+    if max_batch_points < max_request_points or max_request_points < max_route_points:
+        raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
+                         f"({max_request_points}) ≤ per batch ({max_batch_points})")
+    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
+    batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue_points, max_batch_points)
+    large = route_batcher(model, max_batch, 0.0, max_queue_points, max_batch_points, "stfast-forward-large")
+    limit = RateLimit(rate_limit, max(rate_limit, 1.0)) if rate_limit > 0 else None
+    profile = model.route_defaults()
+    spacing_km = model.densify_spacing_km()
+    page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-check")
+    heavy = ThreadPoolExecutor(1, thread_name_prefix="stfast-build-large")
+    builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
+                             max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, thread_name="stfast-build")
+    app.state.batcher, app.state.large_batcher = batcher, large
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):  # 404, 405: the documented {"error": ...}
+        words = {404: f"no such path: {request.url.path[:80]}; the API has POST /eta, GET /healthz, GET /coverage",
+                 405: f"{request.method} is not allowed on {request.url.path[:80]}"}
+        return json_response({"error": words.get(exc.status_code, str(exc.detail))}, exc.status_code,
+                             getattr(exc, "headers", None))
+
+    def client_of(scope) -> str:
+        c = scope.get("client")
+        return c[0] if c else "?"
+
+    def refuse_rate(wait: float):
+        raise ApiError(429, f"rate limit: at most {rate_limit:g} units of work/s per client (a unit: a request of up "
+                            f"to {POINTS_PER_UNIT} points)", headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+    async def read_body(scope, receive) -> bytes:
+        size = dict(scope["headers"]).get(b"content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
-            raise ApiError(413, f"request body of {size} bytes, more than the limit of {max_body_bytes}")
+            raise ApiError(413, f"request body of {int(size)} bytes, more than the limit of {max_body_bytes} bytes")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Gone
+            body += message.get("body", b"")
             if len(body) > max_body_bytes:
                 raise ApiError(413, f"request body over the limit of {max_body_bytes} bytes")
-        return parse_json(bytes(body))
+            if not message.get("more_body", False):
+                return bytes(body)
 
-    async def eta(request: Request) -> Response:
-        """POST /eta: a plain Starlette handler (no dependency solving, no response model), orjson both ways. The
-        FastAPI app also routes it (a GET /eta gets FastAPI's 405)."""
-        try:
-            return await eta_answer(request)
-        except ApiError as e:
-            return e.response()
+    def check(body: bytes):
+        return check_body(parse_json(body), spacing_km=spacing_km, max_route_points=max_route_points,
+                          max_request_points=max_request_points)
 
-    async def eta_answer(request: Request) -> Response:
-        obj = await read_json(request)
-        if not isinstance(obj, dict):
-            raise ApiError(422, "expected a JSON object: {\"route\": ..., \"departure\": ...} or {\"routes\": [...]}")
-        many = "routes" in obj
-        if many:
-            extra = sorted(set(obj) - {"routes"})
-            if extra:
-                raise ApiError(422, f"unknown key {extra[0]!r} beside 'routes'", None, extra[0])
-            if not isinstance(obj["routes"], list) or not obj["routes"]:
-                raise ApiError(422, "'routes' must be a non-empty list", None, "routes")
-            if len(obj["routes"]) > MAX_ROUTES_PER_REQUEST:
-                raise ApiError(413, f"{len(obj['routes'])} routes, more than {MAX_ROUTES_PER_REQUEST} per request",
-                               None, "routes")
-            reqs = [_route_request(r, i) for i, r in enumerate(obj["routes"])]
-        else:
-            reqs = [_route_request(obj, 0)]
+    async def answer(scope, receive) -> Response:
+        loop = asyncio.get_running_loop()
+        client = client_of(scope)
+        if limit is not None and (wait := limit.check(client)) > 0:
+            refuse_rate(wait)
+        body = await read_body(scope, receive)
+        with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
+            try:
+                reqs, many = await loop.run_in_executor(pool, check, body)
+            except ApiError:
+                if limit is not None:  # a refused body costs its client a unit too: parsing it was work
+                    limit.spend(client, 1.0)
+                raise
+            points = sum(r.points for r in reqs)
+            if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
+                refuse_rate(wait)
+            lane = batcher if points <= SMALL_REQUEST_POINTS else large
+            lane.reserve(points)
+            if points <= SMALL_REQUEST_POINTS:
+                built = await builder.submit(reqs, len(reqs), points)
+            else:
+                built = (await loop.run_in_executor(heavy, build_items, model, [reqs]))[0]
+            if isinstance(built, ApiError):
+                raise built
+            trips, pos = built
+        lengths = trips.lengths
+        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            rows = await batcher.submit(reqs, len(reqs))
-        except QueueFull as e:
-            raise ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}) from None
+            await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not job.done():  # the client went away: its request leaves the queue before its pass
+                job.cancel()
+            gone.cancel()
+        if job.cancelled():
+            raise _Gone
+        rows = job.result()
         out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
 
-    app.router.add_route("/eta", eta, methods=["POST"])
+    async def eta(scope, receive, send):
+        """POST /eta: a plain ASGI handler (no dependency solving, no response model), orjson both ways."""
+        try:
+            response = await answer(scope, receive)
+        except ApiError as e:
+            response = error_response(e)
+        except QueueFull as e:
+            response = error_response(ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}))
+        except _Gone:
+            return
+        except Exception:
+            log.exception("error answering POST /eta")
+            response = error_response(ApiError(500, "internal error while answering this request; it was logged"))
+        await response(scope, receive, send)
+
+    async def eta_405(request: Request):  # FastAPI routes /eta too, so that a GET /eta gets its 405
+        raise StarletteHTTPException(405)
+
+    app.router.add_route("/eta", eta_405, methods=["POST"])
 
     @app.get("/healthz")
     async def healthz():
@@ -249,36 +335,87 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                           "kernel_size": model.norm_stats.kernel_size, "hidden_size": first.cfg.hidden_size,
                           "known_drivers": len(model.drivers) - 1, "device": str(model.device)},
                 "data": {"format": cfg.format if cfg.data else "synthetic", "time_zone": model.tz or cfg.tz,
-                         "densify_spacing_km": model.densify_spacing_km(), "default_state": profile.state,
+                         "densify_spacing_km": spacing_km, "default_state": profile.state,
                          "training_points": profile.n_points,
                          "fingerprint": (model.data_fingerprint or "")[:12] or None},
                 "coverage": {"rule": "a point is covered when a training point fell in its cell or a neighbouring "
                                      "one", "cell_km": a.cell_km, "margin_cells": a.margin_cells,
                              "cells": int(len(a.cells)), "bbox": list(a.bbox)},
                 "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000.0,
-                             "forward_passes": batcher.forward_passes, "routes": batcher.routes},
+                             "forward_passes": batcher.forward_passes + large.forward_passes,
+                             "routes": batcher.routes + large.routes,
+                             "queued_points": batcher.queued_points + large.queued_points},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
-                           "rate_limit_per_s": rate_limit or None}}
+                           "max_route_points": max_route_points, "max_request_points": max_request_points,
+                           "max_batch_points": max_batch_points, "max_queue_points": max_queue_points,
+                           "rate_limit_units_per_s": rate_limit or None, "points_per_unit": POINTS_PER_UNIT,
+                           "token": token is not None}}
 
     @app.get("/coverage")
     async def coverage():
-        return profile.area.to_dict()
+        return json_response(profile.area.to_dict())
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return EtaFirst(app, eta)
+    return Service(app, eta, token, tuple(cors_origins))
+
+
+class _Gone(Exception):
+    """The client went away: nothing to answer."""
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client has gone (the server's ``receive`` gives ``http.disconnect``; after the body it
+    waits for that, or for the response to be sent)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 64, max_wait_ms: float = 5.0,
-          max_body_bytes: int = 1 << 20, rate_limit: float = 0.0, device: str = "cpu") -> None:
-    """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`)."""
+          max_body_bytes: int = 1 << 20, rate_limit: float = 0.0, device: str = "cpu", *,
+          forwarded_allow_ips: str | None = None, token_file: str | None = None, cors_origins: tuple[str, ...] = (),
+          max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
+          header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
+          max_connections: int = 1000, drain_s: float = 30.0) -> None:
+    """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
+
+    uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
+    connections idle longer than ``idle_timeout_s`` closed, ``X-Forwarded-For`` / ``-Proto`` honoured only from
+    the addresses ``forwarded_allow_ips`` lists (None: from nowhere), and on SIGTERM / SIGINT a graceful drain:
+    the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
+    ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs."""
     import uvicorn
 
     from ..train.trained import load_model
 
+    token = None
+    if token_file is not None:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.readline().strip()
+        if len(token) < 16:
+            raise ValueError(f"{token_file}: the token must be at least 16 characters on the first line")
     model = load_model(checkpoint, device)
-    app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit)
-    # keep-alive 30 s (uvicorn's default is 5): a client waiting on a busy queue keeps its connection
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=30)
+    app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
+                     max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
+                     cors_origins=cors_origins)
+    uvicorn.Server(server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips,
+                                 header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+                                 idle_timeout_s=idle_timeout_s, max_connections=max_connections,
+                                 drain_s=drain_s)).run()
+
+
+def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_allow_ips: str | None = None,
+                  header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
+                  max_connections: int = 1000, drain_s: float = 30.0):
+    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does)."""
+    import uvicorn
+
+    from .protocol import protocol_class
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
+                          timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
+                          proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
+                          server_header=False)
