@@ -222,3 +222,14 @@ def test_reference_kernels_are_padded_torch_lstm_equal_to_fused(monkeypatch):
     torch.testing.assert_close(o_r.local_time[o_r.mask], o_f.local_time[o_f.mask], rtol=1e-5, atol=1e-3)
     for n in g_r:
         torch.testing.assert_close(g_r[n], g_f[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_bench_modes_runs_its_modes_in_bf16_mixed(tmp_path):
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "modes", "--n-synthetic", "200", "--budget-s", "4", "--target-mape", "80", "--batch-size",
+                     "16", "--nproc", "1", "--threads", "1", "--precision", "bf16-mixed", "--only",
+                     "single process, fused kernels", "--out", str(out)]) == 0
+    runs = json.loads((out / "modes.json").read_text())["modes"]["single process, fused kernels"]["runs"]
+    assert runs[0]["samples_per_s"] > 0 and 0 < runs[0]["test_mape"] < 5
+    (checkpoint,) = out.glob("**/checkpoint.pt")
+    assert ckpt.load(checkpoint)["train_config"]["precision"] == "bf16-mixed"
