@@ -233,3 +233,23 @@ def test_bench_modes_runs_its_modes_in_bf16_mixed(tmp_path):
     assert runs[0]["samples_per_s"] > 0 and 0 < runs[0]["test_mape"] < 5
     (checkpoint,) = out.glob("**/checkpoint.pt")
     assert ckpt.load(checkpoint)["train_config"]["precision"] == "bf16-mixed"
+
+
+def test_component_executor_lanes_run_under_the_callers_autocast():
+    """--parallel cp under bf16-mixed: autocast is per thread; the executor's worker lanes take the caller's up for
+    forwards and losses (the same numbers as the plain model under autocast) and leave it for backwards."""
+    from stfast.parallel.components import ComponentExecutor, ComponentPlan
+
+    trips = random_trips(8, seed=5, min_len=4, max_len=30)
+    vocab = DriverVocab(trips.driver)
+    torch.manual_seed(0)
+    model = DeepTTE(DeepTTEConfig(n_drivers=len(vocab)), NormStats.from_trips(trips))
+    b = TripDataset(trips, vocab).batch(np.arange(8))
+    ex = ComponentExecutor(ComponentPlan.concurrent(model.component_graph(), "cpu"), micro_batches=1, threads=True)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.no_grad():
+        with bf16:
+            expect, got = model(b).time, ex.forward(b).time
+        plain = model(b).time
+    ex.close()
+    assert torch.equal(got, expect) and not torch.equal(plain, expect)
