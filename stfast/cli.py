@@ -67,7 +67,8 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     e.add_argument("--split", default="all", choices=SPLITS,
                    help="all trips of --data, or the training run's train/val/test split of them (the data "
                         "must be the run's: same trips, checked by fingerprint)")
-    add_arguments(e, ["device"])
+    add_arguments(e, ["device", "precision"], {"precision": {
+        "help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's --precision)"}})
     if predict:
         e.add_argument("--out", required=True,
                        help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
@@ -115,13 +116,14 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
     bsub = b.add_subparsers(dest="bench_command", required=True)
     m = bsub.add_parser("modes", help="every parallel mode under one wall-clock budget: modes.json/.md/.png",
                         formatter_class=_HelpFormatter)
-    add_arguments(m, ["data", "format", "n_synthetic", "nproc", "threads", "batch_size"], {
+    add_arguments(m, ["data", "format", "n_synthetic", "nproc", "threads", "batch_size", "precision"], {
         "data": {"help": "trajectories (default: the synthetic city)"},
         "n_synthetic": {"default": 3000},
         "nproc": {"default": 2, "help": "processes of the data-parallel modes"},
         "threads": {"help": "threads per process of the multi-process modes (default: cores / --nproc); a "
                             "single-process mode gets --nproc × this (equal hardware)"},
-        "batch_size": {"help": "global (micro-)batch"}})
+        "batch_size": {"help": "global (micro-)batch"},
+        "precision": {"help": "every mode's --precision (default: 32)"}})
     m.add_argument("--budget-s", type=float, default=60.0, help="training wall-clock budget per run (s)")
     m.add_argument("--target-mape", type=float, default=None,
                    help="target validation MAPE in %% (default: what the baseline mode reaches)")
@@ -260,7 +262,7 @@ def _predict(a):
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
 
-    models = [load_model(p, a.device) for p in a.checkpoint]
+    models = [load_model(p, a.device, a.precision) for p in a.checkpoint]
     for m in models[1:]:  # an ensemble averages models of one training data (seeds of one configuration)
         f0, f = models[0].data_fingerprint, m.data_fingerprint
         if f0 is not None and f is not None and f != f0:

@@ -157,7 +157,7 @@ def test_resume_rejects_another_model_config_or_version(trips_file, tmp_path, ca
     assert "--driver-dim 16 in the checkpoint, 8 now" in err and "last.pt" in err
     f32 = [x if x != "float64" else "float32" for x in base]
     err = _one_line_error(capsys, main(f32 + ["--resume"]))
-    assert "--dtype float64 in the checkpoint, float32 now" in err
+    assert "--precision 64 in the checkpoint, 32 now" in err
     st = ckpt.load(out / "last.pt")
     st["stfast_version"] = "0.0.1"
     ckpt.save_atomic(st, out / "last.pt")

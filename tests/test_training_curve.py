@@ -163,7 +163,7 @@ CHECKPOINT_KEYS = sorted(['accumulation', 'accumulation.k', 'accumulation.loss_e
  'train_config.lr_scaling', 'train_config.lr_schedule', 'train_config.max_bad_steps', 'train_config.max_steps', 'train_config.members',
  'train_config.micro_batches', 'train_config.min_spacing_km', 'train_config.modes', 'train_config.n_synthetic',
  'train_config.noise_scale', 'train_config.nproc', 'train_config.on_error', 'train_config.out',
- 'train_config.overwrite', 'train_config.parallel', 'train_config.patience', 'train_config.preset', 'train_config.progress',
+ 'train_config.overwrite', 'train_config.parallel', 'train_config.patience', 'train_config.precision', 'train_config.preset', 'train_config.progress',
  'train_config.resume', 'train_config.seed', 'train_config.select', 'train_config.slicer', 'train_config.split',
  'train_config.split_by',
  'train_config.split_days', 'train_config.subtrips', 'train_config.subtrips_resample', 'train_config.swa_start', 'train_config.threads', 'train_config.time_bin_min',

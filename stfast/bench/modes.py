@@ -103,6 +103,8 @@ def _train_args(mode: Mode, seed: int, a, out: Path) -> list[str]:
     args = ["--preset", "paper", "--seed", str(seed), "--data-seed", "0", "--epochs", "100000",
             "--time-budget", str(a.budget_s), "--nproc", str(nproc), "--threads", str(threads), "--out", str(out),
             "--no-progress", "--batch-size", str(a.batch_size), *mode.flags]
+    if getattr(a, "precision", None):  # every mode in it (stfast.train.precision)
+        args += ["--precision", a.precision]
     return args + (["--data", a.data, "--format", a.format] if a.data else ["--n-synthetic", str(a.n_synthetic)])
 
 
@@ -367,7 +369,7 @@ def _check_args(a) -> None:
     if a.target_mape is not None and not (0 < a.target_mape < 100):
         raise ValueError(f"--target-mape must be a MAPE in % in (0, 100), got {a.target_mape:g}")
     cfg = TrainConfig(data=a.data, format=a.format, n_synthetic=a.n_synthetic, nproc=a.nproc, threads=a.threads,
-                      out=str(a.out), preset="paper")
+                      out=str(a.out), preset="paper", precision=getattr(a, "precision", None))
     if a.batch_size is not None:
         cfg = replace(cfg, batch_size=a.batch_size)
     cfg.validate()

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .._options import check_options, option
 from ..data.dataset import NormStats, TripBatch
@@ -152,8 +151,12 @@ class GeoConv(nn.Module):
 class SpatioTemporal(nn.Module):
     """Geo-convolution + LSTM: per-point features → [B, L', H] hidden states (zero past each trip's
     L_i − k + 1 valid positions). ``kernels="fused"``: stfast.nn.GeoConv and stfast.nn.LSTM (variable-length
-    LSTM op over the padded batch, no packing); ``"reference"``: the plain-PyTorch modules. Both have the
-    same parameter names, so checkpoints load either way."""
+    LSTM op over the padded batch, no packing); ``"reference"``: stock PyTorch at its best, the plain-PyTorch
+    geo-conv (Linear, tanh, Conv1d, ELU) and ``torch.nn.LSTM`` over the padded batch (one fused RNN call:
+    oneDNN's on the CPU, cuDNN's on CUDA), its outputs past each length zeroed. A unidirectional LSTM never
+    looks ahead, so its outputs at valid positions are the packed ones; packing (pack_padded_sequence) would
+    cost the CPU 2.3× the time (issue 44). Both have the same parameter names and initialization, so
+    checkpoints load either way and a seed gives the same model."""
 
     def __init__(self, cfg: DeepTTEConfig):
         super().__init__()
@@ -162,6 +165,7 @@ class SpatioTemporal(nn.Module):
         if cfg.kernels == "fused":
             from ..nn.geo_conv import GeoConv as FusedGeoConv
             from ..nn.lstm import LSTM as FusedLSTM
+            from . import fused_autocast  # noqa: F401  (the fused ops under torch.autocast: bf16-mixed)
 
             self.geo_conv = FusedGeoConv(cfg)
             self.lstm = FusedLSTM(*lstm_args, batch_first=True)
@@ -181,12 +185,11 @@ class SpatioTemporal(nn.Module):
     def run_lstm(self, lstm: nn.Module, x, lengths):
         """``lstm`` (``self.lstm`` or one of :meth:`layers`) over x [B, L', I] with ``lengths`` [B] →
         [B, L', H], zero past each length."""
-        if self.fused_lstm:  # zero past each length, as pad_packed_sequence below
+        if self.fused_lstm:  # zero past each length
             return lstm(x, lengths=lengths)[0]
-        packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = lstm(packed)
-        h, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-        return h
+        h, _ = lstm(x)  # every position of the padded batch; those past a length are zeroed
+        valid = torch.arange(x.shape[1])[None, :] < lengths.cpu()[:, None]  # on the host: no device sync
+        return h * valid.to(h.device, non_blocking=True).unsqueeze(-1)
 
     def layers(self) -> list[nn.Module]:
         """The LSTM's layers as one-layer LSTMs of the same class (fused or torch.nn.LSTM) whose parameters
@@ -331,17 +334,26 @@ class DeepTTE(nn.Module):
                 "local_dist_n": self._n(local_dist, "local_dist") * mask, "point_lengths": host,
                 "lengths": host - k + 1, "mask": mask, "dist": b.dist}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype: what the outputs, the attention's reductions and the loss are computed in.
+        Under autocast (``--precision bf16-mixed``) the GEMMs run in bfloat16 and their results come back to it
+        here, so only matrix products see bfloat16 (float32 master weights, loss and reductions)."""
+        return self.entire.out.weight.dtype
+
     def entire_time(self, h, attr, mask, dist):
         """Attention pooling + entire estimator + head: [B, L', H], [B, A], [B, L'], [B] km → [B] s."""
+        h = h.to(self.dtype)  # no-op in 32/64; from the LSTM's bfloat16 under autocast
         pooled = self.attention(h, attr, mask)
-        est = self.entire(torch.cat([pooled, attr], dim=-1))
+        est = self.entire(torch.cat([pooled, attr], dim=-1)).to(h.dtype)
         if self.cfg.head == "prior":  # t = dist / v̂ · exp(correction); clamped so early steps cannot overflow
             return dist / self.speed_km_s.to(h) * torch.exp(est.clamp(-6.0, 6.0))
         return est * self.time_std.to(h) + self.time_mean.to(h)
 
     def local_time(self, h):
         """Local estimator: [B, L', H] → [B, L'] seconds per k-point span."""
-        return self.local(h) * self.local_time_std.to(h) + self.local_time_mean.to(h)
+        out = self.local(h).to(self.dtype)  # no-op in 32/64 (see dtype)
+        return out * self.local_time_std.to(out) + self.local_time_mean.to(out)
 
     def forward(self, b: TripBatch) -> DeepTTEOutput:
         x = self.component_inputs(b)

@@ -17,6 +17,7 @@ from .._options import OrWord, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
 from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
 from ..models.deeptte import DeepTTEConfig
+from . import precision as prec
 from . import presets, swa
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
@@ -129,7 +130,15 @@ class TrainConfig:
     split_days: str | None = option(None, "explicit TRAIN/VAL/TEST days of month, e.g. 24-28/29/30",
                                     check=_check_split_days)
     device: str = option("cpu", "cpu, cuda or cuda:N", check=check_device)
-    dtype: str = option("float32", "parameter and batch dtype", choices=("float32", "float64"))
+    # None: not given (--resume: the run's own; else 32); TrainConfig resolves it with its alias --dtype, which
+    # then holds the parameter and batch dtype (float32 under bf16-mixed: the master weights)
+    precision: str | None = option(None, "numeric precision (Lightning's names): 32 or 64: parameters and every op "
+                                         "in float32 or float64; bf16-mixed: float32 parameters, optimizer state, "
+                                         "loss and reductions, matrix products (linear layers, convolution, LSTM) in "
+                                         "bfloat16 with float32 accumulation (torch.autocast); default 32, on "
+                                         "--resume the run's", choices=prec.PRECISIONS)
+    dtype: str | None = option(None, "alias of --precision: float32 is 32, float64 is 64",
+                               choices=tuple(prec.FROM_DTYPE))
     nproc: int = option(1, "data-parallel processes (torch.distributed)", ge=1)
     comm: str = option("torch", "gradient-sync communicator: torch.distributed, or stfast's C++ NCCL communicator",
                        choices=("torch", "nccl"))
@@ -184,6 +193,7 @@ class TrainConfig:
             from .resume import fill_from_checkpoint
             fill_from_checkpoint(self)
         presets.fill(self)
+        self.precision, self.dtype = prec.resolve(self.precision, self.dtype)
 
     @property
     def split_seed(self) -> int:

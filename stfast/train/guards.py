@@ -54,7 +54,7 @@ def model_options(cfg) -> dict:
 
 def check_resume(state: dict, cfg, path) -> None:
     """Raise ValueError (one line, naming the differing fields) when the checkpoint ``state`` read from
-    ``path`` was written by another stfast version, for another model configuration or dtype."""
+    ``path`` was written by another stfast version, for another model configuration or precision."""
     ver = state.get("stfast_version")
     if ver != __version__:
         raise ValueError(f"--resume: {path} was written by stfast {ver}, this is stfast {__version__}")
@@ -66,9 +66,11 @@ def check_resume(state: dict, cfg, path) -> None:
     saved = {f.name: f.default for f in dataclasses.fields(DeepTTEConfig) if f.name in want} | state.get("model_config", {})
     diff = [f"{flag(k)} {show(k, saved.get(k))} in the checkpoint, {show(k, v)} now" for k, v in want.items()
             if saved.get(k) != v]
-    saved_dtype = state.get("train_config", {}).get("dtype", cfg.dtype)
-    if saved_dtype != cfg.dtype:
-        diff.append(f"--dtype {saved_dtype} in the checkpoint, {cfg.dtype} now")
+    from .precision import of_train_config
+
+    saved_precision = of_train_config(state.get("train_config", {}))
+    if saved_precision != cfg.precision:
+        diff.append(f"--precision {saved_precision} in the checkpoint, {cfg.precision} now")
     if diff:
         raise ValueError(f"--resume: {path} is from another model configuration: " + "; ".join(diff))
 

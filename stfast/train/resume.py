@@ -28,14 +28,17 @@ BEFORE_OPTION = {"subtrips": 0, "subtrips_resample": "once"}
 def fill_from_checkpoint(cfg) -> None:
     """On ``--resume``: each preset option not given (None; stfast.train.presets.FIELDS) takes the value of
     the run being continued, read from the train_config of its first loadable checkpoint in ``cfg.out``, in
-    place; so does the preset name when ``--preset`` is left at auto (checkpoints before presets: paper).
+    place; so do the preset name when ``--preset`` is left at auto (checkpoints before presets: paper) and the
+    precision when neither ``--precision`` nor ``--dtype`` is given.
     A resumed run therefore ends where it was going (its --epochs, its averaging start, its width) even where
     the preset's values differ; options given on the command line still win. Nothing happens when no
     checkpoint loads: :func:`resume_checkpoint` raises then, naming the folder. Called by TrainConfig before
     the preset fills the rest. Raises ValueError when ``--preset`` is given and is not the run's."""
+    from .precision import of_train_config
     from .presets import FIELDS
 
-    if cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS):
+    precision_given = cfg.precision is not None or cfg.dtype is not None  # --precision or its alias --dtype
+    if cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS) and precision_given:
         return  # nothing left to fill (every option given, or a checkpoint's own config)
     for path in _candidates(Path(cfg.out)):
         if not path.is_file():
@@ -54,6 +57,8 @@ def fill_from_checkpoint(cfg) -> None:
                 setattr(cfg, k, value)
         if cfg.preset == "auto":
             cfg.preset = saved.get("preset", "paper")
+        if not precision_given:  # the run continues in its own precision
+            cfg.precision = of_train_config(saved)
         return
 
 

@@ -101,9 +101,12 @@ def progress_bar(iterable, enabled: bool, **kw):
 
 @torch.no_grad()
 def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.DistInfo = dp.DistInfo(),
-            device="cpu", progress: bool = False) -> np.ndarray:
-    """Predicted travel times [T] (s, float64) of every trip of ``ds``; under data parallelism each
-    rank predicts its share and the result is summed over ranks (every rank gets all T)."""
+            device="cpu", progress: bool = False, precision: str = "32") -> np.ndarray:
+    """Predicted travel times [T] (s, float64) of every trip of ``ds``, the forward passes in ``precision``
+    (stfast.train.precision; the model's parameters and ``ds`` in its parameter dtype); under data parallelism
+    each rank predicts its share and the result is summed over ranks (every rank gets all T)."""
+    from .precision import autocast
+
     was = model.training
     model.eval()
     out = np.zeros(len(ds), dtype=np.float64)
@@ -111,14 +114,15 @@ def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.Dis
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     mine = batches[info.rank::info.world_size]
     for idx in progress_bar(mine, progress, desc="evaluate", leave=False, unit="batch"):
-        out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
+        with autocast(precision, device):
+            out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
     model.train(was)
     return dp.all_reduce_sum(out, info)
 
 
-def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False) -> dict:
-    """MAPE (fraction), MAE and RMSE (s) over the whole split."""
-    pred = predict(model, ds, info=info, device=device, progress=progress)
+def evaluate(model, ds, info=dp.DistInfo(), device="cpu", progress=False, precision: str = "32") -> dict:
+    """MAPE (fraction), MAE and RMSE (s) over the whole split (forward passes in ``precision``)."""
+    pred = predict(model, ds, info=info, device=device, progress=progress, precision=precision)
     return errors(pred, ds.trips.time)
 
 

@@ -10,10 +10,13 @@
 
 The Trainer (stfast.train.trainer) calls, per optimizer step: begin_step(), micro_step() per micro-batch,
 statistics() on the vector summed in the gradient all-reduce, and end_step() after the optimizer step.
+Every executor runs the forward pass and the loss under ``autocast()`` (the run's precision,
+stfast.train.precision: torch.autocast for bf16-mixed, nothing for 32/64) and the backward pass outside it.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 
@@ -25,6 +28,7 @@ from ..parallel import data_parallel as dp
 from ..parallel.slicer import BalancedBatchSampler, LinearCostModel
 
 LossFn = Callable[[object, object], torch.Tensor]  # (model output, its batch) → this shard's loss
+Autocast = Callable[[], contextlib.AbstractContextManager]  # the run's precision around a forward pass
 
 
 class StepLoss(float):
@@ -42,10 +46,13 @@ class StepLoss(float):
 class WholeModelSteps:
     """Each rank runs the whole ``model`` on its equal-count shard (``info``: the data-parallel group) of
     every micro-batch; ``batch_of(idx)`` builds the batch of trip indices [n] on the model's device;
-    ``grad_sync`` (None: one process) skips the gradient sync on micro-steps 1..k−1."""
+    ``grad_sync`` (None: one process) skips the gradient sync on micro-steps 1..k−1; ``autocast``: the context of
+    the forward passes (the run's precision)."""
 
-    def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync=None):
+    def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync=None,
+                 autocast: Autocast = contextlib.nullcontext):
         self.model, self.batch_of, self.info, self.grad_sync = model, batch_of, info, grad_sync
+        self.autocast = autocast
         self.data_s = 0.0  # this step's data-side seconds on this rank: the shard's cut and its collation
 
     def describe(self) -> str | None:
@@ -66,7 +73,8 @@ class WholeModelSteps:
         return dp.equal_shard(micro, self.info)
 
     def _forward_backward(self, batch, loss_fn: LossFn) -> float:
-        loss = loss_fn(self.model(batch), batch)
+        with self.autocast():
+            loss = loss_fn(self.model(batch), batch)
         loss.backward()
         return float(loss.detach())
 
@@ -99,8 +107,8 @@ class SlicedSteps(WholeModelSteps):
     timed for its cost model (CUDA kernels finished first)."""
 
     def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync, sampler: BalancedBatchSampler,
-                 device: torch.device):
-        super().__init__(model, batch_of, info, grad_sync)
+                 device: torch.device, autocast: Autocast = contextlib.nullcontext):
+        super().__init__(model, batch_of, info, grad_sync, autocast)
         self.sampler, self.device = sampler, device
         self.cut: list[list[np.ndarray]] = []  # every rank's shards [micro-step][rank] of the current step
 
@@ -123,7 +131,9 @@ class SlicedSteps(WholeModelSteps):
         t = time.perf_counter()
         b = self.batch_of(idx)
         n_local = local_count(self.sampler.lengths[idx], self.model.cfg.kernel_size)
-        training_loss(self.model, self.model(b), b, self.sampler.global_batch_size, n_local, True).backward()
+        with self.autocast():
+            loss = training_loss(self.model, self.model(b), b, self.sampler.global_batch_size, n_local, True)
+        loss.backward()
         self._finish_kernels()
         return time.perf_counter() - t
 
@@ -163,7 +173,7 @@ class ComponentSteps(WholeModelSteps):
     the sum over replicas), which keeps every copy equal for evaluation, checkpoints and --resume."""
 
     def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync, device: torch.device,
-                 cp_plan: str, micro_batches: int | None):
+                 cp_plan: str, micro_batches: int | None, autocast: Autocast = contextlib.nullcontext):
         from ..parallel.comm import TorchCommunicator
         from ..parallel.components import ComponentExecutor, ComponentPlan, ParallelLayout
         from .config import CP_STAGES
@@ -181,7 +191,7 @@ class ComponentSteps(WholeModelSteps):
             self.plan = ComponentPlan.split_after(graph, cut, [device] * CP_STAGES)
             self.executor = ComponentExecutor(self.plan, micro_batches or 4, place_modules=False,
                                               comm=TorchCommunicator(self.layout.cp_group))
-        super().__init__(model, batch_of, info, grad_sync)
+        super().__init__(model, batch_of, info, grad_sync, autocast)
 
     def describe(self) -> str:
         from .config import CP_STAGES
@@ -195,7 +205,8 @@ class ComponentSteps(WholeModelSteps):
         return self.grad_sync.no_sync() if self.grad_sync is not None else contextlib.nullcontext()
 
     def _forward_backward(self, batch, loss_fn: LossFn) -> float:
-        return self.executor.forward_backward(batch, loss_fn).loss or 0.0  # None on stage 0: the loss is later
+        with self.autocast():  # the executor's forward tasks take it up, its backward tasks leave it
+            return self.executor.forward_backward(batch, loss_fn).loss or 0.0  # None on stage 0: the loss is later
 
     def statistics(self, extra: torch.Tensor) -> torch.Tensor:
         if self.layout is not None and self.layout.stage > 0:
@@ -209,13 +220,16 @@ def for_mode(cfg, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sy
              lengths: np.ndarray, batches: Callable[[int], list[np.ndarray]]) -> WholeModelSteps:
     """The executor of ``cfg.parallel`` (a TrainConfig): components for cp / dp+cp; under data parallelism
     the slicer (``cfg.slicer_method``) over the training trips' ``lengths`` and the epoch's
-    global ``batches``; else whole batches."""
+    global ``batches``; else whole batches. Forward passes run in ``cfg.precision``."""
+    from .precision import autocast as precision_autocast
+
+    autocast = functools.partial(precision_autocast, cfg.precision, device)
     if cfg.parallel != "dp":
-        return ComponentSteps(model, batch_of, info, grad_sync, device, cfg.cp_plan, cfg.micro_batches)
+        return ComponentSteps(model, batch_of, info, grad_sync, device, cfg.cp_plan, cfg.micro_batches, autocast)
     if not info.distributed:
-        return WholeModelSteps(model, batch_of, info, grad_sync)
+        return WholeModelSteps(model, batch_of, info, grad_sync, autocast)
     sampler = BalancedBatchSampler(lengths, cfg.batch_size, info.world_size, info.rank, cfg.seed,
                                    method=cfg.slicer_method, batches=batches,
                                    all_gather=lambda a: dp.all_gather_floats(a, info),
                                    broadcast=lambda a: dp.broadcast_floats(a, info))
-    return SlicedSteps(model, batch_of, info, grad_sync, sampler, device)
+    return SlicedSteps(model, batch_of, info, grad_sync, sampler, device, autocast)

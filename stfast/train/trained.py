@@ -34,7 +34,7 @@ class TrainedModel:
 
     Attributes:
         model: the network, one DeepTTE or several members trained together (stfast.models.members), its
-            parameters in the dtype it was trained in (float32 or float64).
+            parameters in the dtype of :attr:`precision` (float32, or float64 for 64).
         norm_stats: normalization of inputs and outputs (computed on the training split).
         drivers: driver id → embedding row (unseen drivers share row 0).
         config: the training run's configuration: data settings (:meth:`TrainConfig.data_options`),
@@ -49,6 +49,8 @@ class TrainedModel:
         route_profile: what :meth:`eta` needs of the training split (area, default state, spacing) as
             :meth:`stfast.data.routes.RouteProfile.to_dict` wrote it; None in checkpoints that predate it
             (:meth:`route_defaults` then computes it from the run's training data, once).
+        precision: what :meth:`predict` and :meth:`eta` compute in (stfast.train.precision: 32, 64 or
+            bf16-mixed): the training run's unless :func:`load_model` was told another.
     """
 
     model: DeepTTE  # or DeepTTEMembers (several members, stfast.models.members)
@@ -60,6 +62,7 @@ class TrainedModel:
     preprocess: dict | None = None
     tz: str | None = None
     route_profile: dict | None = None
+    precision: str = "32"
 
     @property
     def dtype(self):
@@ -129,7 +132,8 @@ class TrainedModel:
         from .run_data import predict
 
         ds = TripDataset(trips, self.drivers, self.dtype)
-        return predict(self.model, ds, batch_size=batch_size, device=self.device, progress=progress)
+        return predict(self.model, ds, batch_size=batch_size, device=self.device, progress=progress,
+                       precision=self.precision)
 
     def route_defaults(self) -> RouteProfile:
         """The training split's :class:`~stfast.data.routes.RouteProfile` (training area, default state,
@@ -200,9 +204,12 @@ class TrainedModel:
         return self.predict(trips) if len(trips) else np.zeros(0)
 
 
-def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
+def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | None = None) -> TrainedModel:
     """The trained model in checkpoint ``path`` (``checkpoint.pt``: the best validation epoch, or
-    ``last.pt``), on ``device``, in eval mode.
+    ``last.pt``), on ``device``, in eval mode, predicting in ``precision`` (``32``, ``64`` or ``bf16-mixed``;
+    None: the precision the checkpoint records, its run's ``--precision``; checkpoints from before it: their
+    weights' dtype). The weights are cast to the precision's parameter dtype (a float32 run evaluated in 64
+    gets float64 weights).
 
     Example::
 
@@ -212,11 +219,15 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not a stfast checkpoint, or truncated/corrupt (see :func:`stfast.train.checkpoint.load`).
+        ValueError: not a stfast checkpoint, or truncated/corrupt (see :func:`stfast.train.checkpoint.load`);
+            ``precision`` not one of 32, 64, bf16-mixed.
     """
+    from . import precision as prec
     from .config import check_device
 
     check_device(device)
+    if precision is not None and precision not in prec.PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(prec.PRECISIONS)}, got {precision!r}")
     path = Path(path)
     state = ckpt.load(path, device)
     missing = [k for k in _REQUIRED if not isinstance(state, dict) or k not in state]
@@ -225,8 +236,11 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> TrainedModel:
                          "checkpoint.pt or last.pt of a `stfast train` run")
     stats = NormStats.from_dict(state["norm_stats"])
     model = members.build(DeepTTEConfig.from_dict(state["model_config"]), stats)
-    dtype = next(v.dtype for k, v in state["model_state"].items() if k.endswith("entire.out.weight"))  # as trained
-    model.to(device, dtype).load_state_dict(state["model_state"])
+    if precision is None:  # as trained: the recorded precision; before --precision, the weights' own dtype
+        trained = state.get("train_config", {})
+        weights = next(v.dtype for k, v in state["model_state"].items() if k.endswith("entire.out.weight"))
+        precision = trained.get("precision") or prec.FROM_DTYPE.get(str(weights).removeprefix("torch."), "32")
+    model.to(device, prec.param_dtype(precision)).load_state_dict(state["model_state"])
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
                         state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"),
-                        state.get("route_profile"))
+                        state.get("route_profile"), precision)

@@ -102,7 +102,7 @@ class Trainer:
         if resume is not None:
             restore(self, resume, resume_path)
         self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
-                 f"world size {self.info.world_size}, device {self.device}, {cfg.dtype}")
+                 f"world size {self.info.world_size}, device {self.device}, precision {cfg.precision}")
         if self.data.dropped:
             self.say("dropped: " + self.data.dropped_text())
         if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
@@ -230,7 +230,7 @@ class Trainer:
         """Validation, the epoch's row, checkpoint.pt when it is kept (--select: the best validation MAPE so far,
         or every epoch) and last.pt. True: kept (best_val_mape is the kept weights' validation MAPE)."""
         train_loss = float(dp.all_reduce_sum(np.array([loss_sum]), self.info)[0]) / max(n_done, 1)
-        val = evaluate(self.eval_model, self.data.val_ds, self.info, self.device, self.show)
+        val = evaluate(self.eval_model, self.data.val_ds, self.info, self.device, self.show, self.cfg.precision)
         self.model.train()
         self.epoch += 1
         self.log.append("epoch", {"epoch": self.epoch, "step": self.step, "train_loss": train_loss,
@@ -277,7 +277,8 @@ class Trainer:
             torch.distributed.barrier()
         if kept:
             self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
-        test = evaluate(self.model if kept else self.eval_model, d.test_ds, self.info, self.device, self.show)
+        test = evaluate(self.model if kept else self.eval_model, d.test_ds, self.info, self.device, self.show,
+                        self.cfg.precision)
         summary = d.summary(test, self.best, self.epoch, self.step, self.info.world_size)
         if self.info.is_main:
             written = self.log.write_outputs(summary)

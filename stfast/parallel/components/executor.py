@@ -31,6 +31,8 @@ no schedule that keeps each lane's order can deadlock. The lanes are
 Results equal the plain model's: the loss of each micro-batch must be its share of the batch loss (a
 SUM divided by the whole batch's counts, as stfast's losses are), so the micro-batches' gradients add up
 to the batch's. Dropout draws different masks per micro-batch / thread (equal in distribution only).
+The caller's grad mode and ``torch.autocast`` (mixed precision) reach every task on every lane: forward
+and loss tasks run under the caller's autocast, backward tasks outside it (as autocast asks).
 """
 from __future__ import annotations
 
@@ -252,6 +254,15 @@ class _State:
         self.outputs: list = [None] * self.M
         self.losses: list = [0.0] * self.M
         self.works: list = []
+        # the caller's autocast (device type, dtype) pairs: thread-local, so worker lanes take them up per task
+        self.autocast = tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))
+
+    def _autocast(self, enabled: bool) -> contextlib.ExitStack:
+        """The caller's autocast (``enabled``: forwards and losses), or autocast off on its devices (backwards)."""
+        stack = contextlib.ExitStack()
+        for device_type, dtype in self.autocast:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
+        return stack
 
     # -------------------------------------------------------------- task list
     def tasks(self) -> list[tuple[str, str, int]]:
@@ -307,7 +318,7 @@ class _State:
     def run_task(self, t) -> None:
         kind, n, m = t
         t0 = time.perf_counter()
-        with torch.set_grad_enabled(self.grad):  # grad mode is per thread
+        with torch.set_grad_enabled(self.grad), self._autocast(kind != "B"):  # both are per thread
             mine = self.ex.comm is None or self.stage_of(n) == self.ex.stage
             if kind == "B" and self.ex.comm is not None:
                 self._exchange_grads(n, m)
@@ -363,7 +374,8 @@ class _State:
         if self.loss_fn is not None:
             loss = self.loss_fn(out, self.micro[m])
             if self.grad:
-                loss.backward()
+                with self._autocast(False):
+                    loss.backward()
                 self._collect(LOSS, m)
             self.losses[m] = loss.detach()
         self.outputs[m] = _rebuild(out, {k: v.detach() if isinstance(v, torch.Tensor) else v

@@ -1,0 +1,65 @@
+"""The numeric precision of a run: ``--precision 32 | 64 | bf16-mixed`` (PyTorch Lightning's names).
+
+- ``32`` / ``64``: parameters, batches and every op in float32 / float64 (what ``--dtype float32`` /
+  ``float64``, kept as an alias, always meant).
+- ``bf16-mixed``: mixed precision as Lightning's ``precision="bf16-mixed"`` and Accelerate's
+  ``mixed_precision="bf16"`` define it: float32 master weights, gradients, optimizer state, batches,
+  loss and reductions; the forward pass runs under ``torch.autocast(device, torch.bfloat16)``, so GEMM
+  operands (linear layers, the convolution, the LSTM: torch's and stfast's fused ops, see
+  :mod:`stfast.models.fused_autocast`) are bfloat16 with float32 accumulation. No loss scaling (bfloat16
+  has float32's exponent range). The backward pass runs outside autocast, in the dtypes the forward saved.
+
+The precision is a run setting applied once around the forward (:func:`autocast`), never decided inside a
+layer; the checkpoint records it (``train_config["precision"]``), and evaluation, prediction, ``eta`` and
+``serve`` use it unless told otherwise (:func:`stfast.train.trained.load_model`).
+"""
+from __future__ import annotations
+
+import contextlib
+
+PRECISIONS = ("32", "64", "bf16-mixed")
+#: --dtype (the alias) → --precision
+FROM_DTYPE = {"float32": "32", "float64": "64"}
+#: --precision → the dtype of parameters and batches (torch.float32 / torch.float64 by name)
+PARAM_DTYPE = {"32": "float32", "64": "float64", "bf16-mixed": "float32"}
+DEFAULT = "32"
+
+
+def resolve(precision: str | None, dtype: str | None) -> tuple[str, str]:
+    """(precision, parameter dtype name) from ``--precision`` and its alias ``--dtype`` (None: not given;
+    neither given: 32). Raises ValueError naming both flags when they disagree (``--dtype float64
+    --precision bf16-mixed``), or naming the flag of a value that is not one of its choices."""
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if dtype is not None and dtype not in FROM_DTYPE:
+        raise ValueError(f"--dtype must be float32 or float64, got {dtype!r}")
+    if precision is None:
+        precision = FROM_DTYPE[dtype] if dtype is not None else DEFAULT
+    if dtype is not None and dtype != PARAM_DTYPE[precision]:
+        raise ValueError(f"--dtype {dtype} (an alias of --precision {FROM_DTYPE[dtype]}) contradicts --precision "
+                         f"{precision}, whose parameters are {PARAM_DTYPE[precision]}: give one of them")
+    return precision, PARAM_DTYPE[precision]
+
+
+def of_train_config(d: dict) -> str:
+    """The precision a checkpoint's ``train_config`` records; checkpoints written before ``--precision``
+    recorded only ``dtype`` (float32 → 32, float64 → 64; none: 32)."""
+    return d.get("precision") or FROM_DTYPE.get(d.get("dtype") or "float32", DEFAULT)
+
+
+def param_dtype(precision: str):
+    """The torch dtype of parameters and batches under ``precision``."""
+    import torch
+
+    return getattr(torch, PARAM_DTYPE[precision])
+
+
+def autocast(precision: str, device) -> contextlib.AbstractContextManager:
+    """The context the forward pass (model and loss) runs in under ``precision`` on ``device`` (a
+    torch.device or its name): ``torch.autocast(device type, torch.bfloat16)`` for bf16-mixed; a no-op for
+    32 and 64 (their results stay bitwise what they were before mixed precision existed)."""
+    if precision != "bf16-mixed":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
