@@ -106,8 +106,10 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--max-connections", type=int, default=1000, help="open connections (more: 503)")
     v.add_argument("--drain-s", type=float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to be answered")
-    add_arguments(v, ["device", "threads"], {"threads": {"help": "torch threads of the forward passes (default: "
-                                                                 "torch's, one per core)"}})
+    add_arguments(v, ["device", "threads", "precision"], {
+        "threads": {"help": "torch threads of the forward passes (default: torch's, one per core)"},
+        "precision": {"help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its "
+                              "run's --precision)"}})
 
 
 def _bench_args(b: argparse.ArgumentParser) -> None:
@@ -392,7 +394,8 @@ def cmd_serve(a) -> int:
           forwarded_allow_ips=a.forwarded_allow_ips, token_file=a.token_file, cors_origins=tuple(a.cors_origin),
           max_route_points=a.max_route_points, max_request_points=a.max_request_points,
           max_batch_points=a.max_batch_points, header_timeout_s=a.header_timeout_s, body_timeout_s=a.body_timeout_s,
-          idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s)
+          idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s,
+          precision=a.precision)
     return 0
 
 

@@ -138,6 +138,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'drain_s': (('--drain-s',), 30.0, None, 'float', 'StoreAction', False, None),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
         'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
+        'precision': (('--precision',), None, ('32', '64', 'bf16-mixed'), None, 'StoreAction', False, None),
     },
 }
 PARSERS["predict"] = {**PARSERS["evaluate"],

@@ -60,6 +60,7 @@ def test_healthz_summarises_without_paths(client, model):
     assert r.status_code == 200
     h = r.json()
     assert h["status"] == "ok" and h["model"]["kernel_size"] == 3 and h["data"]["densify_spacing_km"] == 0.2
+    assert h["model"]["precision"] == model.precision  # the checkpoint's, unless serve --precision says otherwise
     assert h["coverage"]["cells"] > 10 and len(h["coverage"]["bbox"]) == 4
     text = r.text
     assert str(model.path.parent) not in text and "/" not in json.dumps(h["data"]) and ".pt" not in text
@@ -293,3 +294,31 @@ def test_batcher_waits_only_for_requests_on_their_way():
     waits, both, t = asyncio.run(go())
     assert max(waits) < 0.1, waits
     assert both == [10, 11] and calls[-1] == [10, 11] and t < 0.25
+
+
+def test_serve_precision_override(model, monkeypatch):
+    """`stfast serve --precision bf16-mixed` loads the model in that precision (issue 44): /healthz names it and
+    the ETAs are what TrainedModel.eta gives in it."""
+    import stfast.serve.app as app_mod
+
+    seen = {}
+
+    class _Server:  # stands in for uvicorn.Server: capture the app instead of listening
+        def __init__(self, config):
+            seen["app"] = config.app
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr("uvicorn.Server", _Server)
+    argv = ["serve", "--checkpoint", str(model.path), "--precision", "bf16-mixed"]
+    a = build_parser().parse_args(argv)
+    assert a.precision == "bf16-mixed"
+    app_mod.serve(a.checkpoint, precision=a.precision)
+    c = TestClient(seen["app"])
+    assert c.get("/healthz").json()["model"]["precision"] == "bf16-mixed"
+    r = c.post("/eta", json={"route": _route(), "departure": DEP})
+    assert r.status_code == 200, r.text
+    bf16 = load_model(model.path, precision="bf16-mixed")
+    assert r.json()["eta_s"] == pytest.approx(bf16.eta([np.array(_route())], [DEP])[0], rel=1e-9)
+    assert r.json()["eta_s"] == pytest.approx(model.eta([np.array(_route())], [DEP])[0], rel=0.05)

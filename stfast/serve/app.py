@@ -331,7 +331,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         first = inner[0] if inner is not None else mc
         a = profile.area
         return {"status": "ok",
-                "model": {"dtype": str(model.dtype).replace("torch.", ""), "members": len(inner) if inner else 1,
+                "model": {"dtype": str(model.dtype).replace("torch.", ""), "precision": model.precision, "members": len(inner) if inner else 1,
                           "kernel_size": model.norm_stats.kernel_size, "hidden_size": first.cfg.hidden_size,
                           "known_drivers": len(model.drivers) - 1, "device": str(model.device)},
                 "data": {"format": cfg.format if cfg.data else "synthetic", "time_zone": model.tz or cfg.tz,
@@ -378,14 +378,15 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           forwarded_allow_ips: str | None = None, token_file: str | None = None, cors_origins: tuple[str, ...] = (),
           max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
-          max_connections: int = 1000, drain_s: float = 30.0) -> None:
+          max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
 
     uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
     connections idle longer than ``idle_timeout_s`` closed, ``X-Forwarded-For`` / ``-Proto`` honoured only from
     the addresses ``forwarded_allow_ips`` lists (None: from nowhere), and on SIGTERM / SIGINT a graceful drain:
     the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
-    ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs."""
+    ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs.
+    ``precision``: what the forward passes compute in (32, 64 or bf16-mixed; None: the checkpoint's)."""
     import uvicorn
 
     from ..train.trained import load_model
@@ -396,7 +397,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
             token = f.readline().strip()
         if len(token) < 16:
             raise ValueError(f"{token_file}: the token must be at least 16 characters on the first line")
-    model = load_model(checkpoint, device)
+    model = load_model(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
                      cors_origins=cors_origins)
