@@ -291,7 +291,8 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    libs = {d: gemm_library(DTYPES[d]) for d in DTYPES} if dev == "cpu" else {}
+    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]
+    libs = {f"{str(a)[6:]}->{str(o)[6:]}": gemm_library(a, o) for a, o in pairs} if dev == "cpu" else {}
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}, GEMM library chosen "
           f"(stfast.ops.gemm_library): {libs}")
     shapes = [s for s in SHAPES if args.shape is None or s[0] in args.shape]

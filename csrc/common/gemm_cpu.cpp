@@ -126,40 +126,44 @@ Library choose(const std::array<double, kNumLibraries>& rates) {
 
 std::array<double, kNumLibraries> probe_rates(at::ScalarType operands, at::ScalarType out) {
   // The fused LSTM's shapes at H 128: a recurrent step (alive batch × H × 4H) and a block of the input
-  // projection / backward (1,024 rows); b is a transposed weight, as W_hhᵀ there.
+  // projection / backward (1,024 rows); b is a transposed weight, as W_hhᵀ there. The libraries take turns
+  // (5 rounds, the best of each kept) so that a burst of load on a shared machine hits them alike.
   static constexpr std::array<std::array<int64_t, 3>, 2> kShapes{{{64, 128, 512}, {1024, 128, 512}}};
-  constexpr double kMinSeconds = 0.004;
-  std::array<double, kNumLibraries> rates{};
+  constexpr double kMinSeconds = 0.003;
+  constexpr int kRounds = 5;
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  for (int l = 0; l < kNumLibraries; ++l) {
-    const auto lib = static_cast<Library>(l);
-    if (lib == kOneDnn && !onednn_takes(operands, out)) continue;
-    double flops = 0.0, seconds = 0.0;
-    try {
-      for (const auto& s : kShapes) {
-        const at::Tensor a = probe_operand(s[0], s[1], operands), w = probe_operand(s[2], s[1], operands);
-        const at::Tensor c = at::empty({s[0], s[2]}, at::TensorOptions().dtype(out));
-        run(lib, c, a, w.t(), false);  // warm-up: primitive creation, page faults
-        double best = 1e30;
-        for (int rep = 0; rep < 3; ++rep) {
+  std::array<bool, kNumLibraries> runs{};
+  for (int l = 0; l < kNumLibraries; ++l) runs[l] = l == kAten || onednn_takes(operands, out);
+  std::array<double, kNumLibraries> seconds{};
+  double flops = 0.0;
+  for (const auto& s : kShapes) {
+    const at::Tensor a = probe_operand(s[0], s[1], operands), w = probe_operand(s[2], s[1], operands);
+    const at::Tensor c = at::empty({s[0], s[2]}, at::TensorOptions().dtype(out));
+    std::array<double, kNumLibraries> best;
+    best.fill(1e30);
+    for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up (primitive creation, page faults)
+      for (int l = 0; l < kNumLibraries; ++l) {
+        if (!runs[l]) continue;
+        try {
           int64_t n = 0;
           const auto t0 = std::chrono::steady_clock::now();
           double dt = 0.0;
           do {
-            run(lib, c, a, w.t(), false);
+            run(static_cast<Library>(l), c, a, w.t(), false);
             ++n;
             dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          } while (dt < kMinSeconds);
-          best = std::min(best, dt / static_cast<double>(n));
+          } while (round >= 0 && dt < kMinSeconds);
+          if (round >= 0) best[l] = std::min(best[l], dt / static_cast<double>(n));
+        } catch (const c10::Error&) {
+          runs[l] = false;  // this torch build's library refuses the pair: rate 0, never chosen
         }
-        flops += 2.0 * static_cast<double>(s[0] * s[1] * s[2]);
-        seconds += best;
       }
-      rates[l] = flops / seconds * 1e-9;
-    } catch (const c10::Error&) {
-      rates[l] = 0.0;  // this torch build's library refuses the pair (e.g. no oneDNN): never chosen
     }
+    flops += 2.0 * static_cast<double>(s[0] * s[1] * s[2]);
+    for (int l = 0; l < kNumLibraries; ++l) seconds[l] += best[l];
   }
+  std::array<double, kNumLibraries> rates{};
+  for (int l = 0; l < kNumLibraries; ++l) rates[l] = runs[l] ? flops / seconds[l] * 1e-9 : 0.0;
   return rates;
 }
 
