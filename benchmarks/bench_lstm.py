@@ -38,7 +38,7 @@ from _timing import sync, time_side_by_side
 from bench_geo_conv import source_lengths  # (it puts the repository root on the path)
 
 from stfast.nn import LSTM
-from stfast.ops.gemm import gemm_library, reset_gemm_library, select_gemm_library
+from stfast.ops.gemm import gemm_library, select_gemm_library
 from stfast.train.run_data import epoch_batches
 
 I, H, LAYERS, K = 61, 128, 2, 3
@@ -102,8 +102,7 @@ def library_gemm_rates(shapes, dtype: torch.dtype, device: str, rounds: int = 3)
             rates[lib] = gemm_gflop(shapes) / t[lib]
             del run
     finally:
-        reset_gemm_library()
-        gemm_library(dtype)  # probe again, so the rest of the run uses the run-time choice
+        select_gemm_library(dtype, chosen)  # back to the run-time choice (other dtype pairs untouched)
     rates["chosen"] = chosen
     return rates
 
