@@ -1,12 +1,19 @@
-"""Fused LSTM benchmarks: stfast.nn.LSTM vs torch.nn.LSTM (H = 128, 2 layers, input 61 — DeepTTE's LSTM),
-forward and forward+backward, on packed input (PackedSequence, both), on padded input (both run every
-step of the padded batch) and on padded input with lengths (stfast skips the padding; torch.nn.LSTM, which
-takes no lengths, runs every step: what each gives a user holding a padded batch), side by side in one run, at Chengdu-like lengths (B = 64, 256) and GeoLife-like
-lengths (B = 64), drawn as in bench_geo_conv.py (the samples in ../shared/data, else synthetic stand-ins).
-Also the end-to-end DeepTTE training step, kernels="fused" vs "reference".
+"""Fused LSTM benchmarks: stfast.nn.LSTM vs stock PyTorch at its best — torch.nn.LSTM on the padded batch
+(oneDNN's fused RNN on the CPU, cuDNN on CUDA), outputs zeroed past each length (a unidirectional LSTM never
+looks ahead, so its outputs at valid positions are the packed ones) — with DeepTTE's LSTM (H = 128, 2 layers,
+input 61), forward and forward+backward, in float32 and bfloat16 (torch: bfloat16 weights and inputs, and
+float32 under ``torch.autocast``; the faster is its figure), side by side in one run.
 
-    pytest benchmarks/bench_lstm.py --benchmark-only --benchmark-group-by=param:shape,param:mode,param:inp
-    python benchmarks/bench_lstm.py [--device cuda] [--json out.json]    # ratio table, GFLOP/s vs sgemm
+Batches are formed as training forms them (stfast.train.run_data.epoch_batches: shuffled, sorted by length
+inside chunks), from the trip lengths of the samples in ../shared/data (Chengdu B = 64, 256; GeoLife B = 64;
+synthetic stand-ins without them): the batch of median total length of epoch 0. Each row reports GFLOP/s
+(GEMM work of the valid positions for stfast, of the padded ones for torch) beside the rate of the best GEMM
+library on exactly the fused LSTM's GEMMs (its projections, per-step recurrent products and backward
+products at this batch's step sizes), measured in the same run. Also the end-to-end DeepTTE training step,
+kernels="fused" vs "reference".
+
+    pytest benchmarks/bench_lstm.py --benchmark-only --benchmark-group-by=param:dtype,param:shape,param:mode
+    python benchmarks/bench_lstm.py [--device cuda] [--threads N] [--json out.json]    # acceptance table
 
 Exit status 4 (``_device.NO_GPU``) when ``--device cuda`` finds no GPU or a CPU-only build.
 """
@@ -15,85 +22,170 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from contextlib import nullcontext
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.nn.utils.rnn import pack_padded_sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _device import NO_GPU, missing_device
 from _timing import sync, time_side_by_side
-from bench_geo_conv import batch_lengths, source_lengths  # (it puts the repository root on the path)
+from bench_geo_conv import source_lengths  # (it puts the repository root on the path)
 
 from stfast.nn import LSTM
+from stfast.ops.gemm import gemm_library, select_gemm_library
+from stfast.train.run_data import epoch_batches
 
 I, H, LAYERS, K = 61, 128, 2, 3
 SHAPES = [("chengdu", 64), ("chengdu", 256), ("geolife", 64)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+IMPLS = ["stfast", "torch", "torch_autocast"]  # torch_autocast: float32 module and input under autocast
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
-class Case:
-    """One batch of LSTM inputs (lengths = trip lengths − k + 1, as after the geo-conv) and the two modules."""
+def training_lengths(shape: str, batch: int, seed: int = 0) -> np.ndarray:
+    """LSTM lengths (trip length − k + 1, as after the geo-conv) of one full batch of epoch 0 as training
+    draws it (:func:`stfast.train.run_data.epoch_batches`): the batch of median total length."""
+    lengths, _ = source_lengths(shape)
+    lengths = lengths[lengths >= K]
+    full = [b for b in epoch_batches(lengths, batch, seed, 0) if len(b) == batch]
+    totals = np.array([lengths[b].sum() for b in full])
+    median = full[int(np.argsort(totals, kind="stable")[len(full) // 2])]
+    return lengths[median] - (K - 1)
 
-    def __init__(self, shape: str, batch: int, device: str = "cpu", dtype=torch.float32):
-        self.lengths = batch_lengths(shape, batch) - (K - 1)
+
+def gemm_list(lengths: np.ndarray, mode: str, input_grad: bool = False) -> list[tuple[int, int, int]]:
+    """(M, K, N) of every GEMM the fused LSTM runs for these lengths (per layer: the input projection, one
+    recurrent product per step over the sequences alive; backward: one per step, the input gradient unless
+    layer 0's input needs none, the two weight gradients)."""
+    n, B = int(lengths.sum()), len(lengths)
+    alive = [int((lengths > t).sum()) for t in range(int(lengths.max()))]
+    out = []
+    for k in range(LAYERS):
+        i_k = I if k == 0 else H
+        out.append((n, i_k, 4 * H))
+        out += [(bs, H, 4 * H) for bs in alive[1:]]
+        if mode == "fwdbwd":
+            out += [(bs, 4 * H, H) for bs in alive[1:]]
+            if k > 0 or input_grad:
+                out.append((n, 4 * H, i_k))
+            out += [(4 * H, n, i_k), (4 * H, n - B, H)]
+    return out
+
+
+def gemm_gflop(shapes) -> float:
+    return sum(2 * m * k * n for m, k, n in shapes) / 1e9
+
+
+def library_gemm_rates(shapes, dtype: torch.dtype, device: str, rounds: int = 3) -> dict[str, float]:
+    """GFLOP/s of each GEMM library (stfast.ops.gemm) on exactly ``shapes`` (operands and output in
+    ``dtype``), timed side by side; on CUDA, ATen's (cuBLAS)."""
+    ops = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype).t())
+           for m, k, n in shapes]
+    if device != "cpu":
+        t = time_side_by_side({"cublas": lambda: [torch.mm(a, b) for a, b in ops]}, device, 1, rounds)
+        return {"cublas": gemm_gflop(shapes) / t["cublas"]}
+    chosen = gemm_library(dtype)
+    rates = {}
+    try:
+        for lib in ("aten", "onednn"):
+            if select_gemm_library(dtype, lib) != lib:
+                continue  # the library does not take this dtype
+            run = [torch.ops.stfast.gemm_mm(a, b) for a, b in ops[:1]]  # warm-up (primitive creation)
+            t = time_side_by_side({lib: lambda: [torch.ops.stfast.gemm_mm(a, b) for a, b in ops]}, device, 1, rounds)
+            rates[lib] = gemm_gflop(shapes) / t[lib]
+            del run
+    finally:
+        select_gemm_library(dtype, chosen)  # back to the run-time choice (other dtype pairs untouched)
+    rates["chosen"] = chosen
+    return rates
+
+
+class Case:
+    """One training-formed batch of LSTM inputs in one dtype, stfast.nn.LSTM and torch.nn.LSTM with equal weights."""
+
+    def __init__(self, shape: str, batch: int, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        self.lengths = training_lengths(shape, batch)
+        self.device, self.dtype = device, dtype
         B, T = len(self.lengths), int(self.lengths.max())
         g = torch.Generator().manual_seed(0)
-        self.padded = torch.randn(B, T, I, generator=g).to(device, dtype)
-        self.packed = pack_padded_sequence(self.padded, torch.as_tensor(self.lengths), batch_first=True,
-                                           enforce_sorted=False)
+        lens = torch.as_tensor(self.lengths)
+        self.mask = (torch.arange(T)[None, :] < lens[:, None]).to(device)  # (B, T) valid positions
+        self.padded32 = (torch.randn(B, T, I, generator=g) * self.mask[..., None].cpu()).to(device)
+        self.padded = self.padded32.to(dtype)
+        self.packed = self.padded[self.mask]  # (N, I) CSR rows, sequence by sequence
+        self.offsets = torch.tensor([0, *np.cumsum(self.lengths).tolist()], dtype=torch.int64)
         torch.manual_seed(0)
-        self.ref = torch.nn.LSTM(I, H, LAYERS, batch_first=True).to(device, dtype)
+        self.ref32 = torch.nn.LSTM(I, H, LAYERS, batch_first=True).to(device)
+        self.ref = self.ref32 if dtype == torch.float32 else torch.nn.LSTM(I, H, LAYERS, batch_first=True).to(device,
+                                                                                                             dtype)
+        self.ref.load_state_dict(self.ref32.state_dict())
         self.fused = LSTM(I, H, LAYERS, batch_first=True).to(device, dtype)
-        self.fused.load_state_dict(self.ref.state_dict())
-        self.lengths_t = torch.as_tensor(self.lengths).to(device)
-        # "padded": every position of (B, T), both sides (torch.nn.LSTM's semantics without lengths);
-        # "padded_lengths": the same padded tensor, stfast given the lengths (it skips the padding),
-        # torch computing every position (its only padded option; with lengths it needs packing)
-        self.positions = {"packed": int(self.lengths.sum()), "padded": B * T, "padded_lengths": int(self.lengths.sum())}
+        self.fused.load_state_dict(self.ref32.state_dict())
+        self.positions = {"stfast": int(self.lengths.sum()), "torch": B * T, "torch_autocast": B * T}
 
-    def fn(self, impl: str, inp: str, mode: str):
-        mod = self.ref if impl == "torch" else self.fused
-        x = self.packed if inp == "packed" else self.padded
-        kw = {"lengths": self.lengths_t} if inp == "padded_lengths" and impl == "stfast" else {}
+    def fn(self, impl: str, mode: str):
+        """A callable running ``impl`` once (``mode`` "fwd": no grad; "fwdbwd": gradients of every weight)."""
+        if impl == "stfast":
+            mod, params = self.fused, list(self.fused.parameters())
+
+            def forward():
+                out, (h_n, _c) = mod.forward_packed(self.packed, self.offsets)
+                return out, h_n
+        else:
+            autocast = impl == "torch_autocast"
+            mod = self.ref32 if autocast else self.ref
+            params, x = list(mod.parameters()), self.padded32 if autocast else self.padded
+            ctx = (lambda: torch.autocast(self.device, torch.bfloat16)) if autocast else nullcontext
+            mask = self.mask[..., None]
+
+            def forward():
+                with ctx():
+                    out, (h_n, _c) = mod(x)
+                    return out * mask, h_n  # zero past each length: the stock model's padded use
+
         if mode == "fwd":
             def run():
                 with torch.no_grad():
-                    return mod(x, **kw)
+                    return forward()
         else:
-            params = list(mod.parameters())
-
             def run():
-                out, (h_n, _c_n) = mod(x, **kw)
-                data = out.data if inp == "packed" else out
-                return torch.autograd.grad(data.sum() + h_n.sum(), params)
+                out, h_n = forward()
+                return torch.autograd.grad(out.float().sum() + h_n.float().sum(), params)
         return run
 
-    def gflop(self, inp: str, mode: str) -> float:
-        """GEMM work: per layer 2·N·4H·(I_k + H) forward, twice that again backward (input and weight grads)."""
-        n = self.positions[inp]
+    def impls(self) -> list[str]:
+        return ["stfast", "torch"] + (["torch_autocast"] if self.dtype == torch.bfloat16 else [])
+
+    def gflop(self, impl: str, mode: str) -> float:
+        """GEMM work of ``impl``: per layer 2·n·4H·(I_k + H) forward over its n positions (valid for stfast,
+        padded for torch), twice that again backward (input and weight gradients)."""
+        n = self.positions[impl]
         fwd = sum(2 * n * 4 * H * ((I if k == 0 else H) + H) for k in range(LAYERS))
         return (fwd if mode == "fwd" else 3 * fwd) / 1e9
 
 
 @cache
-def get_case(shape: str, batch: int, device: str) -> Case:
-    return Case(shape, batch, device)
+def get_case(shape: str, batch: int, device: str, dtype: str) -> Case:
+    return Case(shape, batch, device, DTYPES[dtype])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("impl", ["stfast", "torch"])
-@pytest.mark.parametrize("inp", ["packed", "padded", "padded_lengths"])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
 @pytest.mark.parametrize("shape,batch", SHAPES)
-def test_lstm(benchmark, shape, batch, mode, inp, impl, device):
-    case = get_case(shape, batch, device)
-    run = case.fn(impl, inp, mode)
+def test_lstm(benchmark, shape, batch, mode, dtype, impl, device):
+    case = get_case(shape, batch, device, dtype)
+    if impl not in case.impls():
+        pytest.skip("autocast is the bfloat16 rows' baseline")
+    run = case.fn(impl, mode)
     run()
     sync(device)
 
@@ -103,7 +195,7 @@ def test_lstm(benchmark, shape, batch, mode, inp, impl, device):
         return r
 
     assert benchmark(step) is not None
-    benchmark.extra_info.update(positions=case.positions[inp], gflop=case.gflop(inp, mode),
+    benchmark.extra_info.update(positions=case.positions[impl], gflop=case.gflop(impl, mode),
                                 lengths_from=source_lengths(shape)[1])
 
 
@@ -142,16 +234,52 @@ def test_deeptte_train_step(benchmark, batch, kernels):
     benchmark.extra_info["trips_per_step"] = batch
 
 
-def sgemm_gflops(m: int, k: int, n: int, device: str, reps: int = 50) -> float:
-    a, b = torch.randn(m, k, device=device), torch.randn(n, k, device=device).t()
-    t = time_side_by_side({"mm": lambda: torch.mm(a, b)}, device, reps, 5)["mm"]
-    return 2 * m * k * n / t / 1e9
+def acceptance_rows(device: str, rounds: int, shapes=SHAPES, dtypes=tuple(DTYPES), modes=("fwd", "fwdbwd")):
+    """One row per (dtype, shape, mode): stfast vs torch's best, milliseconds, ratio, GFLOP/s beside the best
+    library GEMM rate on the fused LSTM's own GEMMs (measured here, in this run)."""
+    rows = []
+    for dtype in dtypes:
+        for shape, batch in shapes:
+            case = Case(shape, batch, device, DTYPES[dtype])
+            for mode in modes:
+                gemms = gemm_list(case.lengths, mode)
+                lib = library_gemm_rates(gemms, DTYPES[dtype], device)
+                reps = 10 if device == "cuda" else 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
+                t = time_side_by_side({i: case.fn(i, mode) for i in case.impls()}, device, reps, rounds)
+                best_torch = min((i for i in case.impls() if i != "stfast"), key=t.get)
+                best_lib = max((k for k in lib if k != "chosen"), key=lib.get)
+                rows.append({
+                    "dtype": dtype, "shape": shape, "batch": batch, "mode": mode, "lengths_from": source_lengths(shape)[1],
+                    "valid_positions": case.positions["stfast"], "padded_positions": case.positions["torch"],
+                    "stfast_ms": t["stfast"] * 1e3, **{f"{i}_ms": t[i] * 1e3 for i in case.impls() if i != "stfast"},
+                    "torch_best": best_torch, "speedup": t[best_torch] / t["stfast"],
+                    "stfast_gflops": case.gflop("stfast", mode) / t["stfast"],
+                    "torch_gflops": case.gflop(best_torch, mode) / t[best_torch],
+                    "gemm_gflops": lib[best_lib], "gemm_library": best_lib, "gemm_chosen": lib.get("chosen"),
+                    "gemm_rates": {k: v for k, v in lib.items() if k != "chosen"},
+                    "gemm_only_ms": gemm_gflop(gemms) / lib[best_lib] * 1e3})
+    return rows
+
+
+def print_rows(rows) -> None:
+    print(f"{'dtype':9} {'shape':8} {'B':>4} {'mode':7} {'valid':>6} {'padded':>6} {'stfast ms':>9} {'torch ms':>9} "
+          f"{'torch is':>15} {'x torch':>7} {'stfast GF/s':>11} {'torch GF/s':>10} {'GEMM GF/s':>9} {'(lib)':8} "
+          f"{'GEMM-only ms':>12}")
+    for r in rows:
+        print(f"{r['dtype']:9} {r['shape']:8} {r['batch']:4d} {r['mode']:7} {r['valid_positions']:6d} "
+              f"{r['padded_positions']:6d} {r['stfast_ms']:9.2f} {r[r['torch_best'] + '_ms']:9.2f} "
+              f"{r['torch_best']:>15} {r['speedup']:7.2f} {r['stfast_gflops']:11.1f} {r['torch_gflops']:10.1f} "
+              f"{r['gemm_gflops']:9.1f} {r['gemm_library']:8} {r['gemm_only_ms']:12.2f}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", choices=list(DTYPES), action="append", help="(repeatable; default: all)")
+    ap.add_argument("--shape", choices=sorted({s for s, _ in SHAPES}), action="append",
+                    help="(repeatable; default: all)")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -159,26 +287,16 @@ def main(argv=None) -> int:
     if why := missing_device(dev):
         print(why)
         return NO_GPU
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}")
-    peak = {"sgemm_big": sgemm_gflops(2048, 512, 512, dev), "sgemm_step": sgemm_gflops(64, 128, 512, dev)}
-    print(f"sgemm GFLOP/s: 2048x512x512 {peak['sgemm_big']:.1f}, step shape 64x128x512 {peak['sgemm_step']:.1f}")
-    rows = []
-    print(f"{'shape':8} {'B':>4} {'mode':7} {'input':14} {'pos':>6} {'stfast ms':>10} {'torch ms':>9} {'x torch':>8} "
-          f"{'GFLOP/s':>8}")
-    for shape, batch in SHAPES:
-        case = Case(shape, batch, dev)
-        for mode in ("fwd", "fwdbwd"):
-            for inp in ("packed", "padded", "padded_lengths"):
-                reps = 10 if dev == "cuda" else 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
-                t = time_side_by_side({i: case.fn(i, inp, mode) for i in ("stfast", "torch")}, dev, reps, args.rounds)
-                gf = case.gflop(inp, mode) / t["stfast"]
-                row = {"shape": shape, "batch": batch, "mode": mode, "input": inp, "positions": case.positions[inp],
-                       "T": int(case.lengths.max()), "lengths_from": source_lengths(shape)[1],
-                       "stfast_ms": t["stfast"] * 1e3, "torch_ms": t["torch"] * 1e3,
-                       "speedup": t["torch"] / t["stfast"], "stfast_gflops": gf, **peak}
-                rows.append(row)
-                print(f"{shape:8} {batch:4d} {mode:7} {inp:14} {case.positions[inp]:6d} {row['stfast_ms']:10.2f} "
-                      f"{row['torch_ms']:9.2f} {row['speedup']:8.2f} {gf:8.1f}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]
+    libs = {f"{str(a)[6:]}->{str(o)[6:]}": gemm_library(a, o) for a, o in pairs} if dev == "cpu" else {}
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}, GEMM library chosen "
+          f"(stfast.ops.gemm_library): {libs}")
+    shapes = [s for s in SHAPES if args.shape is None or s[0] in args.shape]
+    rows = acceptance_rows(dev, args.rounds, shapes, tuple(args.dtype or DTYPES))
+    print_rows(rows)
     if not args.skip_e2e and dev == "cpu":
         for batch in (64, 256):
             setups = {k: _train_setup(k, batch) for k in ("fused", "reference")}
@@ -196,6 +314,7 @@ def main(argv=None) -> int:
             worst = max(worst, abs(lf - lr) / abs(lr))
         rows.append({"e2e_loss_50_steps_float64_max_rel_diff": worst})
         print(f"DeepTTE 50 Adam steps float64, B=32: max relative loss difference fused vs reference {worst:.2e}")
+    print(f"({time.perf_counter() - t0:.0f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 # benchmark function -> (parameter naming the implementation, stfast's value, baselines)
 COMPARISONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "test_geo_conv": ("impl", "fused", ("eager", "compile")),
-    "test_lstm": ("impl", "stfast", ("torch",)),
+    "test_lstm": ("impl", "stfast", ("torch", "torch_autocast")),
     "test_deeptte_train_step": ("kernels", "fused", ("reference",)),
 }
 

@@ -250,13 +250,20 @@ def test_geo_conv_invalid_offsets_refused_as_on_cpu(case):
         assert str(on_emu.value) == str(on_cpu.value)
 
 
-def test_geo_conv_low_precision_allowed_only_for_cuda_kernels():
-    """float16 points: refused by the CPU kernel, run by the CUDA kernels (emulated), one message."""
-    args = geo_inputs([5, 6], 4, 16, 32, 3, dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="float16/bfloat16 on CUDA only"):
-        CPU.geo_conv_forward(*args)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_geo_conv_low_precision_on_both_kernels(dtype):
+    """16-bit points: run by the CPU kernel (issue 44) and by the CUDA kernels (emulated), both accumulating in
+    float32, so they agree to the 16-bit rounding of their outputs; an integer dtype gets one message."""
+    args = geo_inputs([5, 6], 4, 16, 32, 3, dtype=dtype)
+    out_cpu, _ = CPU.geo_conv_forward(*args)
     out, _ = EMU.geo_conv_forward(*args)
-    assert out.dtype == torch.float16 and bool(torch.isfinite(out).all())
+    assert out.dtype == out_cpu.dtype == dtype and bool(torch.isfinite(out).all())
+    eps = torch.finfo(dtype).eps  # one rounding apart (summation orders differ), at the outputs' scale
+    torch.testing.assert_close(out.float(), out_cpu.float(), rtol=2 * eps, atol=2 * eps * float(out.abs().max()))
+    bad = (args[0].to(torch.int32), *args[1:])
+    for ops in (CPU, EMU):
+        with pytest.raises(RuntimeError, match="points must be float32, float64, float16 or bfloat16"):
+            ops.geo_conv_forward(*bad)
 
 
 # ---------------------------------------------------------------- LSTM

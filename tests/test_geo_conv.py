@@ -112,10 +112,11 @@ def test_float32_flash_rule(device):
     _flash_rule([35, 17, 3, 60, 9, 120, 44, 28], torch.float32, device)
 
 
-@cuda_only
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_flash_rule_cuda(dtype):
-    _flash_rule([35, 17, 3, 60, 9, 120, 44, 28], dtype, "cuda")
+def test_half_precision_flash_rule(dtype, device):
+    """float16/bfloat16 storage, float32 accumulation, on the CPU too (issue 44: bf16-mixed on the CPU)."""
+    _flash_rule([35, 17, 3, 60, 9, 120, 44, 28], dtype, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -30,15 +30,12 @@ inline void check_same(const char* op, const at::Tensor& ref, const at::Tensor& 
               " but points have ", ref.scalar_type());
 }
 
-// Floating dtypes of points: float32/float64 on every device, float16/bfloat16 for the CUDA kernels too
-// (float32 accumulation; cuda_kernels: the caller runs them, on a GPU or in the emulator). One message for
-// every device.
-inline void check_dtype(const char* op, const at::Tensor& points, bool cuda_kernels) {
+// Floating dtypes of points: float32/float64, and float16/bfloat16 (float32 accumulation) on every device.
+// One message for every device.
+inline void check_dtype(const char* op, const at::Tensor& points) {
   const auto t = points.scalar_type();
-  const bool low = t == at::kHalf || t == at::kBFloat16;
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || (low && cuda_kernels), op,
-              ": points must be float32 or float64 (float16/bfloat16 on CUDA only), got ", t, " on ",
-              points.device());
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op,
+              ": points must be float32, float64, float16 or bfloat16, got ", t, " on ", points.device());
 }
 
 // offsets (B + 1,) int64 on the CPU; returns B. Value checks in CSR order, each naming the offending
@@ -70,9 +67,9 @@ inline int64_t check_offsets(const char* op, const at::Tensor& offsets, int64_t 
 
 // points (N, F), proj_weight (H, F), conv_weight (C, H, k) with k >= 1, offsets valid for them.
 inline Dims check_common(const char* op, const at::Tensor& points, const at::Tensor& offsets,
-                         const at::Tensor& proj_weight, const at::Tensor& conv_weight, bool cuda_kernels) {
+                         const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
   TORCH_CHECK(points.dim() == 2, op, ": points must be (N, F_in), got ", points.sizes());
-  check_dtype(op, points, cuda_kernels);
+  check_dtype(op, points);
   TORCH_CHECK(proj_weight.dim() == 2 && proj_weight.size(1) == points.size(1), op, ": proj_weight must be (H, F_in=",
               points.size(1), "), got ", proj_weight.sizes());
   TORCH_CHECK(conv_weight.dim() == 3 && conv_weight.size(1) == proj_weight.size(0), op,
@@ -93,9 +90,9 @@ inline Dims check_common(const char* op, const at::Tensor& points, const at::Ten
 
 inline Dims check_forward_args(const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& local_dist,
                                const at::Tensor& proj_weight, const at::Tensor& proj_bias,
-                               const at::Tensor& conv_weight, const at::Tensor& conv_bias, bool cuda_kernels) {
+                               const at::Tensor& conv_weight, const at::Tensor& conv_bias) {
   constexpr const char* op = "stfast.geo_conv";
-  const Dims d = check_common(op, points, offsets, proj_weight, conv_weight, cuda_kernels);
+  const Dims d = check_common(op, points, offsets, proj_weight, conv_weight);
   TORCH_CHECK(proj_bias.dim() == 1 && proj_bias.size(0) == d.H, op, ": proj_bias must be (H=", d.H, ",), got ",
               proj_bias.sizes());
   TORCH_CHECK(conv_bias.dim() == 1 && conv_bias.size(0) == d.C, op, ": conv_bias must be (C=", d.C, ",), got ",
@@ -110,9 +107,9 @@ inline Dims check_forward_args(const at::Tensor& points, const at::Tensor& offse
 
 inline Dims check_backward_args(const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets,
                                 const at::Tensor& hidden, const at::Tensor& out, const at::Tensor& proj_weight,
-                                const at::Tensor& conv_weight, bool cuda_kernels) {
+                                const at::Tensor& conv_weight) {
   constexpr const char* op = "stfast.geo_conv_backward";
-  const Dims d = check_common(op, points, offsets, proj_weight, conv_weight, cuda_kernels);
+  const Dims d = check_common(op, points, offsets, proj_weight, conv_weight);
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) == d.N && hidden.size(1) == d.H, op, ": hidden must be (N=", d.N,
               ", H=", d.H, "), got ", hidden.sizes());
   TORCH_CHECK(out.dim() == 2 && out.size(0) == d.N_out && out.size(1) == d.C + 1, op, ": out must be (N_out=",

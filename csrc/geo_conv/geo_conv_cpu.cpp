@@ -5,6 +5,7 @@
 // summed per chunk into a partials buffer [n_chunks, P] and then reduced over chunks in chunk order,
 // so the result does not depend on the number of threads (deterministic, no atomics).
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -41,7 +42,7 @@ inline void conv_window(const T* __restrict__ hw, const A* __restrict__ wt, cons
 template <typename T>
 void forward_kernel(const Dims& d, const T* x, const int64_t* off, const T* ld, const T* w1, const T* b1,
                     const T* w2, const T* b2, T* out, T* h) {
-  using A = T;
+  using A = at::opmath_type<T>;  // float for float16 / bfloat16 storage
   const int64_t F = d.F, H = d.H, C = d.C, k = d.k, km1 = k - 1, KH = k * H;
   // W2 transposed to [t][i][c]: the inner loop over output channels is contiguous (vectorizes).
   std::vector<A> w2t(KH * C);
@@ -70,7 +71,7 @@ void forward_kernel(const Dims& d, const T* x, const int64_t* off, const T* ld, 
 template <typename T>
 void backward_kernel(const Dims& d, const T* go, const T* x, const int64_t* off, const T* h, const T* y,
                      const T* w1, const T* w2, T* gx, T* gw1, T* gb1, T* gw2, T* gb2) {
-  using A = T;
+  using A = at::opmath_type<T>;  // float for float16 / bfloat16 storage
   const int64_t F = d.F, H = d.H, C = d.C, k = d.k, km1 = k - 1, KH = k * H;
   // Partials layout per chunk: [dW2 as [t][i][c] | db2 [C] | dW1 [H][F] | db1 [H]].
   const int64_t P_W2 = 0, P_B2 = KH * C, P_W1 = P_B2 + C, P_B1 = P_W1 + H * F, P = P_B1 + H;
@@ -177,7 +178,7 @@ inline void vstore(A* p, typename VecOf<A>::type v) { __builtin_memcpy(p, &v, si
 template <typename T, int64_t H, int64_t C>
 void forward_kernel_fixed(const Dims& d, const T* x, const int64_t* off, const T* ld, const T* w1, const T* b1,
                           const T* w2, const T* b2, T* out, T* h) {
-  using A = T;
+  using A = at::opmath_type<T>;  // float for float16 / bfloat16 storage
   using V = typename VecOf<A>::type;
   constexpr int64_t W = VecOf<A>::width, NC = C / W;
   static_assert(C % W == 0, "fixed kernels need C a multiple of the vector width");
@@ -246,7 +247,7 @@ void forward_kernel_fixed(const Dims& d, const T* x, const int64_t* off, const T
 template <typename T, int64_t H, int64_t C>
 void backward_kernel_fixed(const Dims& d, const T* go, const T* x, const int64_t* off, const T* h, const T* y,
                            const T* w1, const T* w2, T* gx, T* gw1, T* gb1, T* gw2, T* gb2) {
-  using A = T;
+  using A = at::opmath_type<T>;  // float for float16 / bfloat16 storage
   using V = typename VecOf<A>::type;
   constexpr int64_t W = VecOf<A>::width, NC = C / W, NH = H / W;
   static_assert(C % W == 0 && H % W == 0, "fixed kernels need C and H multiples of the vector width");
@@ -387,15 +388,14 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points
                                                          const at::Tensor& proj_bias, const at::Tensor& conv_weight,
                                                          const at::Tensor& conv_bias) {
   // Every argument, offsets' values included, is checked here (geo_conv_checks.h, shared with CUDA).
-  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias,
-                                    /*cuda_kernels=*/false);
+  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
   auto x = points.contiguous();
   auto off = offsets.contiguous();
   auto ld = local_dist.contiguous(), w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous();
   auto w2 = conv_weight.contiguous(), b2 = conv_bias.contiguous();
   auto out = at::empty({d.N_out, d.C + 1}, x.options());
   auto h = at::empty({d.N, d.H}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "geo_conv_forward_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "geo_conv_forward_cpu", [&] {
     auto* kern = (d.H == 16 && d.C == 32) ? &forward_kernel_fixed<scalar_t, 16, 32> : &forward_kernel<scalar_t>;
     kern(d, x.data_ptr<scalar_t>(), off.data_ptr<int64_t>(), ld.data_ptr<scalar_t>(),
          w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
@@ -407,13 +407,12 @@ std::tuple<at::Tensor, at::Tensor> geo_conv_forward_cpu(const at::Tensor& points
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> geo_conv_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& hidden,
     const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight) {
-  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight,
-                                     /*cuda_kernels=*/false);
+  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
   auto x = points.contiguous(), off = offsets.contiguous(), h = hidden.contiguous(), y = out.contiguous();
   auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();
   auto gx = at::empty_like(x), gw1 = at::empty_like(w1), gb1 = at::empty({d.H}, w1.options());
   auto gw2 = at::empty_like(w2), gb2 = at::empty({d.C}, w2.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "geo_conv_backward_cpu", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "geo_conv_backward_cpu", [&] {
     auto* kern = (d.H == 16 && d.C == 32) ? &backward_kernel_fixed<scalar_t, 16, 32> : &backward_kernel<scalar_t>;
     kern(d, go.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), off.data_ptr<int64_t>(),
          h.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), w1.data_ptr<scalar_t>(),

@@ -28,8 +28,7 @@ std::tuple<at::Tensor, at::Tensor> forward_op(const at::Tensor& points, const at
                                               const at::Tensor& local_dist, const at::Tensor& proj_weight,
                                               const at::Tensor& proj_bias, const at::Tensor& conv_weight,
                                               const at::Tensor& conv_bias, LauncherArgs&&... launcher_args) {
-  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias,
-                                    /*cuda_kernels=*/true);
+  const Dims d = check_forward_args(points, offsets, local_dist, proj_weight, proj_bias, conv_weight, conv_bias);
   Launcher L(points, std::forward<LauncherArgs>(launcher_args)...);
   auto x = points.contiguous(), ld = local_dist.contiguous();
   auto w1 = proj_weight.contiguous(), b1 = proj_bias.contiguous(), w2 = conv_weight.contiguous(),
@@ -52,8 +51,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
     const at::Tensor& grad_out, const at::Tensor& points, const at::Tensor& offsets, const at::Tensor& hidden,
     const at::Tensor& out, const at::Tensor& proj_weight, const at::Tensor& conv_weight,
     LauncherArgs&&... launcher_args) {
-  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight,
-                                     /*cuda_kernels=*/true);
+  const Dims d = check_backward_args(grad_out, points, offsets, hidden, out, proj_weight, conv_weight);
   Launcher L(points, std::forward<LauncherArgs>(launcher_args)...);
   auto x = points.contiguous(), h = hidden.contiguous(), y = out.contiguous();
   auto go = grad_out.contiguous(), w1 = proj_weight.contiguous(), w2 = conv_weight.contiguous();

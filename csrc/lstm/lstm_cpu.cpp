@@ -9,10 +9,14 @@
 #include <torch/library.h>
 
 #include "../common/cpu_workspace.h"
+#include "../common/gemm.h"
 #include "lstm.h"
 #include "lstm_driver.h"
 
+#include <bit>
+#include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace stfast {
 namespace lstm {
@@ -50,6 +54,43 @@ void add_rows_double_acc(float* __restrict__ out, int64_t out_stride, const floa
   }
 }
 
+// 16-bit <-> float conversion of n contiguous values, written on the bits so that gcc vectorizes it (c10's
+// element conversions do not vectorize, which made the bfloat16 pointwise steps scalar: 4x slower than float32).
+// Rounding to nearest even, NaN kept a (quiet) NaN, as c10::BFloat16.
+template <typename S, typename A>
+inline void widen(const S* __restrict__ in, A* __restrict__ out, int64_t n) {
+  if constexpr (std::is_same_v<S, c10::BFloat16> && std::is_same_v<A, float>) {
+    const uint16_t* __restrict__ u = reinterpret_cast<const uint16_t*>(in);
+    _Pragma("omp simd")
+    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(u[i]) << 16);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<A>(in[i]);
+  }
+}
+
+template <typename A, typename S>
+inline void narrow_to(const A* __restrict__ in, S* __restrict__ out, int64_t n) {
+  if constexpr (std::is_same_v<S, c10::BFloat16> && std::is_same_v<A, float>) {
+    uint16_t* __restrict__ u = reinterpret_cast<uint16_t*>(out);
+    _Pragma("omp simd")
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t b = std::bit_cast<uint32_t>(in[i]);
+      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+      u[i] = static_cast<uint16_t>(nan ? (b >> 16) | 0x40u : (b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<S>(in[i]);
+  }
+}
+
+// Per-thread float rows for the 16-bit steps (the staged loops below).
+template <typename A>
+A* row_scratch(int64_t n) {
+  thread_local std::vector<A> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 // Rows per at::parallel_for task: at least one, ~kElementsPerTask elements (H = 0 is a valid, empty size).
 int64_t grain(int64_t H) { return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(H, 1)); }
 
@@ -62,8 +103,17 @@ struct CpuBackend {
     return empty_cpu_workspace(sizes, opt.dtype().toScalarType());
   }
 
-  static void mm(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-    mm_widened(std::move(out), a, b, accumulate);
+  // The library chosen per dtype at run time (csrc/common/gemm.h: MKL or oneDNN, by a probe).
+  static void mm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+    gemm::mm(out, a, b, accumulate);
+  }
+
+  // True when the GEMM library chosen for T operands with an A output is oneDNN, whose result is T: the
+  // driver then keeps x·W_ihᵀ + h·W_hhᵀ in the T gate buffer (summed in float32 inside oneDNN, rounded once)
+  // and computes weight gradients as one T-output GEMM, instead of widening every product (lstm_driver.h).
+  template <typename T, typename A>
+  static bool mixed_gemm_in_storage() {
+    return gemm::library_for(c10::CppTypeToScalarType<T>::value, c10::CppTypeToScalarType<A>::value) == gemm::kOneDnn;
   }
 
   // out (rows, H) += dG (rows, 4H) · W_hh (4H, H); out may be a row range of a larger tensor.
@@ -77,34 +127,46 @@ struct CpuBackend {
     }
   }
 
-  // gates may alias pre (T == A: the activations overwrite the pre-activations in place), so neither is
+  // gates may alias pre (P == T: the activations overwrite the pre-activations in place), so neither is
   // __restrict__; `omp simd` vectorizes the element loop regardless. The four variants (initial cell or
   // not, recurrent product or not) are compiled separately so the inner loop has no branch.
-  template <typename T, typename A>
-  static void forward_step(T* gates, const A* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h,
+  template <typename T, typename A, typename P>
+  static void forward_step(T* gates, const P* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h,
                            int64_t bs, int64_t H) {
     auto run = [&](auto has_c_prev, auto has_rec) {
       at::parallel_for(0, bs, grain(H), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           T* g = gates + r * 4 * H;
-          const A* pa = pre + r * 4 * H;
+          const P* pa = pre + r * 4 * H;
           const A* __restrict__ ra = has_rec ? rec + r * 4 * H : nullptr;
           const A* __restrict__ cp = has_c_prev ? c_prev + r * H : nullptr;
           A* __restrict__ cr = c + r * H;
           T* __restrict__ hr = h + r * H;
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < H; ++j) {
-            A a[4];
-            for (int u = 0; u < 4; ++u) {
-              a[u] = pa[u * H + j];
-              if constexpr (decltype(has_rec)::value) a[u] += ra[u * H + j];
-              a[u] += bias[u * H + j];
+          // The float loop, from `src` (4H pre-activations) to `act` (4H activations, may alias src) and `hf`.
+          auto cell = [&](const A* src, A* act, A* __restrict__ hf) {
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < H; ++j) {
+              A a[4];
+              for (int u = 0; u < 4; ++u) {
+                a[u] = src[u * H + j];
+                if constexpr (decltype(has_rec)::value) a[u] += ra[u * H + j];
+                a[u] += bias[u * H + j];
+              }
+              A cc, hh;
+              cell_forward(a[0], a[1], a[2], a[3], decltype(has_c_prev)::value ? cp[j] : A(0), cc, hh);
+              for (int u = 0; u < 4; ++u) act[u * H + j] = a[u];
+              cr[j] = cc;
+              hf[j] = hh;
             }
-            A cc, hh;
-            cell_forward(a[0], a[1], a[2], a[3], decltype(has_c_prev)::value ? cp[j] : A(0), cc, hh);
-            for (int u = 0; u < 4; ++u) g[u * H + j] = static_cast<T>(a[u]);
-            cr[j] = cc;
-            hr[j] = static_cast<T>(hh);
+          };
+          if constexpr (std::is_same_v<T, A> && std::is_same_v<P, A>) {
+            cell(pa, g, hr);
+          } else {  // 16-bit storage: the row widened into float scratch, the same loop, rounded back
+            A* __restrict__ sa = row_scratch<A>(5 * H);
+            widen(pa, sa, 4 * H);
+            cell(sa, sa, sa + 4 * H);
+            narrow_to(sa, g, 4 * H);
+            narrow_to(sa + 4 * H, hr, H);
           }
         }
       });
@@ -132,18 +194,31 @@ struct CpuBackend {
           const A* __restrict__ dhr = dh + r * H;
           A* __restrict__ dcr = dc + r * H;
           T* __restrict__ di = dgates + r * 4 * H;
+          // 16-bit storage: gates widened into float scratch and the gradients rounded back from it
+          A* __restrict__ sg = std::is_same_v<T, A> ? nullptr : row_scratch<A>(8 * H);
+          A* __restrict__ sd = std::is_same_v<T, A> ? nullptr : sg + 4 * H;
+          const A* __restrict__ ga;
+          A* __restrict__ da;
+          if constexpr (std::is_same_v<T, A>) {
+            ga = gi;
+            da = di;
+          } else {
+            widen(gi, sg, 4 * H);
+            ga = sg;
+            da = sd;
+          }
           _Pragma("omp simd")
           for (int64_t j = 0; j < H; ++j) {
             A dcc = dcr[j], a_i, a_f, a_g, a_o;
-            cell_backward<A>(static_cast<A>(gi[j]), static_cast<A>(gi[H + j]), static_cast<A>(gi[2 * H + j]),
-                             static_cast<A>(gi[3 * H + j]), cr[j], decltype(has_c_prev)::value ? cp[j] : A(0),
-                             dhr[j], dcc, a_i, a_f, a_g, a_o);
+            cell_backward<A>(ga[j], ga[H + j], ga[2 * H + j], ga[3 * H + j], cr[j],
+                             decltype(has_c_prev)::value ? cp[j] : A(0), dhr[j], dcc, a_i, a_f, a_g, a_o);
             dcr[j] = dcc;
-            di[j] = static_cast<T>(a_i);
-            di[H + j] = static_cast<T>(a_f);
-            di[2 * H + j] = static_cast<T>(a_g);
-            di[3 * H + j] = static_cast<T>(a_o);
+            da[j] = a_i;
+            da[H + j] = a_f;
+            da[2 * H + j] = a_g;
+            da[3 * H + j] = a_o;
           }
+          if constexpr (!std::is_same_v<T, A>) narrow_to(sd, di, 4 * H);
         }
       });
     };

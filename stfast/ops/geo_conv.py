@@ -79,7 +79,7 @@ def geo_conv_packed(points: Tensor, offsets: Tensor, local_dist: Tensor, proj_we
             every device (csrc/geo_conv/geo_conv_checks.h).
         RuntimeError: bad shapes / dtypes / devices; a CUDA tensor with a CPU-only build
             ("stfast was built without CUDA support").
-    dtypes: float32/float64 (CPU and CUDA); float16/bfloat16 on CUDA (float32 accumulation).
+    dtypes: float32/float64, float16/bfloat16 (float32 accumulation), on the CPU and CUDA.
     """
     offsets = _host(offsets)
     out, _ = torch.ops.stfast.geo_conv_forward(points, offsets, local_dist, proj_weight, proj_bias, conv_weight,

@@ -1,0 +1,110 @@
+"""Which library runs a GEMM (csrc/common/gemm.h, the one place that decides it), and products through it.
+
+On the CPU, stfast's fused kernels run every GEMM through a library chosen at run time per (operand dtype,
+output dtype) and thread count, by timing the candidates once at the fused LSTM's shapes (no CPU-vendor
+check): ``"aten"`` — ``torch.mm`` (MKL or OpenBLAS for float32 / float64) — or ``"onednn"`` — torch's
+bundled oneDNN matmul (float32; bfloat16 / float16 operands accumulated in float32). float64 has only
+``"aten"``. ``STFAST_GEMM=aten|onednn`` in the environment forces one. On CUDA every product is cuBLAS
+(through ATen, float32 compute for 16-bit operands).
+
+- :func:`gemm_library` — the library chosen for a dtype (probes on first use);
+- :func:`gemm_rates` — the probe's measurement, GFLOP/s per library;
+- :func:`select_gemm_library` — fix the choice (a library name, or rates as the probe would give them);
+- :func:`reset_gemm_library` — forget every choice;
+- :func:`mm` / :func:`linear` — products through the chosen library, with autograd (for model layers).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .fake import refuse_mixed_meta
+
+__all__ = ["LIBRARIES", "gemm_library", "gemm_rates", "linear", "mm", "reset_gemm_library", "select_gemm_library"]
+
+LIBRARIES = ("aten", "onednn")  # csrc/common/gemm.h, enum Library, in order
+
+
+def _out(dtype: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
+    return dtype if out_dtype is None else out_dtype
+
+
+def gemm_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> str:
+    """Name of the CPU GEMM library (one of :data:`LIBRARIES`) that stfast uses for ``dtype`` operands with
+    an ``out_dtype`` output (default ``dtype``) at the current thread count; the first query per pair and
+    thread count runs the probe (~0.1 s)."""
+    return torch.ops.stfast.gemm_library(dtype, _out(dtype, out_dtype))
+
+
+def gemm_rates(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """The probe, run now: GFLOP/s of each library (:data:`LIBRARIES`) for ``dtype`` operands with an
+    ``out_dtype`` output, on the fused LSTM's shapes at H 128 (64 and 1,024 rows × 128 × 512); 0.0 where a
+    library does not take the pair. Does not change the choice."""
+    return dict(zip(LIBRARIES, torch.ops.stfast.gemm_rates(dtype, _out(dtype, out_dtype))))
+
+
+def select_gemm_library(dtype: torch.dtype, choice: str | dict[str, float],
+                        out_dtype: torch.dtype | None = None) -> str:
+    """Fix the library for ``dtype`` operands with an ``out_dtype`` output (until :func:`reset_gemm_library`
+    or another thread count): ``choice`` is a library name, or rates {library: GFLOP/s} (missing ones 0)
+    judged by the probe's rule — the fastest, ``"aten"`` unless another is more than 10 % faster. Returns the
+    library now chosen (``"aten"`` for a pair only it takes). ValueError for an unknown name or a negative rate."""
+    if isinstance(choice, str):
+        if choice not in LIBRARIES:
+            raise ValueError(f"stfast.gemm: library must be one of {LIBRARIES}, got {choice!r}")
+        rates = [1.0 if lib == choice else 0.0 for lib in LIBRARIES]
+    else:
+        unknown = set(choice) - set(LIBRARIES)
+        if unknown:
+            raise ValueError(f"stfast.gemm: unknown libraries {sorted(unknown)} (known: {LIBRARIES})")
+        rates = [float(choice.get(lib, 0.0)) for lib in LIBRARIES]
+    return torch.ops.stfast.gemm_select(dtype, _out(dtype, out_dtype), rates)
+
+
+def reset_gemm_library() -> None:
+    """Forget every choice: the next GEMM of each dtype pair probes again."""
+    torch.ops.stfast.gemm_reset()
+
+
+def mm(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``a`` (R, K) · ``b`` (K, C) → (R, C) in ``out_dtype`` (default: the operands' dtype; else float32,
+    e.g. for bfloat16 operands) through the chosen library; differentiable. ``a`` and ``b`` share a dtype
+    and device. ValueError for wrong shapes, RuntimeError for mixed dtypes."""
+    return torch.ops.stfast.gemm_mm(a, b, out_dtype)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """``torch.nn.functional.linear`` through the chosen library: ``x`` (..., in) · ``weight`` (out, in)ᵀ
+    (+ ``bias`` (out,)) → (..., out) in ``out_dtype`` (default ``x``'s dtype); differentiable. ``x`` and
+    ``weight`` share a dtype (cast them first, e.g. to bfloat16 for bf16-mixed); the bias is added in the
+    output dtype."""
+    y = mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.register_fake("stfast::gemm_mm")
+def _(a, b, out_dtype=None):
+    refuse_mixed_meta("stfast.gemm_mm", a=a, b=b)
+    torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+                 lambda: f"stfast.gemm_mm: a (R, K) and b (K, C) needed, got {tuple(a.shape)} and {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=_out(a.dtype, out_dtype))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, _ = inputs
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+
+
+def _backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    ga = gb = None
+    if ctx.needs_input_grad[0]:
+        ga = torch.ops.stfast.gemm_mm(grad.to(b.dtype), b.t(), None)
+    if ctx.needs_input_grad[1]:
+        gb = torch.ops.stfast.gemm_mm(a.t(), grad.to(a.dtype), None)
+    return ga, gb, None
+
+
+torch.library.register_autograd("stfast::gemm_mm", _backward, setup_context=_setup_context)
