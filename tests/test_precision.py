@@ -104,7 +104,7 @@ def test_bf16_mixed_keeps_float32_master_weights_and_optimizer_state_with_bf16_g
     state = [v for s in tr.opt.state.values() for v in s.values() if torch.is_tensor(v) and v.is_floating_point()]
     assert state and {v.dtype for v in state} == {torch.float32}
     # forward GEMMs (linear layers, the fused LSTM) on bfloat16 operands; the geo-conv in float32 on a CPU whose
-    # kernel does not take bfloat16 (stfast.models.fused_autocast)
+    # kernel does not take bfloat16 (stfast.ops.autocast)
     assert mode.seen["lstm_forward"] == {"torch.bfloat16"}, mode.seen
     assert "torch.bfloat16" in mode.seen["addmm"] | mode.seen.get("mm", set()), mode.seen
     # and a 32 run sees no bfloat16 at all

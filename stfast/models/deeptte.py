@@ -165,7 +165,6 @@ class SpatioTemporal(nn.Module):
         if cfg.kernels == "fused":
             from ..nn.geo_conv import GeoConv as FusedGeoConv
             from ..nn.lstm import LSTM as FusedLSTM
-            from . import fused_autocast  # noqa: F401  (the fused ops under torch.autocast: bf16-mixed)
 
             self.geo_conv = FusedGeoConv(cfg)
             self.lstm = FusedLSTM(*lstm_args, batch_first=True)

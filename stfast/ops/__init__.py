@@ -1,6 +1,7 @@
 """Python face of stfast's native ops (``torch.ops.stfast.*``): typed wrappers, fake kernels for
 torch.compile, autograd, and pure-PyTorch references (used by the tests and as benchmark baselines)."""
 from .. import _C  # noqa: F401  (loads the native extension, checked against torch: the ops below are its)
+from . import autocast  # noqa: F401  (Autocast kernels of the fused ops: bf16-mixed)
 from .geo_conv import (
                        geo_conv_packed,
                        geo_conv_padded,

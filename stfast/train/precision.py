@@ -6,7 +6,7 @@
   ``mixed_precision="bf16"`` define it: float32 master weights, gradients, optimizer state, batches,
   loss and reductions; the forward pass runs under ``torch.autocast(device, torch.bfloat16)``, so GEMM
   operands (linear layers, the convolution, the LSTM: torch's and stfast's fused ops, see
-  :mod:`stfast.models.fused_autocast`) are bfloat16 with float32 accumulation. No loss scaling (bfloat16
+  :mod:`stfast.ops.autocast`) are bfloat16 with float32 accumulation. No loss scaling (bfloat16
   has float32's exponent range). The backward pass runs outside autocast, in the dtypes the forward saved.
 
 The precision is a run setting applied once around the forward (:func:`autocast`), never decided inside a

@@ -105,7 +105,8 @@ def trainer_state(tr) -> dict:
             "accumulation": tr.accum.state_dict(),
             # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and the run log's length
             "epoch_progress": tr.epoch_progress, "metrics_bytes": tr.log.size(),
-            "slicer_cost_model": tr.steps.slicer_state()}  # rank 0's coefficients, restored on --resume
+            "slicer_cost_model": tr.steps.slicer_state(),
+            "gemm_plan": tr.gemm_plan}  # rank 0's coefficients, restored on --resume
 
 
 def restore(tr, state: dict, path: Path) -> None:

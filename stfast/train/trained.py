@@ -222,6 +222,7 @@ def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | No
         ValueError: not a stfast checkpoint, or truncated/corrupt (see :func:`stfast.train.checkpoint.load`);
             ``precision`` not one of 32, 64, bf16-mixed.
     """
+    from . import gemm_plan
     from . import precision as prec
     from .config import check_device
 
@@ -241,6 +242,7 @@ def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | No
         weights = next(v.dtype for k, v in state["model_state"].items() if k.endswith("entire.out.weight"))
         precision = trained.get("precision") or prec.FROM_DTYPE.get(str(weights).removeprefix("torch."), "32")
     model.to(device, prec.param_dtype(precision)).load_state_dict(state["model_state"])
+    gemm_plan.apply(state.get("gemm_plan"))  # the run's GEMM libraries: its numbers, not a new probe's
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
                         state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"),
                         state.get("route_profile"), precision)

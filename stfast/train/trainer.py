@@ -28,7 +28,7 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import guards, steps, swa
+from . import gemm_plan, guards, steps, swa
 from .config import TrainConfig
 from .metrics import format_summary
 from .resume import restore, resume_state, trainer_state
@@ -76,6 +76,12 @@ class Trainer:
         """The run's state after its folder is claimed: the resumed checkpoint, data, model, optimizer,
         accumulation and the parallel step."""
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
+        # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
+        if resume is not None and "gemm_plan" in resume:
+            self.gemm_plan = resume["gemm_plan"]
+            gemm_plan.apply(self.gemm_plan)
+        else:
+            self.gemm_plan = gemm_plan.decide(cfg.precision, self.device, self.info)
         self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
         torch.manual_seed(cfg.seed)
         self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)

@@ -16,8 +16,8 @@ come back in the parameters' float32 (master weights), as for built-in ops.
   low-precision kernel runs in float32 — the geo-conv is ~1 % of a step's FLOPs).
 
 The backward ops need none: autograd calls them outside autocast with the dtypes of the saved forward.
-A registration already present (the ops' own, should ``stfast.ops`` register one) is kept: :func:`register`
-adds only what is missing. Imported by :mod:`stfast.models.deeptte` with the fused kernels.
+:func:`register` adds only what is missing (idempotent). Run when :mod:`stfast.ops` is imported, so the ops and
+the modules on them (``stfast.nn.LSTM``, ``GeoConv``) take part in autocast in any training loop.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from .. import ops  # noqa: F401  (the ops must exist before kernels are added to them)
+from .. import _C  # noqa: F401  (the ops must exist before kernels are added to them)
 
 _LIB = torch.library.Library("stfast", "IMPL")  # kept alive: the registrations live as long as the module
 
