@@ -7,6 +7,7 @@ Each stage runs in a fresh process so that its peak RSS (getrusage ru_maxrss) is
     python benchmarks/scale.py --trips 100000 300000 1000000 --out /tmp/scale
     python benchmarks/scale.py --trips --points 1000000 8000000 --jsonl-trips 200000 --plot docs/scale.png
     python benchmarks/scale.py --trips --train-trips 200000 1000000 10000000 --out /tmp/scale10m
+    python benchmarks/scale.py --trips --setup-trips 10000 1000000 --out /tmp/scale  # [--setup-nproc 2 --setup-steps 1]
 
 ``--points``: a DiDi GAIA file (``gps_*``, sorted by order as DiDi ships it) and a point CSV (ISO
 timestamps with offsets, rows shuffled) of N points each are generated; ``stfast.data.convert`` converts
@@ -22,6 +23,10 @@ fits in memory; kept under ``--out`` and reused), then ``stfast train --data STO
 private vs file-backed pages: the ranks share the store's pages), the data-side share of a step (the step rows'
 ``data_s``: the slicer's cut and collation, plus the epoch's sampling per step) and ``stfast predict --split
 test`` on the run (its MAPE must be the run's test MAPE). One table row per K.
+
+``--setup-trips``: seconds from the start of ``stfast train --data STORE --max-steps 5 --threads 1 --subtrips 0``
+to the end of its last step, on a store of K trips, the first run on the store (cold: what a run derives from
+its data is computed and kept with the store) and the next (warm): :func:`setup_row`.
 
 ``build`` = synthetic_trips(N) (raw GPS of the synthetic city + preprocessing) then Trips.save;
 ``load+epoch`` = Trips.load(mmap) and one epoch: trainer.epoch_batches (seeded shuffle, length-sorted
@@ -336,6 +341,47 @@ def train_table(sizes: list[int], out: str, steps: int, batch_size: int, test_tr
     return rows
 
 
+def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int) -> list[dict]:
+    """Seconds from the start of ``stfast train --data STORE --max-steps STEPS --threads 1 --subtrips S``
+    (``--nproc`` when > 1) to its "stopped after STEPS steps" line, on a store of ``n`` synthetic trips (built when
+    missing): ``cold``, the first run on the store (it derives the split, drivers, normalization, route profile
+    and sub-trip spans and keeps them with the store, stfast.data.derived), then ``warm``, the next run (reads
+    them). The run is ended at that line (the final test evaluation, which grows with the test split, is not
+    part of the setup)."""
+    import os
+    import shutil
+    import signal
+
+    store, run = f"{out}/store_{n}", f"{out}/setup_run_{n}"
+    if not os.path.exists(f"{store}/manifest.json"):
+        print(json.dumps({"stage": "store", "n": n, **_run("store", n, store)}), flush=True)
+    shutil.rmtree(f"{store}/derived", ignore_errors=True)
+    rows = []
+    for kind in ("cold", "warm"):
+        shutil.rmtree(run, ignore_errors=True)
+        cmd = [sys.executable, "-m", "stfast.cli", "train", "--data", store, "--max-steps", str(steps), "--threads",
+               "1", "--subtrips", str(subtrips), "--no-progress", "--out", run] + (["--nproc", str(nproc)] if nproc > 1
+                                                                                   else [])
+        load0, t0 = _load(), time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        got, log = None, []
+        for line in proc.stdout:
+            log.append(line)
+            if "stopped after" in line:
+                got = time.perf_counter() - t0
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+        proc.wait()
+        if got is None:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{''.join(log)}")
+        rows.append({"stage": "setup", "n": n, "nproc": nproc, "steps": steps, "subtrips": subtrips, "cache": kind,
+                     "to_last_step_s": got, "load_before": load0})
+        print(json.dumps(rows[-1]), flush=True)
+    shutil.rmtree(run, ignore_errors=True)
+    return rows
+
+
 def _load() -> float:
     return __import__("os").getloadavg()[0]
 
@@ -425,6 +471,11 @@ def main(argv=None) -> None:
     ap.add_argument("--train-steps", type=int, default=30, help="optimizer steps of each training run")
     ap.add_argument("--train-batch-size", type=int, default=256, help="global batch of the training runs")
     ap.add_argument("--test-trips", type=int, default=10_000, help="trips of the validation and test splits")
+    ap.add_argument("--setup-trips", type=int, nargs="*", default=[],
+                    help="time to the last of --setup-steps steps of `stfast train` on stores of these many trips")
+    ap.add_argument("--setup-steps", type=int, default=5)
+    ap.add_argument("--setup-nproc", type=int, default=1)
+    ap.add_argument("--setup-subtrips", type=int, default=0)
     ap.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # internal: one stage in this process
     a = ap.parse_args(argv)
     if a.stage:
@@ -438,6 +489,9 @@ def main(argv=None) -> None:
     __import__("os").makedirs(a.out, exist_ok=True)
     if a.points or a.jsonl_trips:
         convert_table(a.points, a.jsonl_trips, a.out, a.plot)
+    if a.setup_trips:
+        for n in a.setup_trips:
+            setup_row(n, a.out, a.setup_nproc, a.setup_steps, a.setup_subtrips)
     if a.train_trips:
         train_table(a.train_trips, a.out, a.train_steps, a.train_batch_size, a.test_trips)
     if not a.trips:

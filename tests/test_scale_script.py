@@ -52,3 +52,13 @@ def test_scale_script_training_small(tmp_path):
     assert sorted(t["ranks"]) == ["0", "1"] and all(m["VmHWM"] >= m["RssAnon"] > 0 for m in t["ranks"].values())
     assert t["predict_mape"] == pytest.approx(t["test_mape"], abs=1e-3)  # the CSV rounds the times
     assert "Pss_File" in r.stdout and "data %" in r.stdout
+
+
+def test_scale_script_setup_small(tmp_path):
+    """--setup-trips: the time to the last step of a short run on a store, cold (derives and keeps) then warm."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--setup-trips", "300", "--setup-steps", "2",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"stage": "setup"')]
+    assert [x["cache"] for x in rows] == ["cold", "warm"] and all(x["to_last_step_s"] > 0 for x in rows)
+    assert any(p.name.startswith("norm_stats-") for p in (tmp_path / "store_300" / "derived").iterdir())
