@@ -73,6 +73,7 @@ def test_scale_script_real_shaped_records_small(tmp_path, shared_data):
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert [(x["input"], x["format"]) for x in rows] == [("real", "deeptte"), ("didishort", "didi")]
     assert rows[0]["trips"] == 1500 and all(x["cmd_s"] > x["convert_s"] > 0 and x["loop_s"] > 0 for x in rows)
+    assert all(x["cmd_cpu_s"] > 0 and x["cmd_cpu_ratio"] > 0 for x in rows)
     first = (tmp_path / "real_1500.jsonl").open().readline()
     assert first == (shared_data / "chengdu_deeptte_sample" / "test").open().readline()
     assert (tmp_path / "gps_didishort_3000").read_text().split(",")[1] == "0"

@@ -168,26 +168,46 @@ def _iter_blocks(path: Path, size: int | None = None) -> Iterator[tuple[int, byt
 _END = object()
 
 
-def _read_ahead(blocks: Iterator, parse, depth: int = 2) -> Iterator[tuple]:
-    """(block, parse(block)) for each item of ``blocks``, in order, while a worker thread reads and parses the
-    next ``depth`` blocks (pyarrow's reader and numpy release the GIL, so reading overlaps with what the caller
-    does with a block: on 2 cores, about the smaller of the two costs is saved). ``parse`` must not touch
-    shared state; anything order-dependent (trip codes) stays with the caller. Errors of either are raised
-    here, in order."""
+def _read_ahead(blocks: Iterator, parse, depth: int = 2, workers: int = 1) -> Iterator[tuple]:
+    """(block, parse(block)) for each item of ``blocks``, in order, while worker threads read and parse the next
+    ``depth`` blocks (pyarrow's reader and numpy release the GIL, so parsing overlaps with what the caller does
+    with a block; with ``workers`` > 1, blocks are also parsed side by side, for a parse that outweighs the
+    caller's work). Blocks are read one at a time (a lock), numbered as read, and handed on in that order.
+    ``parse`` must not touch shared state; anything order-dependent (trip codes) stays with the caller. Errors of
+    either are raised here, in order."""
+    import itertools
+    import threading
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    def task():  # tasks run one at a time in the one worker, so the generator is never advanced concurrently
-        item = next(blocks, _END)
-        return item, (None if item is _END else parse(item))
+    lock = threading.Lock()
+    number = itertools.count()
 
-    with ThreadPoolExecutor(1, thread_name_prefix="stfast-read") as pool:
-        queue = deque(pool.submit(task) for _ in range(depth))
-        while True:
-            item, got = queue.popleft().result()
+    def task():
+        with lock:  # blocks are read in order, numbered as read: a later task may take an earlier block
+            k = next(number)
+            try:
+                item = next(blocks, _END)
+            except BaseException as e:  # noqa: B036 (raised by the caller, in order)
+                return k, None, None, e
+        try:
+            return k, item, (None if item is _END else parse(item)), None
+        except BaseException as e:  # noqa: B036
+            return k, item, None, e
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="stfast-read") as pool:
+        running = deque(pool.submit(task) for _ in range(max(depth, workers)))
+        done: dict = {}
+        for want in itertools.count():
+            while want not in done:
+                k, *rest = running.popleft().result()
+                done[k] = rest
+            item, got, err = done.pop(want)
+            if err is not None:
+                raise err
             if item is _END:
                 return
-            queue.append(pool.submit(task))
+            running.append(pool.submit(task))
             yield item, got
 
 
