@@ -6,7 +6,9 @@ Each stage runs in a fresh process so that its peak RSS (getrusage ru_maxrss) is
 
     python benchmarks/scale.py --trips 100000 300000 1000000 --out /tmp/scale
     python benchmarks/scale.py --trips --points 1000000 8000000 --jsonl-trips 200000 --plot docs/scale.png
+    python benchmarks/scale.py --trips --real-jsonl-trips 196000 --didi-short-points 8000000 --out /tmp/scale
     python benchmarks/scale.py --trips --train-trips 200000 1000000 10000000 --out /tmp/scale10m
+    python benchmarks/scale.py --trips --setup-trips 10000 1000000 --out /tmp/scale  # [--setup-nproc 2 --setup-steps 1]
 
 ``--points``: a DiDi GAIA file (``gps_*``, sorted by order as DiDi ships it) and a point CSV (ISO
 timestamps with offsets, rows shuffled) of N points each are generated; ``stfast.data.convert`` converts
@@ -22,6 +24,10 @@ fits in memory; kept under ``--out`` and reused), then ``stfast train --data STO
 private vs file-backed pages: the ranks share the store's pages), the data-side share of a step (the step rows'
 ``data_s``: the slicer's cut and collation, plus the epoch's sampling per step) and ``stfast predict --split
 test`` on the run (its MAPE must be the run's test MAPE). One table row per K.
+
+``--setup-trips``: seconds from the start of ``stfast train --data STORE --max-steps 5 --threads 1 --subtrips 0``
+to the end of its last step, on a store of K trips, the first run on the store (cold: what a run derives from
+its data is computed and kept with the store) and the next (warm): :func:`setup_row`.
 
 ``build`` = synthetic_trips(N) (raw GPS of the synthetic city + preprocessing) then Trips.save;
 ``load+epoch`` = Trips.load(mmap) and one epoch: trainer.epoch_batches (seeded shuffle, length-sorted
@@ -39,6 +45,11 @@ import resource
 import subprocess
 import sys
 import time
+
+
+REAL_SAMPLE = str(__import__("pathlib").Path(__import__("os").environ.get("STFAST_DATA_DIR") or __import__("pathlib")
+                  .Path(__file__).resolve().parents[1].parent / "shared" / "data") / "chengdu_deeptte_sample" / "test")
+"""The real records (``$STFAST_DATA_DIR``, else ../shared/data beside the repository)."""
 
 
 def _peak_mib() -> float:
@@ -127,6 +138,13 @@ def stage_gen(kind: str, n: int, path: str) -> dict:
     trips as DeepTTE JSON lines."""
     import numpy as np
 
+    if kind == "real":  # the real sample's records (DeepTTE JSON lines) repeated to n lines
+        with open(REAL_SAMPLE, "rb") as f:
+            lines = [ln if ln.endswith(b"\n") else ln + b"\n" for ln in f if ln.strip()]
+        with open(path, "wb") as f:
+            for i in range(n):
+                f.write(lines[i % len(lines)])
+        return {"bytes": __import__("os").path.getsize(path)}
     if kind == "jsonl":
         from stfast.data.synthetic import synthetic_trips
 
@@ -160,9 +178,12 @@ def _gen_chunk(kind: str, n: int, trip0: int, rng):
     t = np.repeat(1477929600 + rng.integers(0, 86000, len(lens)), lens) + 3 * k
     x = np.round(np.repeat(rng.uniform(103.95, 104.15, len(lens)), lens) + k * 2e-4, 5)
     y = np.round(np.repeat(rng.uniform(30.6, 30.75, len(lens)), lens) + k * 1e-4, 5)
-    ids = np.repeat(np.char.mod("%032x", trip * 104729 + 99991), lens)
-    drv = np.repeat(np.char.mod("%032x", (trip % 5000) * 7919 + 12345), lens)
-    if kind == "didi":
+    short = kind == "didishort"  # ids of a few digits, not DiDi's 32-character hashes
+    ids = np.repeat(np.char.mod("%d" if short else "%032x", trip * (1 if short else 104729) + (0 if short else 99991)),
+                    lens)
+    drv = np.repeat(np.char.mod("%d" if short else "%032x", (trip % 5000) * (1 if short else 7919)
+                                + (0 if short else 12345)), lens)
+    if kind in ("didi", "didishort"):
         return pa.table({"d": drv, "o": ids, "t": t, "x": x, "y": y}), trip0 + len(lens)
     order = rng.permutation(n)
     iso = pc.strftime(pa.array(t[order] + 8 * 3600, pa.timestamp("s")), "%Y-%m-%dT%H:%M:%S+08:00")
@@ -172,7 +193,7 @@ def _gen_chunk(kind: str, n: int, trip0: int, rng):
 
 def stage_loop(kind: str, path: str) -> dict:
     """The plain-Python reference: csv.reader (or json.loads per line) merely iterating over the file."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     if kind == "json":
         import json as js
@@ -188,7 +209,8 @@ def stage_loop(kind: str, path: str) -> dict:
         with open(path, newline="") as f:
             for _ in csv.reader(f):
                 n += 1
-    return {"rows": n, "loop_s": time.perf_counter() - t0, "peak_mib": _peak_mib()}
+    return {"rows": n, "loop_s": time.perf_counter() - t0, "loop_cpu_s": time.process_time() - c0,
+            "peak_mib": _peak_mib()}
 
 
 def stage_convert(path: str, fmt: str, out: str, read_only: str = "") -> dict:
@@ -336,20 +358,65 @@ def train_table(sizes: list[int], out: str, steps: int, batch_size: int, test_tr
     return rows
 
 
+def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int) -> list[dict]:
+    """Seconds from the start of ``stfast train --data STORE --max-steps STEPS --threads 1 --subtrips S``
+    (``--nproc`` when > 1) to its "stopped after STEPS steps" line, on a store of ``n`` synthetic trips (built when
+    missing): ``cold``, the first run on the store (it derives the split, drivers, normalization, route profile
+    and sub-trip spans and keeps them with the store, stfast.data.derived), then ``warm``, the next run (reads
+    them). The run is ended at that line (the final test evaluation, which grows with the test split, is not
+    part of the setup)."""
+    import os
+    import shutil
+    import signal
+
+    store, run = f"{out}/store_{n}", f"{out}/setup_run_{n}"
+    if not os.path.exists(f"{store}/manifest.json"):
+        print(json.dumps({"stage": "store", "n": n, **_run("store", n, store)}), flush=True)
+    shutil.rmtree(f"{store}/derived", ignore_errors=True)
+    rows = []
+    for kind in ("cold", "warm"):
+        shutil.rmtree(run, ignore_errors=True)
+        cmd = [sys.executable, "-m", "stfast.cli", "train", "--data", store, "--max-steps", str(steps), "--threads",
+               "1", "--subtrips", str(subtrips), "--no-progress", "--out", run] + (["--nproc", str(nproc)] if nproc > 1
+                                                                                   else [])
+        load0, t0 = _load(), time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        got, log = None, []
+        for line in proc.stdout:
+            log.append(line)
+            if "stopped after" in line:
+                got = time.perf_counter() - t0
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+        proc.wait()
+        if got is None:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{''.join(log)}")
+        rows.append({"stage": "setup", "n": n, "nproc": nproc, "steps": steps, "subtrips": subtrips, "cache": kind,
+                     "to_last_step_s": got, "load_before": load0})
+        print(json.dumps(rows[-1]), flush=True)
+    shutil.rmtree(run, ignore_errors=True)
+    return rows
+
+
 def _load() -> float:
     return __import__("os").getloadavg()[0]
 
 
-def convert_table(points: list[int], jsonl: list[int], out: str, plot: str | None) -> list[dict]:
+def convert_table(points: list[int], jsonl: list[int], out: str, plot: str | None, real: list[int] = (),
+                  short: list[int] = ()) -> list[dict]:
     """Generate, convert and loop over raw files (module docstring); one JSON line per measurement, a table,
-    and the plot."""
+    and the plot. ``real``: the real sample's records repeated to that many trips; ``short``: DiDi files with
+    short ids; for these two, ``cmd_s`` is the whole ``stfast data convert`` command (process start included)."""
     import os
     import shutil
 
     rows = []
-    for kind, fmt, sizes in (("didi", "didi", points), ("csv", "csv", points), ("jsonl", "deeptte", jsonl)):
+    for kind, fmt, sizes in (("didi", "didi", points), ("csv", "csv", points), ("jsonl", "deeptte", jsonl),
+                             ("real", "deeptte", real), ("didishort", "didi", short)):
         for n in sizes:
-            raw = f"{out}/gps_{n}" if kind == "didi" else f"{out}/{kind}_{n}.{'csv' if kind == 'csv' else 'jsonl'}"
+            raw = (f"{out}/gps_{kind}_{n}" if kind.startswith("didi") else
+                   f"{out}/{kind}_{n}.{'csv' if kind == 'csv' else 'jsonl'}")
             if not os.path.exists(raw):
                 _run("gen", kind, n, raw)
             store = f"{out}/store_{kind}_{n}"
@@ -358,23 +425,43 @@ def convert_table(points: list[int], jsonl: list[int], out: str, plot: str | Non
             loop = _run("loop", "json" if kind == "jsonl" else "csv", raw)
             conv = _run("convert", raw, fmt, store)
             read = _run("convert", raw, fmt, store, "read") if kind == "jsonl" else None
-            n_pts = n if kind != "jsonl" else conv["points_out"]
-            row = {"stage": "convert", "format": fmt, "n": n, "raw_points": n_pts, "bytes": os.path.getsize(raw),
+            cmd = cmd_cpu = None
+            if kind in ("real", "didishort"):
+                shutil.rmtree(store, ignore_errors=True)
+                import resource
+
+                used = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "stfast.cli", "data", "convert", "--data", raw, "--format", fmt,
+                                "--out", store], check=True, capture_output=True)
+                cmd = time.perf_counter() - t
+                now = resource.getrusage(resource.RUSAGE_CHILDREN)
+                # CPU seconds of the command (user + system, all its threads): on a loaded machine, beside the loop's
+                cmd_cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+            n_pts = n if kind not in ("jsonl", "real") else conv["points_out"]
+            row = {"stage": "convert", "format": fmt, "input": kind, "cmd_s": cmd,
+                   "cmd_ratio_vs_loop": None if cmd is None else cmd / loop["loop_s"], "cmd_cpu_s": cmd_cpu,
+                   "cmd_cpu_ratio": None if cmd is None else cmd_cpu / loop["loop_cpu_s"], "n": n, "raw_points": n_pts, "bytes": os.path.getsize(raw),
                    "loop_s": loop["loop_s"], "loop_peak_mib": loop["peak_mib"], **conv,
                    "read_s": read["convert_s"] if read else None, "ratio_vs_loop": conv["convert_s"] / loop["loop_s"],
                    "points_per_s": n_pts / conv["convert_s"], "load_before": load0, "load_after": _load()}
             print(json.dumps(row), flush=True)
             rows.append(row)
             shutil.rmtree(store, ignore_errors=True)
-    print(f"\n{'format':>8} {'n':>11} {'MB':>6} {'loop s':>7} {'convert s':>9} {'ratio':>6} {'M pts/s':>8}"
-          f" {'read s':>7} {'import s':>8} {'peak MiB':>9} {'above import':>12} {'load':>5}")
+    print(f"\n{'input':>9} {'n':>11} {'MB':>6} {'loop s':>7} {'convert s':>9} {'ratio':>6} {'cmd ratio':>9}"
+          f" {'cpu ratio':>9} {'M pts/s':>8} {'read s':>7} {'import s':>8} {'peak MiB':>9} {'above import':>12} {'load':>5}")
     for r in rows:
         read = f"{r['read_s']:7.2f}" if r["read_s"] is not None else f"{'':>7}"
-        print(f"{r['format']:>8} {r['n']:>11,} {r['bytes'] / 1e6:6.0f} {r['loop_s']:7.2f} {r['convert_s']:9.2f}"
-              f" {r['ratio_vs_loop']:6.2f} {r['points_per_s'] / 1e6:8.2f} {read} {r['import_s']:8.2f}"
+        cmd = (f"{r['cmd_ratio_vs_loop']:9.2f} {r['cmd_cpu_ratio']:9.2f}" if r["cmd_s"] is not None
+               else f"{'':>9} {'':>9}")
+        print(f"{r['input']:>9} {r['n']:>11,} {r['bytes'] / 1e6:6.0f} {r['loop_s']:7.2f} {r['convert_s']:9.2f}"
+              f" {r['ratio_vs_loop']:6.2f} {cmd} {r['points_per_s'] / 1e6:8.2f} {read} {r['import_s']:8.2f}"
               f" {r['peak_mib']:9.0f} {r['peak_mib'] - r['peak_after_import_mib']:12.0f} {r['load_before']:5.1f}")
-    print("(n: raw points, or trips for deeptte; loop: csv.reader / json.loads over the same file; ratio = convert /"
-          " loop; peak MiB: the converting process, above import: peak − peak after importing stfast; load: 1-min"
+    print("(n: raw points, or trips for JSON; input: didi / csv / jsonl generated, real = the Chengdu sample's"
+          " records repeated, didishort = DiDi lines with short ids; loop: csv.reader / json.loads over the same file;"
+          " ratio = convert / loop; cmd ratio = the whole `stfast data convert` command, process start included, /"
+          " loop; cpu ratio: the command's CPU seconds (all threads) / the loop's, a guide on a loaded machine;"
+          " peak MiB: the converting process, above import: peak − peak after importing stfast; load: 1-min"
           " load average before)")
     if plot:
         _plot(rows, plot)
@@ -388,8 +475,8 @@ def _plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    for fmt in sorted({r["format"] for r in rows}):
-        rs = [r for r in rows if r["format"] == fmt]
+    for fmt in sorted({r.get("input", r["format"]) for r in rows}):
+        rs = [r for r in rows if r.get("input", r["format"]) == fmt]
         x = [r["raw_points"] for r in rs]
         a.plot(x, [r["points_per_s"] / 1e6 for r in rs], "o-", label=f"{fmt}: convert to store")
         a.plot(x, [r["raw_points"] / r["loop_s"] / 1e6 for r in rs], "x--", label=f"{fmt}: plain Python loop")
@@ -416,6 +503,9 @@ def main(argv=None) -> None:
                     help="synthetic data sets to build (none: skip)")
     ap.add_argument("--points", type=int, nargs="*", default=[], help="raw points of the DiDi / CSV files to convert")
     ap.add_argument("--jsonl-trips", type=int, nargs="*", default=[], help="trips of the DeepTTE JSON-lines files")
+    ap.add_argument("--real-jsonl-trips", type=int, nargs="*", default=[],
+                    help="the real sample's DeepTTE records (--real-sample) repeated to these many trips")
+    ap.add_argument("--didi-short-points", type=int, nargs="*", default=[], help="DiDi files with short ids")
     ap.add_argument("--plot", default=None, help="PNG of points/s and peak RSS against size (with --points)")
     ap.add_argument("--out", default="/tmp/stfast-scale", help="folder for the saved data sets")
     ap.add_argument("--batch-size", type=int, default=64, help="global batch (trips)")
@@ -425,6 +515,11 @@ def main(argv=None) -> None:
     ap.add_argument("--train-steps", type=int, default=30, help="optimizer steps of each training run")
     ap.add_argument("--train-batch-size", type=int, default=256, help="global batch of the training runs")
     ap.add_argument("--test-trips", type=int, default=10_000, help="trips of the validation and test splits")
+    ap.add_argument("--setup-trips", type=int, nargs="*", default=[],
+                    help="time to the last of --setup-steps steps of `stfast train` on stores of these many trips")
+    ap.add_argument("--setup-steps", type=int, default=5)
+    ap.add_argument("--setup-nproc", type=int, default=1)
+    ap.add_argument("--setup-subtrips", type=int, default=0)
     ap.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # internal: one stage in this process
     a = ap.parse_args(argv)
     if a.stage:
@@ -436,8 +531,11 @@ def main(argv=None) -> None:
         print(json.dumps(fn(*args)))
         return
     __import__("os").makedirs(a.out, exist_ok=True)
-    if a.points or a.jsonl_trips:
-        convert_table(a.points, a.jsonl_trips, a.out, a.plot)
+    if a.points or a.jsonl_trips or a.real_jsonl_trips or a.didi_short_points:
+        convert_table(a.points, a.jsonl_trips, a.out, a.plot, a.real_jsonl_trips, a.didi_short_points)
+    if a.setup_trips:
+        for n in a.setup_trips:
+            setup_row(n, a.out, a.setup_nproc, a.setup_steps, a.setup_subtrips)
     if a.train_trips:
         train_table(a.train_trips, a.out, a.train_steps, a.train_batch_size, a.test_trips)
     if not a.trips:

@@ -23,7 +23,7 @@ from stfast.train.config import TrainConfig
 PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, action, required, nargs)}
     'train': {
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
-        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv', 'porto', 'tdrive', 'parquet'), None, 'StoreAction', False, None),
         'on_error': (('--on-error',), 'raise', ('raise', 'skip'), None, 'StoreAction', False, None),
         'modes': (('--modes',), '', None, None, 'StoreAction', False, None),
         'min_spacing_km': (('--min-spacing-km',), 0.2, None, 'float', 'StoreAction', False, None),
@@ -87,7 +87,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
     'evaluate': {
         'checkpoint': (('--checkpoint',), None, None, None, 'StoreAction', True, '+'),
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
-        'format': (('--format',), None, ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'format': (('--format',), None, ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv', 'porto', 'tdrive', 'parquet'), None, 'StoreAction', False, None),
         'on_error': (('--on-error',), None, ('raise', 'skip'), None, 'StoreAction', False, None),  # the run's, or raise
         'modes': (('--modes',), None, None, None, 'StoreAction', False, None),
         'min_spacing_km': (('--min-spacing-km',), None, None, 'float', 'StoreAction', False, None),
@@ -99,7 +99,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
     },
     'bench modes': {
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
-        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv'), None, 'StoreAction', False, None),
+        'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv', 'porto', 'tdrive', 'parquet'), None, 'StoreAction', False, None),
         'n_synthetic': (('--n-synthetic',), 3000, None, 'int', 'StoreAction', False, None),
         'nproc': (('--nproc',), 2, None, 'int', 'StoreAction', False, None),
         'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),

@@ -9,7 +9,7 @@ from stfast.data.trips import Trajectories, Trips
 
 
 def test_formats_tuple():
-    assert FORMATS == ("deeptte", "geolife", "didi", "csv")
+    assert FORMATS == ("deeptte", "geolife", "didi", "csv", "porto", "tdrive", "parquet")
 
 
 @pytest.mark.parametrize(

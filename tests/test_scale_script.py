@@ -52,3 +52,28 @@ def test_scale_script_training_small(tmp_path):
     assert sorted(t["ranks"]) == ["0", "1"] and all(m["VmHWM"] >= m["RssAnon"] > 0 for m in t["ranks"].values())
     assert t["predict_mape"] == pytest.approx(t["test_mape"], abs=1e-3)  # the CSV rounds the times
     assert "Pss_File" in r.stdout and "data %" in r.stdout
+
+
+def test_scale_script_setup_small(tmp_path):
+    """--setup-trips: the time to the last step of a short run on a store, cold (derives and keeps) then warm."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--setup-trips", "300", "--setup-steps", "2",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"stage": "setup"')]
+    assert [x["cache"] for x in rows] == ["cold", "warm"] and all(x["to_last_step_s"] > 0 for x in rows)
+    assert any(p.name.startswith("norm_stats-") for p in (tmp_path / "store_300" / "derived").iterdir())
+
+
+def test_scale_script_real_shaped_records_small(tmp_path, shared_data):
+    """--real-jsonl-trips / --didi-short-points: the real sample's records repeated and DiDi lines with short ids,
+    converted beside their loops, with the whole command timed (process start included)."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--real-jsonl-trips", "1500", "--didi-short-points",
+                        "3000", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert [(x["input"], x["format"]) for x in rows] == [("real", "deeptte"), ("didishort", "didi")]
+    assert rows[0]["trips"] == 1500 and all(x["cmd_s"] > x["convert_s"] > 0 and x["loop_s"] > 0 for x in rows)
+    assert all(x["cmd_cpu_s"] > 0 and x["cmd_cpu_ratio"] > 0 for x in rows)
+    first = (tmp_path / "real_1500.jsonl").open().readline()
+    assert first == (shared_data / "chengdu_deeptte_sample" / "test").open().readline()
+    assert (tmp_path / "gps_didishort_3000").read_text().split(",")[1] == "0"

@@ -360,3 +360,28 @@ def test_read_ahead_keeps_order_and_raises_where_the_error_is():
         for item, r in _common._read_ahead(items(), lambda i: i):
             got.append(item)
     assert got == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_read_ahead_parses_side_by_side_and_keeps_order(workers):
+    """With ``workers`` > 1, _read_ahead parses that many items at the same time (a barrier only they pass
+    together) and still yields them in input order, whichever parse ends first; errors surface in order."""
+    import random
+    import threading
+    import time as _time
+
+    together = threading.Barrier(workers, timeout=10)
+
+    def parse(i):
+        if i < workers:
+            together.wait()  # raises BrokenBarrierError unless `workers` parses run at once
+        _time.sleep(random.Random(i).uniform(0, 0.004))
+        if i == 31:
+            raise ValueError("item 31")
+        return i * i
+
+    got = []
+    with pytest.raises(ValueError, match="item 31"):
+        for item, r in _common._read_ahead(iter(range(40)), parse, depth=2, workers=workers):
+            got.append((item, r))
+    assert got == [(i, i * i) for i in range(31)]

@@ -134,20 +134,24 @@ def test_store_run_resumes_evaluates_and_predicts_without_raw_data_or_rehashing(
         summary["test_mape"], abs=1e-4)  # the CSV rounds the times
 
 
-def test_subtrips_that_would_copy_a_large_split_are_warned_about(tmp_path, monkeypatch, caplog):
-    """--subtrips makes its pieces (and a copy of the training split) in memory: past SUBTRIPS_WARN_GIB a run
-    says so and names --subtrips 0, instead of growing every rank's memory silently."""
-    from stfast.train import run_data
+def test_subtrips_of_a_store_are_spans_batched_in_place(tmp_path):
+    """--subtrips at scale: the pieces are index spans kept with the store (read memory-mapped, shared by the
+    ranks), not a copy of the training split per rank; their batches are those of the copied pieces."""
+    from stfast.data.subtrips import WithSubtrips, subtrips
 
     write_store(random_trips(200, seed=2), tmp_path / "store")
-    cfg = TrainConfig(data=str(tmp_path / "store"), epochs=1, subtrips=1)
-    monkeypatch.setattr(run_data, "SUBTRIPS_WARN_GIB", 1e-4)
-    with caplog.at_level("WARNING", logger="stfast.train"):
-        data = RunData.load(cfg, torch.float32)
-    assert len(data.train_ds) > len(data.train) and "use --subtrips 0" in caplog.text
-    caplog.clear()
-    RunData.load(TrainConfig(data=str(tmp_path / "store"), epochs=1, subtrips=0), torch.float32)
-    assert "--subtrips" not in caplog.text
+    cfg = TrainConfig(data=str(tmp_path / "store"), epochs=1, subtrips=2)
+    data = RunData.load(cfg, torch.float32)
+    assert isinstance(data.train_ds.trips, WithSubtrips) and len(data.train_ds) > len(data.train)
+    assert any(p.name.startswith("subtrips-") for p in (tmp_path / "store" / "derived").iterdir())
+    again = RunData.load(cfg, torch.float32)
+    assert not again.train_ds.trips.first.flags.writeable  # read back memory-mapped
+    copied = TripDataset(Trips.concat([data.train.materialize(), subtrips(data.train, 2, cfg.seed)]),
+                         data.vocab, torch.float32)
+    idx = np.random.default_rng(0).permutation(len(copied))[:64]
+    a, b = again.train_ds.batch(idx), copied.batch(idx)
+    for k in ("lng", "lat", "state", "time_gap", "dist_gap", "lengths", "dist", "time", "driver", "week_id", "time_id"):
+        assert torch.equal(getattr(a, k), getattr(b, k)), k
 
 
 def test_pieces_hold_one_piece_at_a_time(monkeypatch):

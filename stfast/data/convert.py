@@ -1,7 +1,8 @@
 """Streaming conversion of raw trajectories into a trips store (:mod:`stfast.data.store`) in bounded memory.
 
-DiDi GAIA and point-CSV files are read block by block (:data:`~stfast.data.readers._common.BLOCK_BYTES` of
-raw text at a time, parsed by pyarrow, checked with numpy). Their rows need not be sorted: a trip's rows may
+DiDi GAIA, point-CSV, Kaggle Porto and T-Drive files are read block by block
+(:data:`~stfast.data.readers._common.BLOCK_BYTES` of raw text at a time, parsed by pyarrow, checked with
+numpy), Parquet / Arrow tables row group by row group. Their rows need not be sorted: a trip's rows may
 be scattered over the whole input, so the points are first spilled to disk, partitioned by trip number
 (trips numbered in order of first appearance, :data:`TRIPS_PER_BUCKET` trips a partition, one file each);
 then each partition is read back, its points sorted by trip and time, preprocessed and appended to the
@@ -29,6 +30,7 @@ log = logging.getLogger("stfast.data")
 
 TRIPS_PER_BUCKET = 2048  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
 MAX_POINTS_PER_PART = 500_000  # points preprocessed at a time (about 150 MB of working arrays)
+_STREAMED = ("didi", "csv", "parquet", "porto", "tdrive")  # point readers that stream through the spill
 _COLUMNS = (("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"), ("off", "<f8"))
 
 
@@ -113,7 +115,8 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     """Read ``data`` (file or folder; None: the synthetic city), preprocess it as
     :func:`stfast.data.load.load_trips` does with the same arguments, and write a trips store at ``out``.
 
-    DiDi GAIA, point CSV and DeepTTE JSON lines stream in bounded memory (module docstring); GeoLife is read whole.
+    DiDi GAIA, point CSV, Porto, T-Drive, Parquet / Arrow and DeepTTE JSON lines stream in bounded memory
+    (module docstring); GeoLife is read whole.
     ``out`` appears only when complete (a temporary folder beside it is renamed), so an interrupted or failed
     conversion leaves nothing half-written there, and an older store at ``out`` intact.
 
@@ -133,13 +136,16 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         fmt = detect_format(data) if fmt == "auto" else fmt
     if data is not None and fmt == "deeptte":
         return _convert_deeptte(data, out, on_error, tz, options.get("min_points"))
-    if data is None or fmt not in ("didi", "csv"):
+    if data is None or fmt not in _STREAMED:
         trips = load_trips(data, fmt, n_synthetic=n_synthetic, seed=seed, **kw)
         require_trips(trips, str(data) if data is not None else "the synthetic city")
         return write_store(trips, out, {"data": None if data is None else str(data), "format": fmt or "synthetic"})
     from .readers._common import _Problems, _read_ahead, _TripCodes
     from .readers.csv_points import iter_csv_blocks
     from .readers.didi_gaia import iter_didi_blocks
+    from .readers.parquet_points import iter_parquet_blocks
+    from .readers.porto import iter_porto_blocks
+    from .readers.tdrive import iter_tdrive_blocks
 
     cfg = PreprocessConfig(modes=set(modes) if modes else None, min_spacing_km=min_spacing_km or None,
                            gap_s=gap_s, **options)
@@ -151,12 +157,14 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         spill = out.with_name(f".{out.name}.spill{os.getpid()}")
         spill.mkdir(parents=True, exist_ok=True)
         try:
-            sp = _Spill(spill, () if fmt == "didi" else ("state", "off"))
+            sp = _Spill(spill, {"didi": (), "porto": ("state",), "tdrive": ("state",)}.get(fmt, ("state", "off")))
             if fmt == "didi":
                 blocks, meta = iter_didi_blocks(data, probs, codes), {"tz": DEFAULT_TZ["didi"], "offsets": False}
             else:
                 meta = {}
-                blocks = iter_csv_blocks(data, probs, codes, meta)
+                it = {"csv": iter_csv_blocks, "parquet": iter_parquet_blocks, "porto": iter_porto_blocks,
+                      "tdrive": iter_tdrive_blocks}[fmt]
+                blocks = it(data, probs, codes, meta)
             for b in blocks:
                 sp.add(b)
             probs.warn(data)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .trip_view import iter_chunks
-from .trips import Trips, _gather_points
+from .trips import Trips, _gather_points, lengths_to_offsets
 
 
 def local_spans(trips: Trips, values: np.ndarray, k: int) -> np.ndarray:
@@ -102,6 +102,15 @@ class NormStats:
         speed = float(np.sum(dist) / max(float(np.sum(time)), 1e-9))
         return cls(*lng.mean_std(), *lat.mean_std(), dm, ds, tm, ts, ldm, lds, ltm, lts, speed, int(kernel_size))
 
+    @classmethod
+    def of_split(cls, trips, kernel_size: int = 3) -> "NormStats":
+        """:meth:`from_trips`, computed once per store and split and kept with the store
+        (:mod:`stfast.data.derived`; other trips: computed)."""
+        from .derived import cached_json
+
+        return cls.from_dict(cached_json(trips, "norm_stats", {"kernel_size": int(kernel_size)},
+                                         lambda: cls.from_trips(trips, kernel_size).to_dict()))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -130,6 +139,14 @@ class DriverVocab:
 
     def to_list(self) -> list[str]:
         return sorted(self.index, key=self.index.get)
+
+    @classmethod
+    def of_split(cls, trips) -> "DriverVocab":
+        """The vocabulary of ``trips``' drivers, computed once per store and split and kept with the store
+        (:mod:`stfast.data.derived`; other trips: computed)."""
+        from .derived import cached_json
+
+        return cls.from_list(cached_json(trips, "drivers", {}, lambda: cls(trips.driver).to_list()))
 
     @classmethod
     def from_list(cls, drivers: list[str]) -> "DriverVocab":
@@ -202,27 +219,37 @@ class TripDataset:
 
     def batch(self, idx) -> TripBatch:
         """Padded batch of trips ``idx`` ([B] ints, B ≥ 1), in that order. Only these trips' points are read
-        (gathered from the columns of a view's base: a memory-mapped store is not copied)."""
-        tr, idx = self.trips.locate(idx)
-        pt, off = _gather_points(np.asarray(tr.offsets), idx)
-        lens = np.diff(off)
-        b, lmax = len(idx), int(lens.max()) if len(idx) else 0
+        (gathered from the columns of a view's base: a memory-mapped store is not copied; sub-trips of
+        :class:`~stfast.data.subtrips.WithSubtrips` from their spans, rebased to their first point)."""
+        if hasattr(self.trips, "spans"):
+            tr, first, lens, f = self.trips.spans(idx)
+            lens = np.asarray(lens, np.int64)
+            off = lengths_to_offsets(lens)
+            pt = np.repeat(np.asarray(first, np.int64) - off[:-1], lens) + np.arange(off[-1], dtype=np.int64)
+            trip, rebase = f["trip"], (f["t0"], f["d0"])
+        else:
+            tr, trip = self.trips.locate(idx)
+            pt, off = _gather_points(np.asarray(tr.offsets), trip)
+            lens = np.diff(off)
+            f, rebase = None, None
+        b, lmax = len(trip), int(lens.max()) if len(trip) else 0
         rows = np.repeat(np.arange(b), lens)
         cols = np.arange(len(pt)) - np.repeat(off[:-1], lens)
 
-        def pad(a):
+        def pad(a, minus=None):
             out = np.zeros((b, lmax), dtype=np.float64)
-            out[rows, cols] = a[pt]
+            out[rows, cols] = a[pt] if minus is None else a[pt] - np.repeat(minus, lens)
             return torch.from_numpy(out).to(self.dtype)
 
-        def vec(a, dt):
-            return torch.from_numpy(np.ascontiguousarray(a[idx])).to(dt)
+        def vec(name, dt):
+            a = getattr(tr, name)[trip] if f is None else f[name]
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dt)
 
         return TripBatch(
             lng=pad(tr.lng), lat=pad(tr.lat), state=pad(tr.state),
-            time_gap=pad(tr.time_gap), dist_gap=pad(tr.dist_gap),
+            time_gap=pad(tr.time_gap, rebase and rebase[0]), dist_gap=pad(tr.dist_gap, rebase and rebase[1]),
             lengths=torch.from_numpy(lens.astype(np.int64)),
-            dist=vec(tr.dist, self.dtype), time=vec(tr.time, self.dtype),
-            driver=torch.from_numpy(self.vocab.encode(tr.driver[idx])),
-            week_id=vec(tr.week_id, torch.int64), time_id=vec(tr.time_id, torch.int64),
+            dist=vec("dist", self.dtype), time=vec("time", self.dtype),
+            driver=torch.from_numpy(self.vocab.encode(tr.driver[trip])),
+            week_id=vec("week_id", torch.int64), time_id=vec("time_id", torch.int64),
         )

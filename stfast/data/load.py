@@ -9,6 +9,8 @@ import numpy as np
 from .readers.deeptte_json import DEEPTTE_TZ
 from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
+from .readers.porto import PORTO_TZ
+from .readers.tdrive import TDRIVE_TZ
 from .synthetic import SyntheticCityConfig
 from .trips import DroppedTrips, Trajectories, Trips
 from .tz import TZ_FROM_TIMESTAMPS, check_tz
@@ -20,6 +22,9 @@ DEFAULT_TZ = {
     "didi": DIDI_TZ,
     "deeptte": DEEPTTE_TZ,
     "csv": TZ_FROM_TIMESTAMPS,  # UTC where a timestamp carries no offset (all naive: "UTC")
+    "parquet": TZ_FROM_TIMESTAMPS,  # as csv; a timestamp column with a zone: that zone
+    "porto": PORTO_TZ,
+    "tdrive": TDRIVE_TZ,
     "synthetic": SyntheticCityConfig.tz,
 }
 """The time zone each format uses when ``tz`` is None (see :mod:`stfast.data.tz` for the values)."""

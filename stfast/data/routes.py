@@ -91,6 +91,14 @@ class RouteProfile:
         area = TrainingArea.from_point_chunks(lambda: ((p.lng, p.lat) for p in iter_chunks(train)))
         return cls(area, int(share >= 0.5), share, spacing, n)
 
+    @classmethod
+    def of_split(cls, train) -> dict:
+        """:meth:`from_trips` of a training split as a dict, computed once per store and split and kept with the
+        store (:mod:`stfast.data.derived`; other trips: computed)."""
+        from .derived import cached_json
+
+        return cached_json(train, "route_profile", {}, lambda: cls.from_trips(train).to_dict())
+
     def to_dict(self) -> dict:
         return {"area": self.area.to_dict(), "state": self.state, "state_share": self.state_share,
                 "spacing_km": self.spacing_km, "n_points": self.n_points}

@@ -219,12 +219,15 @@ def open_store(path: str | os.PathLike) -> Trips:
         :class:`~stfast.data.trips.Trips` whose arrays are read-only ``np.memmap`` views of the columns
         (``driver`` and ``trip_id`` fixed-width unicode ``<U*``, not object), with the manifest's ``tz``,
         ``preprocess_config`` (a :class:`~stfast.data.preprocess.PreprocessConfig`, None for DeepTTE
-        records), ``dropped`` counts, ``dropped_trips`` rows and ``fingerprint``.
+        records), ``dropped`` counts, ``dropped_trips`` rows, ``fingerprint`` and ``store_path`` (the folder,
+        absolute: where values derived from the trips are kept, :mod:`stfast.data.derived`).
 
     Raises:
         ValueError: ``path`` is not a complete store of format :data:`STORE_FORMAT`.
     """
-    return _open(Path(path), read_manifest(path))
+    trips = _open(Path(path), read_manifest(path))
+    trips.store_path = str(Path(path).resolve())  # where values derived from it are kept (stfast.data.derived)
+    return trips
 
 
 def _open(path: Path, m: dict) -> Trips:

@@ -41,9 +41,11 @@ class TripsView:
     def __init__(self, base, index):
         index = np.asarray(index)
         index = np.flatnonzero(index) if index.dtype == bool else index.astype(np.int64, copy=False).reshape(-1)
-        if len(index) and (index.min() < -len(base) or index.max() >= len(base)):
+        lo = int(index.min()) if len(index) else 0
+        if len(index) and (lo < -len(base) or index.max() >= len(base)):
             raise IndexError(f"trip index out of range for {len(base)} trips")
-        index = np.where(index < 0, index + len(base), index)
+        if lo < 0:  # else kept as given: a memory-mapped index (stfast.data.derived) stays shared, not copied
+            index = np.where(index < 0, index + len(base), index)
         if isinstance(base, TripsView):
             base, index = base.base, base.index[index]
         self.base, self.index = base, index

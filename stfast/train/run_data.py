@@ -15,6 +15,7 @@ import torch
 
 from .. import __version__
 from ..data.dataset import DriverVocab, NormStats, TripDataset
+from ..data.derived import split_views
 from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
 from ..data.routes import RouteProfile
@@ -25,7 +26,7 @@ from ..data.splits import (
     split_by_days,
     split_random,
 )
-from ..data.subtrips import subtrips
+from ..data.subtrips import WithSubtrips, kept_subtrip_spans
 from ..data.trip_view import TripsView
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
@@ -37,7 +38,6 @@ from .resume import resume_checkpoint
 
 log = logging.getLogger("stfast.train")
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
-SUBTRIPS_WARN_GIB = 2.0  # warn when --subtrips would copy more than this per process
 LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 
 
@@ -55,17 +55,22 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, T
     """Train/validation/test trips by the configured rule, as views of ``trips`` (an index each, no copy: the
     splits of a memory-mapped store share its pages, :mod:`stfast.data.trip_view`). Raises ValueError on an
     empty split."""
-    days = None
-    if cfg.split_days or cfg.split_by == "date":
-        days = parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
-        idx = split_by_days(trips.date_id, days)
-    else:
-        idx = split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
-    parts = tuple(trips.view(i) for i in idx)
+    by_days = bool(cfg.split_days or cfg.split_by == "date")
+
+    def days():
+        return parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
+
+    def compute():
+        if by_days:
+            return split_by_days(trips.date_id, days())
+        return split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
+
+    parts = split_views(trips, {"by": cfg.split_by, "split": cfg.split, "days": cfg.split_days,
+                                "seed": cfg.split_seed}, compute)  # kept with a store (stfast.data.derived)
     for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
-        if len(p) == 0 and days is not None:
+        if len(p) == 0 and by_days:
             have = sorted(set(int(d) for d in trips.date_id))
-            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days[i])} (the data's days "
+            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days()[i])} (the data's days "
                              f"of month: {have}); change --split-days")
         if len(p) == 0:
             raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
@@ -137,7 +142,11 @@ def preflight(cfg: TrainConfig) -> None:
     trips = load_config_trips(cfg)
     if state is not None:
         guards.check_resume_data(state, trips_fingerprint(trips), len(trips), cfg, path)
-    guards.check_world_size(len(split_trips(trips, cfg)[0]), cfg.nproc)
+    train = split_trips(trips, cfg)[0]
+    guards.check_world_size(len(train), cfg.nproc)
+    if state is None:  # what every rank derives first, computed here once and kept with a store
+        DriverVocab.of_split(train)
+        NormStats.of_split(train, guards.model_options(cfg).get("kernel_size", DeepTTEConfig.kernel_size))
 
 
 @dataclass
@@ -181,20 +190,17 @@ class RunData:
             stats, vocab = NormStats.from_dict(resume["norm_stats"]), DriverVocab.from_list(resume["drivers"])
             mcfg = DeepTTEConfig.from_dict(resume["model_config"])
         else:
-            vocab = DriverVocab(train.driver)
+            vocab = DriverVocab.of_split(train)
             mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
-            stats = NormStats.from_trips(train, mcfg.kernel_size)
+            stats = NormStats.of_split(train, mcfg.kernel_size)
         # --subtrips: pieces of the training trips join the training batches only; the statistics, the
         # baselines and the split sizes are the recorded trips'; with --subtrips-resample epoch one fresh set
         # of pieces per epoch (set e is epoch e's; the once set is set 0)
         draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
-        if cfg.subtrips and (gib := train.n_points * (1 + draws * cfg.subtrips) * 36 / 2**30) > SUBTRIPS_WARN_GIB:
-            log.warning("--subtrips %d makes its pieces in memory, with a copy of the training split: up to %.1f GiB "
-                        "per process for these %d trips; use --subtrips 0 on data this large", cfg.subtrips, gib,
-                        len(train))
-        sets = [subtrips(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
-        fit = Trips.concat([train, *sets]) if sets else train
-        piece_sets = tuple(len(p) for p in sets) if draws > 1 else ()
+        # pieces as spans of the split's points (kept with a store), batched in place: no copy in any rank
+        sets = [kept_subtrip_spans(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
+        fit = WithSubtrips(train, sets) if sets else train
+        piece_sets = tuple(len(p["m"]) for p in sets) if draws > 1 else ()
         train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
                    dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets)
@@ -245,4 +251,4 @@ class RunData:
     @cached_property
     def route_profile(self) -> dict:
         """:class:`~stfast.data.routes.RouteProfile` of the training split (recorded trips), as a dict."""
-        return RouteProfile.from_trips(self.train).to_dict()
+        return RouteProfile.of_split(self.train)

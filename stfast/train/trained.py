@@ -140,7 +140,7 @@ class TrainedModel:
         point spacing): the checkpoint's, else (checkpoints that predate it) computed from the run's training
         data, which must then still be readable. Raises what :meth:`load_trips` raises."""
         if self.route_profile is None:
-            self.route_profile = RouteProfile.from_trips(self.split(self.load_trips(), "train")).to_dict()
+            self.route_profile = RouteProfile.of_split(self.split(self.load_trips(), "train"))
         if not hasattr(self, "_profile"):
             self._profile = RouteProfile.from_dict(self.route_profile)
         return self._profile

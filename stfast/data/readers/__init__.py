@@ -7,6 +7,9 @@ deeptte    :func:`read_deeptte_jsonl` (JSON lines)     :class:`~stfast.data.trip
 geolife    :func:`read_geolife` (GeoLife 1.3 .plt)     :class:`~stfast.data.trips.Trajectories`
 didi       :func:`read_didi_gaia` (DiDi GAIA gps_*)    :class:`~stfast.data.trips.Trajectories`
 csv        :func:`read_csv_points` (point CSV)         :class:`~stfast.data.trips.Trajectories`
+porto      :func:`read_porto` (Kaggle ECML/PKDD 2015)  :class:`~stfast.data.trips.Trajectories`
+tdrive     :func:`read_tdrive` (T-Drive per-taxi .txt) :class:`~stfast.data.trips.Trajectories`
+parquet    :func:`read_parquet_points` (Parquet/Arrow) :class:`~stfast.data.trips.Trajectories`
 =========  ==========================================  ==================================
 
 Common rules: every reader raises only :class:`~stfast.data.errors.TrajectoryFormatError` on bad
@@ -17,7 +20,8 @@ input (with the 1-based line number and the field name where they apply) and tak
 Every result carries each trip's own id (``trip_id``: CSV ``trip_id``, DiDi ``order_id``, GeoLife
 ``<user>/<file stem>``, DeepTTE ``tripID`` or the line number), ``dropped_trips`` (the skipped trips
 whose id is known) and ``tz``, the format's time zone that preprocessing uses by default (GeoLife,
-DiDi, DeepTTE: Asia/Shanghai; CSV: the offsets its timestamps carry, else UTC).
+DiDi, DeepTTE, T-Drive: Asia/Shanghai; Porto: Europe/Lisbon; CSV and Parquet: the offsets its timestamps
+carry, else UTC, or a Parquet timestamp column's zone).
 :func:`detect_format` guesses the format from the content; :func:`read_any` detects and reads.
 """
 from __future__ import annotations
@@ -34,10 +38,13 @@ from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points
 from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, deeptte_files, read_deeptte_jsonl
 from stfast.data.readers.didi_gaia import read_didi_gaia
 from stfast.data.readers.geolife import GEOLIFE_EPOCH, GEOLIFE_HEADER_LINES, read_geolife
+from stfast.data.readers.parquet_points import is_table_file, read_parquet_points, table_files
+from stfast.data.readers.porto import PORTO_REQUIRED, read_porto
+from stfast.data.readers.tdrive import first_line_is_tdrive, read_tdrive, tdrive_files
 
 log = logging.getLogger("stfast.data")
 
-FORMATS = ("deeptte", "geolife", "didi", "csv")
+FORMATS = ("deeptte", "geolife", "didi", "csv", "porto", "tdrive", "parquet")
 
 _DIDI_LINE = re.compile(r"[^,]+,[^,]+,\d{10},[^,]+,[^,]+")
 
@@ -68,11 +75,15 @@ def detect_format(path: str | os.PathLike) -> str:
     """Guess the format of ``path`` from its content; returns one of :data:`FORMATS`.
 
     Rules, in order: a directory holding ``.plt`` files (at any depth) → ``"geolife"``; a directory
-    holding ``gps_*`` files → ``"didi"``; a directory whose files (:func:`deeptte_files`) all start with
-    ``{`` → ``"deeptte"``; a ``.plt`` file or one whose first line is
-    ``Geolife trajectory`` → ``"geolife"``; first non-blank line starting with ``{`` → ``"deeptte"``;
-    a header line whose comma-separated names include ``trip_id,timestamp,lng,lat`` → ``"csv"``;
-    a line of 5 comma fields whose third is a 10-digit integer (no header) → ``"didi"``.
+    holding ``gps_*`` files → ``"didi"``; a directory holding Parquet / Arrow files (by suffix, the first
+    checked by its magic bytes) → ``"parquet"``; a directory whose files (:func:`deeptte_files`) all start with
+    ``{`` → ``"deeptte"``; a directory whose non-empty ``*.txt`` files all start with a T-Drive line →
+    ``"tdrive"``; a ``.plt`` file or one whose first line is ``Geolife trajectory`` → ``"geolife"``; a file
+    starting with Parquet's ``PAR1`` or Arrow's ``ARROW1`` (or an IPC stream's marker) → ``"parquet"``;
+    first non-blank line starting with ``{`` → ``"deeptte"``; a header line whose comma-separated names
+    include ``trip_id,timestamp,lng,lat`` → ``"csv"``, or ``TRIP_ID, TAXI_ID, TIMESTAMP, MISSING_DATA,
+    POLYLINE`` → ``"porto"``; a line ``taxi_id,yyyy-mm-dd HH:MM:SS,lng,lat`` → ``"tdrive"``; a line of 5
+    comma fields whose third is a 10-digit integer (no header) → ``"didi"``.
 
     Raises:
         TrajectoryFormatError: missing path ("no such file"), or nothing matched (the message lists
@@ -84,12 +95,21 @@ def detect_format(path: str | os.PathLike) -> str:
             return "geolife"
         if any(_is_didi_data_file(c) for c in p.iterdir()):
             return "didi"
+        tables = table_files(p)
+        if tables and is_table_file(tables[0]):
+            return "parquet"
         files = deeptte_files(p)
         if files and all((_first_nonblank_line(f) or "").startswith("{") for f in files):
             return "deeptte"
-        raise _unrecognized(path, "directory holds neither .plt nor gps_* files, nor only JSON-lines files")
+        txt = [ln for ln in map(_first_nonblank_line, tdrive_files(p)) if ln is not None]
+        if txt and all(map(first_line_is_tdrive, txt)):
+            return "tdrive"
+        raise _unrecognized(path, "directory holds neither .plt, gps_*, Parquet / Arrow nor T-Drive files, nor "
+                                  "only JSON-lines files")
     if p.suffix.lower() == ".plt":
         return "geolife"
+    if is_table_file(p):
+        return "parquet"
     first = _first_nonblank_line(p)
     if first is None:
         raise _unrecognized(path, "file is empty")
@@ -103,6 +123,10 @@ def detect_format(path: str | os.PathLike) -> str:
         names = set()
     if set(CSV_REQUIRED) <= names:
         return "csv"
+    if {n.upper() for n in names} >= set(PORTO_REQUIRED):
+        return "porto"
+    if first_line_is_tdrive(first):
+        return "tdrive"
     if _DIDI_LINE.fullmatch(first):
         return "didi"
     shown = first if len(first) <= 80 else first[:77] + "..."
@@ -114,6 +138,9 @@ _READERS = {
     "geolife": read_geolife,
     "didi": read_didi_gaia,
     "csv": read_csv_points,
+    "porto": read_porto,
+    "tdrive": read_tdrive,
+    "parquet": read_parquet_points,
 }
 
 
@@ -148,4 +175,7 @@ __all__ = [
     "read_deeptte_jsonl",
     "read_didi_gaia",
     "read_geolife",
+    "read_parquet_points",
+    "read_porto",
+    "read_tdrive",
 ]

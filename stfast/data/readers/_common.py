@@ -29,11 +29,13 @@ class _Problems:
         self.dropped: dict[str, int] = {}
         self.first: TrajectoryFormatError | None = None
         self._bad_trips: dict[str, None] = {}  # ids of trips with a skipped record, in order
+        self._gone: list[tuple[str, str]] = []  # (trip id, reason) of whole trips a reader leaves out by rule
 
     def bad(self, path, line: int | None, field: str | None, reason: str, kind: str = "bad_line",
-            trip: str | None = None) -> None:
-        """A bad record at ``line`` (of trip ``trip`` when its id is known): raise or count it."""
-        err = TrajectoryFormatError(path, line, field, reason)
+            trip: str | None = None, at: str | None = None) -> None:
+        """A bad record at ``line`` (or ``at``: "row group g, row r") of trip ``trip`` when its id is known:
+        raise or count it."""
+        err = TrajectoryFormatError(path, line, field, reason, at)
         if not self.skip:
             raise err
         self.dropped[kind] = self.dropped.get(kind, 0) + 1
@@ -43,8 +45,20 @@ class _Problems:
             self._bad_trips[trip] = None
 
     def dropped_trips(self, kept) -> DroppedTrips:
-        """Rows (reason "bad_line") for the trips with a skipped record that are not in ``kept``."""
-        return DroppedTrips.of([i for i in self._bad_trips if i not in kept], "bad_line")
+        """Rows (reason "bad_line") for the trips with a skipped record that are not in ``kept``, then those of
+        :meth:`drop_trip` (its reasons)."""
+        bad = DroppedTrips.of([i for i in self._bad_trips if i not in kept], "bad_line")
+        if not self._gone:
+            return bad
+        ids, why = zip(*self._gone)
+        return DroppedTrips.concat([bad, DroppedTrips(np.array(ids, object), np.zeros(len(ids), np.int64),
+                                                      np.array(why, object))])
+
+    def drop_trip(self, kind: str, trip: str) -> None:
+        """A whole trip left out by the format's rule (e.g. Porto's MISSING_DATA=True): counted under ``kind``
+        and listed in :meth:`dropped_trips` with that reason."""
+        self.count(kind)
+        self._gone.append((trip, kind))
 
     def count(self, kind: str, n: int = 1) -> None:
         self.dropped[kind] = self.dropped.get(kind, 0) + n
@@ -154,26 +168,46 @@ def _iter_blocks(path: Path, size: int | None = None) -> Iterator[tuple[int, byt
 _END = object()
 
 
-def _read_ahead(blocks: Iterator, parse, depth: int = 2) -> Iterator[tuple]:
-    """(block, parse(block)) for each item of ``blocks``, in order, while a worker thread reads and parses the
-    next ``depth`` blocks (pyarrow's reader and numpy release the GIL, so reading overlaps with what the caller
-    does with a block: on 2 cores, about the smaller of the two costs is saved). ``parse`` must not touch
-    shared state; anything order-dependent (trip codes) stays with the caller. Errors of either are raised
-    here, in order."""
+def _read_ahead(blocks: Iterator, parse, depth: int = 2, workers: int = 1) -> Iterator[tuple]:
+    """(block, parse(block)) for each item of ``blocks``, in order, while worker threads read and parse the next
+    ``depth`` blocks (pyarrow's reader and numpy release the GIL, so parsing overlaps with what the caller does
+    with a block; with ``workers`` > 1, blocks are also parsed side by side, for a parse that outweighs the
+    caller's work). Blocks are read one at a time (a lock), numbered as read, and handed on in that order.
+    ``parse`` must not touch shared state; anything order-dependent (trip codes) stays with the caller. Errors of
+    either are raised here, in order."""
+    import itertools
+    import threading
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    def task():  # tasks run one at a time in the one worker, so the generator is never advanced concurrently
-        item = next(blocks, _END)
-        return item, (None if item is _END else parse(item))
+    lock = threading.Lock()
+    number = itertools.count()
 
-    with ThreadPoolExecutor(1, thread_name_prefix="stfast-read") as pool:
-        queue = deque(pool.submit(task) for _ in range(depth))
-        while True:
-            item, got = queue.popleft().result()
+    def task():
+        with lock:  # blocks are read in order, numbered as read: a later task may take an earlier block
+            k = next(number)
+            try:
+                item = next(blocks, _END)
+            except BaseException as e:  # noqa: B036 (raised by the caller, in order)
+                return k, None, None, e
+        try:
+            return k, item, (None if item is _END else parse(item)), None
+        except BaseException as e:  # noqa: B036
+            return k, item, None, e
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="stfast-read") as pool:
+        running = deque(pool.submit(task) for _ in range(max(depth, workers)))
+        done: dict = {}
+        for want in itertools.count():
+            while want not in done:
+                k, *rest = running.popleft().result()
+                done[k] = rest
+            item, got, err = done.pop(want)
+            if err is not None:
+                raise err
             if item is _END:
                 return
-            queue.append(pool.submit(task))
+            running.append(pool.submit(task))
             yield item, got
 
 
@@ -243,3 +277,28 @@ class _TripCodes:
 def _is_didi_data_file(p: Path) -> bool:
     """A DiDi GAIA point file name: gps_* with no extension (or .csv/.txt), so gps_*.sha256 is not one."""
     return p.name.startswith("gps_") and p.suffix.lower() in ("", ".csv", ".txt") and p.is_file()
+
+
+def _collect_points(path, blocks, probs: _Problems, codes: _TripCodes, meta: dict):
+    """:class:`~stfast.data.trips.Trajectories` of a point reader's blocks (dicts of ``code``, ``t``, ``lng``,
+    ``lat``, ``state`` and, when ``meta["offsets"]``, ``off``): one trajectory per code, points sorted by time
+    (stable), trips in code order, ``dropped``/``dropped_trips`` from ``probs``; ``meta`` is read once the
+    blocks are exhausted (``tz``, ``offsets``)."""
+    from stfast.data.trips import Trajectories, lengths_to_offsets
+
+    parts = list(blocks)
+    probs.warn(path)
+
+    def cat(k, dt):
+        return np.concatenate([b[k] for b in parts]).astype(dt, copy=False) if parts else np.zeros(0, dt)
+
+    code, t = cat("code", np.int64), cat("t", np.float64)
+    order = np.lexsort((t, code))
+    return Trajectories(
+        offsets=lengths_to_offsets(np.bincount(code, minlength=len(codes)).astype(np.int64)),
+        lng=cat("lng", np.float64)[order], lat=cat("lat", np.float64)[order], t=t[order],
+        state=cat("state", np.float32)[order],
+        driver=np.array(codes.driver, dtype=object), source=np.array(codes.source, dtype=object), mode=None,
+        trip_id=np.array(list(codes.code), dtype=object),
+        utc_offset_s=cat("off", np.float64)[order] if meta.get("offsets") else None,
+        dropped=dict(probs.dropped), dropped_trips=probs.dropped_trips(codes.code), tz=meta["tz"])

@@ -214,9 +214,27 @@ def _rows(first: int, block: bytes):
     return reader, lambda: first - 1 + reader.line_num
 
 
-def _find_header(path: Path, first: int, block: bytes, limit: int | None = 1 << 20):
+def _data_rows(path, first: int, block: bytes, probs: _Problems):
+    """(1-based line, fields) of a block's non-blank rows read by the csv module; a CSV error is a bad line
+    (raised or counted by ``probs``)."""
+    reader, line = _rows(first, block)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            probs.bad(path, line(), None, f"CSV error: {e}")
+            continue
+        if row and any(c.strip() for c in row):
+            yield line(), row
+
+
+def _find_header(path: Path, first: int, block: bytes, limit: int | None = 1 << 20, make=None):
     """(header, first line after it, rest of the block) — header None when the block holds only blank rows.
-    Only the block's first ``limit`` bytes are decoded unless the header is not in them."""
+    Only the block's first ``limit`` bytes are decoded unless the header is not in them. ``make(path, line,
+    row)`` builds the header (default :class:`_Header`, the point CSV's)."""
+    make = make or _Header
     head = block[:block.rfind(b"\n", 0, limit) + 1] if limit is not None and len(block) > limit else block
     reader, line = _rows(first, head or block)
     while True:
@@ -224,13 +242,13 @@ def _find_header(path: Path, first: int, block: bytes, limit: int | None = 1 << 
             row = next(reader)
         except StopIteration:
             if 0 < len(head) < len(block):
-                return _find_header(path, first, block, None)
+                return _find_header(path, first, block, None, make)
             return None, first, b""
         except csv.Error as e:
             raise TrajectoryFormatError(path, line(), None, f"CSV error: {e}") from None
         if row and any(c.strip() for c in row):
             no = line()
-            header = _Header(path, no, row)
+            header = make(path, no, row)
             rest = block
             for _ in range(no - first + 1):  # the header's physical lines
                 rest = rest[rest.index(b"\n") + 1:] if b"\n" in rest else b""
@@ -382,20 +400,9 @@ def _fixed_width_iso(col) -> tuple[np.ndarray, np.ndarray] | None:
 def _slow_block(path: Path, first: int, block: bytes, h: _Header, probs: _Problems, codes: _TripCodes) -> dict:
     """A block's rows read by the csv module, checked one by one (the exact checks and messages)."""
     rows = []  # (code, t, offset, lng, lat, state)
-    reader, line = _rows(first, block)
     n_fields = len(h.names)
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            probs.bad(path, line(), None, f"CSV error: {e}")
-            continue
-        no = line()
+    for no, row in _data_rows(path, first, block, probs):
         trip = None
-        if not row or all(not c.strip() for c in row):
-            continue
         try:
             if len(row) != n_fields:
                 raise _BadField(None, f"expected {n_fields} fields as in the header, got {len(row)}")
