@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from ..data.geo import haversine_km
+from ..data.geo import EARTH_RADIUS_KM, haversine_km
 from ..data.routes import RouteError, check_route
 
 ROUTE_KEYS = ("route", "departure", "driver", "states", "densify")
@@ -123,6 +123,21 @@ def _number(v) -> bool:
     return type(v) in _NUMBER  # bool is an int subclass: type(), not isinstance()
 
 
+MIN_ROUTE_KM = 0.001  # a route shorter than a metre goes nowhere: no travel time to estimate
+
+
+def _densified_path_km(a: np.ndarray) -> float:
+    """Length (km) of the path densification walks through route ``a`` [n, 2] (lng, lat degrees): per segment the
+    larger of its great-circle length and the length of the straight line in (lng, lat) between its ends, the
+    line the densifier interpolates along. Why both: a segment across the antimeridian (179.99 to -179.99) is
+    2 km as the crow flies but interpolated the long way round the globe; its point estimate must see that."""
+    lng, lat = a[:, 0], a[:, 1]
+    great = haversine_km(lng[:-1], lat[:-1], lng[1:], lat[1:])
+    coslat = np.cos(np.radians((lat[:-1] + lat[1:]) / 2))
+    straight = np.hypot(np.diff(lng) * coslat, np.diff(lat)) * (np.pi / 180.0 * EARTH_RADIUS_KM)
+    return float(np.maximum(great, straight).sum())
+
+
 def check_request(obj, index: int, *, spacing_km: float, max_route_points: int) -> Checked:
     """One route request (``index``: its place in the request) checked as the module docstring says, before any
     densification. Raises ApiError: 422 naming the field, 413 naming the limit."""
@@ -177,9 +192,10 @@ def check_request(obj, index: int, *, spacing_km: float, max_route_points: int) 
             raise ApiError(422, f"value {quote(states[bad])} at point {bad}: states are the numbers 0 or 1", index,
                            "states")
         states = np.asarray(states, np.float64)
-    km = float(haversine_km(a[:-1, 0], a[:-1, 1], a[1:, 0], a[1:, 1]).sum())
-    if km == 0.0:
-        raise ApiError(422, f"the route's {len(a)} points are all the same place (0 km): a route must go somewhere",
+    km = _densified_path_km(a)
+    if km < MIN_ROUTE_KM:
+        raise ApiError(422, f"the route's {len(a)} points are {km * 1000:.2g} m long in all: a route must go somewhere (at "
+                            f"least {MIN_ROUTE_KM * 1000:g} m)",
                        index, "route")
     points = int(km / spacing_km) + 2 if densify else len(a)
     if points > max_route_points:
