@@ -98,6 +98,9 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--token-file", default=None,
                    help="file whose first line is a bearer token (≥ 16 characters) that every path but /healthz "
                         "and the page needs (401 without it)")
+    v.add_argument("--allowed-host", action="append", default=[],
+                   help="a name the Host header may give (requests naming another: 421); repeatable. On a loopback "
+                        "--host, the loopback names are allowed already; elsewhere, without it, any name is")
     v.add_argument("--cors-origin", action="append", default=[],
                    help="a browser origin (https://host[:port]) allowed to call the API cross-site; repeatable")
     v.add_argument("--header-timeout-s", type=float, default=10.0, help="request line and headers must arrive within")
@@ -395,7 +398,7 @@ def cmd_serve(a) -> int:
           max_route_points=a.max_route_points, max_request_points=a.max_request_points,
           max_batch_points=a.max_batch_points, header_timeout_s=a.header_timeout_s, body_timeout_s=a.body_timeout_s,
           idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s,
-          precision=a.precision)
+          precision=a.precision, allowed_hosts=tuple(a.allowed_host))
     return 0
 
 

@@ -130,6 +130,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'max_batch_points': (('--max-batch-points',), 20000, None, 'int', 'StoreAction', False, None),
         'forwarded_allow_ips': (('--forwarded-allow-ips',), None, None, None, 'StoreAction', False, None),
         'token_file': (('--token-file',), None, None, None, 'StoreAction', False, None),
+        'allowed_host': (('--allowed-host',), [], None, None, 'AppendAction', False, None),
         'cors_origin': (('--cors-origin',), [], None, None, 'AppendAction', False, None),
         'header_timeout_s': (('--header-timeout-s',), 10.0, None, 'float', 'StoreAction', False, None),
         'body_timeout_s': (('--body-timeout-s',), 30.0, None, 'float', 'StoreAction', False, None),

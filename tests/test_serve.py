@@ -315,7 +315,7 @@ def test_serve_precision_override(model, monkeypatch):
     a = build_parser().parse_args(argv)
     assert a.precision == "bf16-mixed"
     app_mod.serve(a.checkpoint, precision=a.precision)
-    c = TestClient(seen["app"])
+    c = TestClient(seen["app"], base_url="http://127.0.0.1")  # serve() on loopback answers loopback names only
     assert c.get("/healthz").json()["model"]["precision"] == "bf16-mixed"
     r = c.post("/eta", json={"route": _route(), "departure": DEP})
     assert r.status_code == 200, r.text

@@ -440,6 +440,27 @@ def test_finding5_bearer_token_and_cross_origin(model):
         assert page.headers["x-frame-options"] == "DENY"
 
 
+def test_host_header_rule_stops_dns_rebinding(model):
+    """A page of evil.example whose name was rebound to 127.0.0.1 is same-origin with itself (Host and Origin both
+    evil.example): a service bound to loopback answers only for loopback names (and --allowed-host), 421 else."""
+    from stfast.serve.app import default_hosts, host_name
+
+    assert host_name(b"[::1]:8000") == "::1" and host_name(b"Evil.Example:8765") == "evil.example"
+    assert host_name(b"localhost") == "localhost"
+    assert "localhost" in default_hosts("127.0.0.1") and "eta.example" in default_hosts("::1", ("eta.example",))
+    assert default_hosts("0.0.0.0") is None and default_hosts("10.1.2.3", ("eta.example",)) == ("eta.example",)
+    app = create_app(model, allowed_hosts=default_hosts("127.0.0.1", ("eta.example",)))
+    with _SyncASGI(app) as c:
+        rebound = {"Host": "evil.example:8765", "Origin": "http://evil.example:8765", "Sec-Fetch-Site": "same-origin"}
+        r = c.post("/eta", json=_good(), headers=rebound)
+        assert r.status_code == 421 and _is_json_error(r) and "--allowed-host" in r.json()["error"]
+        for host in ("127.0.0.1:8765", "localhost:8765", "[::1]:8765", "ETA.example"):
+            assert c.post("/eta", json=_good(), headers={"Host": host}).status_code == 200, host
+        # no redirect that would echo the Host header: /eta/ is a JSON 404
+        r = c.post("/eta/", json=_good(), headers={"Host": "127.0.0.1"})
+        assert r.status_code == 404 and _is_json_error(r) and "location" not in r.headers
+
+
 class _SyncASGI:
     """A synchronous client of an ASGI app in-process (one event loop per call)."""
 

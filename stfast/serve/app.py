@@ -131,14 +131,43 @@ def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_qu
     return DynamicBatcher(forward, max_batch, max_wait_s, max_queue_points, max_batch_points, thread_name=thread_name)
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def host_name(host: bytes) -> str:
+    """The name of a ``Host`` header's value, lower case, without its port: ``b"[::1]:8000"`` -> ``"::1"``."""
+    text = host.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:].partition("]")[0]
+    return text.rpartition(":")[0] if text.count(":") == 1 else text
+
+
+def default_hosts(bind: str, extra: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The Host names a service bound to ``bind`` answers for: on a loopback address, the loopback names (a
+    browser's page elsewhere cannot reach it by rebinding its own domain to 127.0.0.1), plus ``extra``
+    (``--allowed-host``); on any other address ``extra``, or any name when none is given (behind a reverse proxy,
+    name the public host)."""
+    import ipaddress
+
+    try:
+        loopback = bind == "localhost" or ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return (*LOOPBACK_NAMES, bind.lower(), *extra)
+    return tuple(extra) or None
+
+
 class Service:
     """The service's ASGI app. In front of FastAPI: the cross-origin rule (``cors_origins``), the token
     (``token``; :data:`OPEN_PATHS` need none), ``POST /eta`` straight to its handler (FastAPI's middleware stack and
     router cost about 0.1 ms of CPU per request), and a last guard: any exception becomes a JSON 500 of that request
     alone. ``state`` is the FastAPI app's (``state.batcher``)."""
 
-    def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...]):
+    def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...],
+                 allowed_hosts: tuple[str, ...] | None = None):
         self.app, self.eta, self.state = app, eta, app.state
+        self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.token = None if token is None else f"Bearer {token}".encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
 
@@ -161,6 +190,10 @@ class Service:
 
     async def _route(self, scope, receive, send):
         headers = dict(scope["headers"])
+        if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
+            # DNS rebinding: a page of evil.example resolved to this address is same-origin by its Host header
+            return await error_response(ApiError(421, "this service does not answer for that Host header (allow a "
+                                                      "name with --allowed-host)"))(scope, receive, send)
         origin = headers.get(b"origin")
         cors = origin is not None and origin in self.cors_origins
         if origin is not None and not cors and origin.partition(b"://")[2] != headers.get(b"host"):
@@ -197,7 +230,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
-               build_threads: int = 2):
+               build_threads: int = 2, allowed_hosts: tuple[str, ...] | None = None):
     """The ASGI app serving ``model`` (module docstring).
 
     Args:
@@ -211,13 +244,15 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         max_batch_points: points per forward pass (a request of more goes alone); at least max_request_points.
         token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
         cors_origins: browser origins allowed to call the API from another site (others: 403).
+        allowed_hosts: the names (or addresses) the ``Host`` header may give, ports aside (others: 421); None: any.
         build_threads: worker threads that parse and check requests (building: one thread for requests of up to
             :data:`SMALL_REQUEST_POINTS` points, built together, one for larger ones).
     """
     if max_batch_points < max_request_points or max_request_points < max_route_points:
         raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
                          f"({max_request_points}) ≤ per batch ({max_batch_points})")
-    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None)  # no CDN-served docs
+    # no CDN-served docs; no redirect of /eta/ to /eta (its Location would echo the client's Host header)
+    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue_points, max_batch_points)
     large = route_batcher(model, max_batch, 0.0, max_queue_points, max_batch_points, "stfast-forward-large")
     limit = RateLimit(rate_limit, max(rate_limit, 1.0)) if rate_limit > 0 else None
@@ -359,7 +394,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return Service(app, eta, token, tuple(cors_origins))
+    return Service(app, eta, token, tuple(cors_origins), allowed_hosts)
 
 
 class _Gone(Exception):
@@ -378,7 +413,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           forwarded_allow_ips: str | None = None, token_file: str | None = None, cors_origins: tuple[str, ...] = (),
           max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
-          max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None) -> None:
+          max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None,
+          allowed_hosts: tuple[str, ...] = ()) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
 
     uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
@@ -386,7 +422,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     the addresses ``forwarded_allow_ips`` lists (None: from nowhere), and on SIGTERM / SIGINT a graceful drain:
     the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
     ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs.
-    ``precision``: what the forward passes compute in (32, 64 or bf16-mixed; None: the checkpoint's)."""
+    ``precision``: what the forward passes compute in (32, 64 or bf16-mixed; None: the checkpoint's).
+    ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`."""
     import uvicorn
 
     from ..train.trained import load_model
@@ -400,7 +437,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     model = load_model(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
-                     cors_origins=cors_origins)
+                     cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts))
     uvicorn.Server(server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips,
                                  header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
                                  idle_timeout_s=idle_timeout_s, max_connections=max_connections,
