@@ -53,10 +53,12 @@ class ApiError(Exception):
 
 
 def quote(value, limit: int = 60) -> str:
-    """``value`` as an error text may show it: ``repr`` of text (escaping what JSON cannot encode, such as a lone
-    surrogate), cut to ``limit`` characters."""
-    s = repr(value) if isinstance(value, str) else str(value)
-    s = s.encode("utf-8", "backslashreplace").decode("utf-8")
+    """``value`` as an error text may show it: in JSON's words (``null``, ``true``, ``"text"``, ``[1, 2]``; non-ASCII
+    escaped, so a lone surrogate cannot break the answer's encoding), cut to ``limit`` characters."""
+    try:
+        s = json.dumps(value, ensure_ascii=True, default=str)
+    except ValueError:  # an integer of more digits than Python converts
+        s = "a number too long to show"
     return s if len(s) <= limit else s[:limit - 1] + "…"
 
 
