@@ -4,7 +4,7 @@ looks ahead, so its outputs at valid positions are the packed ones) — with Dee
 input 61), forward and forward+backward, in float32 and bfloat16 (torch: bfloat16 weights and inputs, and
 float32 under ``torch.autocast``; the faster is its figure), side by side in one run.
 
-Batches are formed as training forms them (stfast.train.run_data.epoch_batches: shuffled, sorted by length
+Batches are formed as training forms them (stfast.data.batches.epoch_batches: shuffled, sorted by length
 inside chunks), from the trip lengths of the samples in ../shared/data (Chengdu B = 64, 256; GeoLife B = 64;
 synthetic stand-ins without them): the batch of median total length of epoch 0. Each row reports GFLOP/s
 (GEMM work of the valid positions for stfast, of the padded ones for torch) beside the rate of the best GEMM
@@ -39,7 +39,7 @@ from bench_geo_conv import source_lengths  # (it puts the repository root on the
 
 from stfast.nn import LSTM
 from stfast.ops.gemm import gemm_library, select_gemm_library
-from stfast.train.run_data import epoch_batches
+from stfast.data.batches import epoch_batches
 
 I, H, LAYERS, K = 61, 128, 2, 3
 SHAPES = [("chengdu", 64), ("chengdu", 256), ("geolife", 64)]
@@ -51,7 +51,7 @@ DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 def training_lengths(shape: str, batch: int, seed: int = 0) -> np.ndarray:
     """LSTM lengths (trip length − k + 1, as after the geo-conv) of one full batch of epoch 0 as training
-    draws it (:func:`stfast.train.run_data.epoch_batches`): the batch of median total length."""
+    draws it (:func:`stfast.data.batches.epoch_batches`): the batch of median total length."""
     lengths, _ = source_lengths(shape)
     lengths = lengths[lengths >= K]
     full = [b for b in epoch_batches(lengths, batch, seed, 0) if len(b) == batch]

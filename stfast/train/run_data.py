@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..data.batches import LENGTH_SORT_CHUNK, epoch_batches  # noqa: F401  (re-exported: stfast.train.trainer)
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.derived import split_views
 from ..data.fingerprint import trips_fingerprint
@@ -38,7 +39,6 @@ from .resume import resume_checkpoint
 
 log = logging.getLogger("stfast.train")
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
-LENGTH_SORT_CHUNK = 100  # batches sorted by length inside chunks of this many (as the original)
 
 
 def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
@@ -77,23 +77,6 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, T
         if len(p) < MIN_SPLIT_WARN:
             log.warning("the %s split has only %d trip%s: its metrics are noisy", name, len(p), "" if len(p) == 1 else "s")
     return parts  # type: ignore[return-value]
-
-
-def epoch_batches(lengths: np.ndarray, batch_size: int, seed: int, epoch: int,
-                  members: np.ndarray | None = None) -> list[np.ndarray]:
-    """Global batches of one epoch: a seeded shuffle, sorted by length inside chunks of
-    LENGTH_SORT_CHUNK batches (less padding), batch order shuffled. The same on every rank; the last
-    batch may be smaller. ``members``: the trip indices the epoch covers (default: all of ``lengths``)."""
-    rng = np.random.default_rng([seed, epoch])
-    perm = rng.permutation(len(lengths)) if members is None else members[rng.permutation(len(members))]
-    chunk = batch_size * LENGTH_SORT_CHUNK
-    batches = []
-    for s in range(0, len(perm), chunk):
-        part = perm[s:s + chunk]
-        part = part[np.argsort(lengths[part], kind="stable")]
-        batches += [part[i:i + batch_size] for i in range(0, len(part), batch_size)]
-    order = rng.permutation(len(batches))
-    return [batches[i] for i in order]
 
 
 def progress_bar(iterable, enabled: bool, **kw):
