@@ -2,7 +2,9 @@
 equality with the plain model (outputs, loss, gradients; float64 within 1e-9) for every plan that runs
 here: CPU sequential, CPU threads, GPipe micro-batches on CPU "devices", 2 Gloo processes with send/recv;
 CUDA streams / two GPUs where present."""
+import faulthandler
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -269,6 +271,7 @@ def test_layout_ranks_for_four_processes():
 
 # ------------------------------------------------------------------------------------------- 2 Gloo processes
 def _gloo_worker(rank: int, store: str, out_dir: str):
+    faulthandler.enable()  # a rank that aborts in native code prints where Python was
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
@@ -298,9 +301,15 @@ def _gloo_worker(rank: int, store: str, out_dir: str):
         dist.all_reduce(t, group=lay1.dp_group)
         res["dp_sum"] = (dist.get_world_size(lay1.cp_group), t.item())
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # no rank tears Gloo down while its peer still works (seen to abort)
-    finally:
+        dist.barrier()  # both ranks' results are on disk
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Leave without tearing Gloo down: CI saw a rank abort there twice ("terminate called without an active
+    # exception", even after a barrier), inside torch, after its results were written; what is tested is on disk.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
