@@ -379,7 +379,9 @@ def main(argv=None) -> int:
                     h = httpx.get(url + "/healthz").json()["batching"]
                     rows.append({"mode": mode, "densify": d, **r,
                                  "forward_passes": h["forward_passes"] - passes0[mode]["forward_passes"],
-                                 "routes": h["routes"] - passes0[mode]["routes"]})
+                                 "routes": h["routes"] - passes0[mode]["routes"],
+                                 **{k: h[k] - passes0[mode][k] for k in ("forward_busy_s", "forward_cpu_s", "batch_wait_s",
+                                                                         "build_busy_s")}})
                     print(f"densify {d:3s} {mode:24s} {c:3d} clients: {r['rps']:7.1f} req/s (rounds: "
                           f"{', '.join(f'{x:.0f}' for x in r['round_rps'])})  p50 {r['p50_ms']:7.1f} ms  "
                           f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  CPU ms/request: server "

@@ -573,6 +573,41 @@ def test_finding8_densified_routes_are_built_in_workers_and_share_passes(model):
     np.testing.assert_allclose([r.json()["eta_s"] for r in rs], want, rtol=1e-6)
 
 
+def test_requests_built_together_share_one_trips_and_a_refused_one_keeps_its_error(model):
+    from stfast.serve.app import build_items, route_batcher
+    from stfast.serve.request import check_body
+
+    def checked(body):
+        return check_body(body, spacing_km=model.densify_spacing_km(), max_route_points=10_000,
+                          max_request_points=20_000)[0]
+
+    rng = np.random.default_rng(3)
+    good = [{"routes": [{"route": _route(int(rng.integers(4, 30)), float(rng.uniform(0.1, 0.4)), dx),
+                         "departure": DEP, "densify": bool(k % 2)} for dx in (0.0, 0.001)[:1 + k % 2]]}
+            for k in range(6)]
+    far = {"routes": [{"route": _route(6, 0.2), "departure": DEP},
+                      {"route": _route(6, 0.2, dx=5.0), "departure": DEP}]}  # its 2nd route: outside the area
+    items = [checked(b) for b in good[:3]] + [checked(far)] + [checked(b) for b in good[3:]]
+    built = build_items(model, items)
+    assert isinstance(built[3], ApiError) and built[3].status == 422 and built[3].route == 1
+    alone = build_items(model, [items[0]])[0]  # with nobody refused, the items share one Trips
+    together = build_items(model, [items[0], items[1]])
+    assert together[0][0] is together[1][0] and len(together[0][0]) == len(items[0]) + len(items[1])
+    assert np.array_equal(together[1][1], np.arange(len(items[0]), len(items[0]) + len(items[1])))
+    assert np.array_equal(alone[0].lng, together[0][0].subset(together[0][1]).lng)
+    # the forward pass takes each item's rows, from shared and own Trips mixed, and answers each its own
+    fwd = route_batcher(model, 64, 0.0).forward
+    inputs = [together[1], built[2], together[0], alone, built[4], built[6]]
+    asked = [items[1], items[2], items[0], items[0], items[4], items[6]]
+    rows = fwd(inputs)
+    for r, item, one in zip(rows, asked, inputs):
+        assert r.shape == (len(item), 3)
+        np.testing.assert_allclose(r, fwd([one])[0], rtol=1e-6)  # as if it had its pass alone
+        if not any(c.densify for c in item):
+            np.testing.assert_allclose(r[:, 0], model.eta([c.route for c in item], [DEP] * len(item),
+                                                          densify=False), rtol=1e-6)
+
+
 def test_finding8_densifying_many_routes_at_once_gives_each_routes_points():
     from stfast.data.routes import densify
     from stfast.serve.densify import densify_many

@@ -77,15 +77,16 @@ def error_response(e: ApiError) -> Response:
 
 def build_items(model: TrainedModel, items: list[list[Checked]]) -> list:
     """Checked requests built into the trips the model reads, in a worker thread: the densified routes of all
-    ``items`` in one :func:`~.densify.densify_many` call, then per request one :meth:`TrainedModel.route_trips`
-    call (the points as densified; coverage, distances, calendar ids). Each item's result: (Trips, pos
-    [len(item)]: each route's row, here the identity) or its :class:`ApiError` (413/422 naming the route, in the
-    request, and the field), so that one request's error is its own."""
+    ``items`` in one :func:`~.densify.densify_many` call, then one :meth:`TrainedModel.route_trips` call for the
+    routes of all of them (coverage, distances, calendar ids; per request only when one of them is refused, to
+    find whose). Each item's result: (Trips, pos [len(item)]: its routes' rows in that Trips, which the items
+    built together share) or its :class:`ApiError` (413/422 naming the route, in the request, and the field),
+    so that one request's error is its own."""
     spacing, kernel = model.densify_spacing_km(), model.norm_stats.kernel_size
     flat = [(k, j) for k, item in enumerate(items) for j, r in enumerate(item) if r.densify]
     dense = dict(zip(flat, densify_many([items[k][j].route for k, j in flat], [items[k][j].states for k, j in flat],
                                         spacing)))
-    out = []
+    out, ready = [], []  # ready: (k, points, states) of the items whose densified routes passed
     for k, item in enumerate(items):
         try:
             pts, states = [], []
@@ -101,31 +102,64 @@ def build_items(model: TrainedModel, items: list[list[Checked]]) -> list:
                 else:
                     pts.append(r.route)
                     states.append(r.states)
-            try:
-                trips = model.route_trips(pts, [r.departure for r in item], [r.driver for r in item],
-                                          None if all(s is None for s in states) else states, densify=False)
-            except RouteError as e:
-                raise ApiError(413 if e.too_large else 422, e.problem, e.index, e.field) from None
-            out.append((trips, np.arange(len(item))))
+            out.append(None)
+            ready.append((k, pts, states))
         except ApiError as e:
             out.append(e)
+    if not ready:
+        return out
+    try:  # Why one call: its fixed cost (validation, calendar, arrays) is most of a short route's building
+        trips = _route_trips(model, [p for _, pts, _ in ready for p in pts],
+                             [r.departure for k, _, _ in ready for r in items[k]],
+                             [r.driver for k, _, _ in ready for r in items[k]],
+                             [s for _, _, states in ready for s in states])
+        start = 0
+        for k, pts, _ in ready:
+            out[k] = (trips, np.arange(start, start + len(pts)))
+            start += len(pts)
+    except ApiError:  # one of them is refused: each alone, so that the error is its own
+        for k, pts, states in ready:
+            try:
+                item = items[k]
+                out[k] = (_route_trips(model, pts, [r.departure for r in item], [r.driver for r in item], states),
+                          np.arange(len(item)))
+            except ApiError as e:
+                out[k] = e
     return out
+
+
+def _route_trips(model: TrainedModel, pts, departures, drivers, states) -> Trips:
+    try:
+        return model.route_trips(pts, departures, drivers, None if all(s is None for s in states) else states,
+                                 densify=False)
+    except RouteError as e:
+        raise ApiError(413 if e.too_large else 422, e.problem, e.index, e.field) from None
 
 
 def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
                   max_batch_points: int | None = None, thread_name: str = "stfast-forward") -> DynamicBatcher:
-    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: its trips and each
-    route's row); a batch's trips are concatenated and go through one ``predict`` (passes of at most ``max_batch``
+    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: a Trips and its
+    routes' rows there); the rows of a batch's items go through one ``predict`` (passes of at most ``max_batch``
     routes) in the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
 
     def forward(items: list[tuple[Trips, np.ndarray]]) -> list[np.ndarray]:
-        trips = items[0][0] if len(items) == 1 else Trips.concat([t for t, _ in items])
-        secs = model.predict(trips, batch_size=max_batch)
-        rows = np.stack([secs, trips.dist, trips.lengths.astype(np.float64)], 1)
-        out, start = [], 0
+        shared: dict[int, list] = {}  # items built together share a Trips: each Trips once, its rows taken
         for t, pos in items:
-            out.append(rows[start + pos])
-            start += len(t)
+            shared.setdefault(id(t), [t, []])[1].append(pos)
+        parts, base, start = [], {}, 0
+        for key, (t, poss) in shared.items():
+            rows = np.concatenate(poss)
+            parts.append(t if np.array_equal(rows, np.arange(len(t))) else t.subset(rows))
+            base[key] = start
+            start += len(rows)
+        trips = parts[0] if len(parts) == 1 else Trips.concat(parts)
+        secs = model.predict(trips, batch_size=max_batch)
+        table = np.stack([secs, trips.dist, trips.lengths.astype(np.float64)], 1)
+        out = []
+        for t, pos in items:  # the same order as the rows were taken
+            at = base[id(t)]
+            out.append(table[at:at + len(pos)])
+            base[id(t)] = at + len(pos)
         return out
 
     return DynamicBatcher(forward, max_batch, max_wait_s, max_queue_points, max_batch_points, thread_name=thread_name)
@@ -230,7 +264,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
-               build_threads: int = 2, allowed_hosts: tuple[str, ...] | None = None):
+               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None):
     """The ASGI app serving ``model`` (module docstring).
 
     Args:
@@ -245,8 +279,10 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
         cors_origins: browser origins allowed to call the API from another site (others: 403).
         allowed_hosts: the names (or addresses) the ``Host`` header may give, ports aside (others: 421); None: any.
-        build_threads: worker threads that parse and check requests (building: one thread for requests of up to
-            :data:`SMALL_REQUEST_POINTS` points, built together, one for larger ones).
+        build_threads: worker threads that parse and check requests and build those of up to
+            :data:`SMALL_REQUEST_POINTS` points (together, one batch at a time); larger ones are built in a thread of
+            their own. One by default: these steps are Python under the GIL, and every extra thread taking turns
+            with the forward pass's thread slows it (measured in docs/serve.md).
     """
     if max_batch_points < max_request_points or max_request_points < max_route_points:
         raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
@@ -259,10 +295,10 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     profile = model.route_defaults()
     spacing_km = model.densify_spacing_km()
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
-    pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-check")
+    pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-build")  # parse, check, build
     heavy = ThreadPoolExecutor(1, thread_name_prefix="stfast-build-large")
     builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
-                             max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, thread_name="stfast-build")
+                             max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, pool=pool)
     app.state.batcher, app.state.large_batcher = batcher, large
 
     @app.exception_handler(StarletteHTTPException)
@@ -324,7 +360,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             if isinstance(built, ApiError):
                 raise built
             trips, pos = built
-        lengths = trips.lengths
+        lengths = trips.lengths[pos]
         job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -379,6 +415,10 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                 "batching": {"max_batch": batcher.max_batch, "max_wait_ms": batcher.max_wait_s * 1000.0,
                              "forward_passes": batcher.forward_passes + large.forward_passes,
                              "routes": batcher.routes + large.routes,
+                             "forward_busy_s": round(batcher.busy_s + large.busy_s, 3),
+                             "forward_cpu_s": round(batcher.busy_cpu_s + large.busy_cpu_s, 3),
+                             "batch_wait_s": round(batcher.waited_s + large.waited_s, 3),
+                             "build_busy_s": round(builder.busy_s, 3),
                              "queued_points": batcher.queued_points + large.queued_points},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
                            "max_route_points": max_route_points, "max_request_points": max_request_points,

@@ -46,12 +46,14 @@ class DynamicBatcher:
         padding: cap the batch's padding (module docstring); False: items of any length share a batch.
         thread_name: the worker thread's name.
 
-    Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held.
+    Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held, ``busy_s`` the
+    seconds spent in them and ``waited_s`` the seconds a batch waited for arriving requests.
     Create it anywhere; it starts its loop on the first :meth:`submit`, in that event loop.
     """
 
     def __init__(self, forward: Callable[[list], list], max_batch: int, max_wait_s: float, max_queue: int = 10_000_000,
-                 max_batch_points: int | None = None, padding: bool = True, thread_name: str = "stfast-forward"):
+                 max_batch_points: int | None = None, padding: bool = True, thread_name: str = "stfast-forward",
+                 pool: ThreadPoolExecutor | None = None):
         if max_batch < 1 or max_wait_s < 0:
             raise ValueError(f"max_batch must be ≥ 1 and max_wait ≥ 0, got {max_batch} and {max_wait_s}")
         self.forward, self.max_batch, self.max_wait_s, self.max_queue = forward, max_batch, max_wait_s, max_queue
@@ -59,12 +61,15 @@ class DynamicBatcher:
         self.padding = padding
         self.forward_passes = 0
         self.routes = 0
+        self.busy_s = 0.0
+        self.busy_cpu_s = 0.0
+        self.waited_s = 0.0
         self._pending: list = []  # [item, n routes, points, longest, future, enqueued at], oldest first
         self._queued = 0  # points waiting
         self._arriving = 0
         self._event: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+        self._pool = pool or ThreadPoolExecutor(1, thread_name_prefix=thread_name)
 
     @contextlib.contextmanager
     def arriving(self):
@@ -144,17 +149,21 @@ class DynamicBatcher:
                 self._event.clear()
                 await self._event.wait()
                 continue
+            t0 = time.monotonic()
             while (left := self._wait_left()) > 0:
                 self._event.clear()
                 try:
                     await asyncio.wait_for(self._event.wait(), left)
                 except asyncio.TimeoutError:
                     break
+            self.waited_s += time.monotonic() - t0
             self._pending = [e for e in self._pending if not e[4].done() or self._drop(e)]
             if not self._pending:
                 continue
             live = self._take()
+            t0 = time.monotonic()
             results = await loop.run_in_executor(self._pool, self._forward_isolated, [e[0] for e in live])
+            self.busy_s += time.monotonic() - t0
             self.forward_passes += 1
             self.routes += sum(e[1] for e in live)
             for e, r in zip(live, results):
@@ -167,6 +176,13 @@ class DynamicBatcher:
 
     def _forward_isolated(self, items: list) -> list:
         """``forward(items)``; if it raises, each item alone, so that only the item at fault gets its error."""
+        t0 = time.thread_time()
+        try:
+            return self._forward_isolated_(items)
+        finally:
+            self.busy_cpu_s += time.thread_time() - t0
+
+    def _forward_isolated_(self, items: list) -> list:
         try:
             return self.forward(items)
         except Exception as exc:
