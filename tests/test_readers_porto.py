@@ -92,3 +92,21 @@ def test_store_streams_what_load_trips_gives(tmp_path):
     assert store.tz == "Europe/Lisbon" and store.dropped["missing_data"] == 15
     again = convert_to_store(src, tmp_path / "store2")
     assert again.fingerprint == store.fingerprint
+
+
+def test_a_porto_file_converts_and_trains_3_epochs_to_beat_constant_speed(tmp_path):
+    """Issue 46's acceptance at test size: a Kaggle-format file (3,000 trips, every 100th MISSING_DATA) is
+    converted to a store, and 3 epochs on it beat the constant-speed baseline on the test split."""
+    import json
+
+    from stfast.cli import main
+    from stfast.data.synthetic_files import write_porto
+
+    counts = write_porto(tmp_path / "train.csv", 3000, missing_every=100)
+    assert counts["missing"] == 30
+    assert main(["data", "convert", "--data", str(tmp_path / "train.csv"), "--out", str(tmp_path / "store")]) == 0
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(tmp_path / "store"), "--epochs", "3", "--threads", "1", "--no-progress",
+                 "--out", str(run)]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    assert s["test_mape"] < s["baseline_const_speed_mape"], s
