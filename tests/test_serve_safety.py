@@ -573,6 +573,27 @@ def test_finding8_densified_routes_are_built_in_workers_and_share_passes(model):
     np.testing.assert_allclose([r.json()["eta_s"] for r in rs], want, rtol=1e-6)
 
 
+def test_large_bodies_are_checked_beside_small_ones_not_before_them(model, monkeypatch):
+    """A body that can hold a large request (over LARGE_BODY_BYTES) is parsed and checked in the large requests'
+    thread: a burst of such bodies (refused or not) does not queue in front of small requests' checks."""
+    import stfast.serve.app as app_module
+
+    seen = []
+    real = app_module.check_body
+
+    def spy(*a, **k):
+        seen.append(threading.current_thread().name)
+        return real(*a, **k)
+
+    monkeypatch.setattr(app_module, "check_body", spy)
+    app = create_app(model)
+    big = {"route": _route(12_000, 0.001), "departure": DEP, "densify": False}  # over the 10,000-point cap
+    assert len(json.dumps(big)) > app_module.LARGE_BODY_BYTES
+    small, large = asyncio.run(_send(app, [_good(), big]))
+    assert small.status_code == 200 and large.status_code == 413 and _is_json_error(large)
+    assert sorted(seen) == ["stfast-build-large_0", "stfast-build_0"], seen
+
+
 def test_requests_built_together_share_one_trips_and_a_refused_one_keeps_its_error(model):
     from stfast.serve.app import build_items, route_batcher
     from stfast.serve.request import check_body

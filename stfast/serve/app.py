@@ -54,6 +54,9 @@ SMALL_REQUEST_POINTS = 2000
 """Requests of up to this many points (after densification) are built together (one densification for all of
 them) and batched together; a larger one is built on its own and runs in its own forward thread, so that a short
 request never waits behind a heavy one's building or pass (the two passes then share the cores)."""
+LARGE_BODY_BYTES = 64 * 1024
+"""Bodies larger than this (room for more than about 2,700 points) are parsed and checked in the thread that builds
+large requests (``stfast-build-large``), so that a burst of them does not hold up small requests' checks."""
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -343,7 +346,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         body = await read_body(scope, receive)
         with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
             try:
-                reqs, many = await loop.run_in_executor(pool, check, body)
+                # a body that can hold a large request is parsed beside the small ones, not before them
+                reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
             except ApiError:
                 if limit is not None:  # a refused body costs its client a unit too: parsing it was work
                     limit.spend(client, 1.0)
