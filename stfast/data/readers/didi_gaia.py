@@ -118,9 +118,8 @@ def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict
             got = None
             if parsed is not None:
                 code = codes.encode_block(parsed.pop("order"), parsed.pop("driver"), str(f))
-                if code is not None:  # the datum shift here, beside the worker's parse of the next blocks
-                    lng, lat = _to_wgs84(parsed.pop("x"), parsed.pop("y"))
-                    got = {"code": code, "t": parsed["t"], "lng": lng, "lat": lat}
+                if code is not None:
+                    got = {"code": code, "t": parsed["t"], "lng": parsed["lng"], "lat": parsed["lat"]}
             if got is None:
                 got = _slow_block(f, first, block, probs, codes)
             n_rows += len(got["t"]) + got.pop("bad", 0)
@@ -135,7 +134,8 @@ def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict
 
 def _parse_block(block) -> dict | None:
     """A block's rows parsed with pyarrow and checked with numpy: ``order``/``driver`` (pyarrow string arrays),
-    ``t``, ``x``, ``y`` [n] float64 (GCJ-02 lng/lat); None when anything is off (not ASCII, blanks
+    ``t``, ``lng``, ``lat`` [n] float64 (WGS-84: the datum shift is done here, in the worker, beside the caller's
+    work on the previous block); None when anything is off (not ASCII, blanks
     around fields, a parse error, an empty id, a value out of range). Touches no shared state (it runs in
     :func:`~stfast.data.readers._common._read_ahead`'s worker); the caller encodes the trips, which may still
     refuse the block (an order with another driver)."""
@@ -158,15 +158,16 @@ def _parse_block(block) -> dict | None:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
     if tab.num_rows == 0:
-        return {"order": pa.array([], s), "driver": pa.array([], s), "t": np.zeros(0), "x": np.zeros(0),
-                "y": np.zeros(0)}
+        return {"order": pa.array([], s), "driver": pa.array([], s), "t": np.zeros(0), "lng": np.zeros(0),
+                "lat": np.zeros(0)}
     drv, order = (tab.column(k).combine_chunks() for k in ("driver_id", "order_id"))
     t, x, y = (tab.column(k).to_numpy() for k in ("unix_ts", "lng", "lat"))
     if (pc.min(pc.utf8_length(drv)).as_py() == 0 or pc.min(pc.utf8_length(order)).as_py() == 0
             or not (np.isfinite(t).all() and np.isfinite(x).all() and np.isfinite(y).all())
             or np.abs(x).max() > 180.0 or np.abs(y).max() > 90.0):
         return None
-    return {"order": order, "driver": drv, "t": t, "x": x, "y": y}
+    lng, lat = _to_wgs84(x, y)
+    return {"order": order, "driver": drv, "t": t, "lng": lng, "lat": lat}
 
 
 def _to_wgs84(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
