@@ -45,9 +45,12 @@ class DynamicBatcher:
         max_batch_points: points per call of ``forward`` (an item with more goes alone); None: no cap.
         padding: cap the batch's padding (module docstring); False: items of any length share a batch.
         thread_name: the worker thread's name.
+        pool: run ``forward`` in this executor (shared with other work) instead of a thread of its own; the
+            batcher still runs one call at a time.
 
-    Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held, ``busy_s`` the
-    seconds spent in them and ``waited_s`` the seconds a batch waited for arriving requests.
+    Attributes ``forward_passes`` and ``routes`` count calls of ``forward`` and the routes they held, ``busy_s`` and
+    ``busy_cpu_s`` the wall and thread CPU seconds spent in them, ``waited_s`` the seconds batches waited for
+    arriving requests.
     Create it anywhere; it starts its loop on the first :meth:`submit`, in that event loop.
     """
 
@@ -175,14 +178,15 @@ class DynamicBatcher:
                     e[4].set_result(r)
 
     def _forward_isolated(self, items: list) -> list:
-        """``forward(items)``; if it raises, each item alone, so that only the item at fault gets its error."""
+        """:meth:`_forward_or_each`, its thread's CPU seconds counted in ``busy_cpu_s``."""
         t0 = time.thread_time()
         try:
-            return self._forward_isolated_(items)
+            return self._forward_or_each(items)
         finally:
             self.busy_cpu_s += time.thread_time() - t0
 
-    def _forward_isolated_(self, items: list) -> list:
+    def _forward_or_each(self, items: list) -> list:
+        """``forward(items)``; if it raises, each item alone, so that only the item at fault gets its error."""
         try:
             return self.forward(items)
         except Exception as exc:
