@@ -459,14 +459,10 @@ def test_cpu_workspace_cache_limit_from_environment(value, ok):
         assert r.returncode != 0 and "STFAST_CPU_WORKSPACE_CACHE_MB must be a non-negative whole number" in r.stderr
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_many_rows_blocked_gemms_match_torch(device):
-    """Over 1,024 work rows the CPU driver runs its big GEMMs in row blocks (lstm_driver.h: mm_rows, mm_tn);
-    float64 results still match torch.nn.LSTM, and a second call (cached workspaces) is bitwise the same."""
-    seed = fresh_seed()
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(40, 160, (30,), generator=g).tolist()  # N >= 1,200 rows
-    I, H, L = 6, 64, 2
+def matches_torch_twice(lengths, I, H, L, device, seed):
+    """Runs torch.nn.LSTM and stfast's LSTM (twice) in float64 on padded batch-first ``lengths`` with states:
+    asserts output, states and every gradient match torch's and the second call is bitwise the first.
+    Returns the fused module, x, hx and torch's results."""
     ref, fused = pair(I, H, L, batch_first=True, device=device, seed=seed)
     x, hx = padded_inputs(lengths, I, H, L, True, torch.float64, device, seed, True)
     results = []
@@ -477,6 +473,17 @@ def test_many_rows_blocked_gemms_match_torch(device):
     for a, b, c in zip(*results):
         assert rel_err(b, a) < 1e-10, seed
         assert torch.equal(b, c), seed
+    return fused, x, hx, results[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_rows_blocked_gemms_match_torch(device):
+    """Over 1,024 work rows the CPU driver runs its big GEMMs in row blocks (lstm_driver.h: mm_rows, mm_tn);
+    float64 results still match torch.nn.LSTM, and a second call (cached workspaces) is bitwise the same."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(40, 160, (30,), generator=g).tolist()  # N >= 1,200 rows
+    matches_torch_twice(lengths, 6, 64, 2, device, seed)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -509,6 +516,73 @@ def test_partial_gradients_match_torch(used, device):
     skip = torch.ops.stfast.lstm_backward(go, None, None, xp, lens, w, None, None, *outs[3:], L, 0, False)
     assert full[0].shape == xp.shape and skip[0].numel() == 0
     assert all(torch.equal(a, b) for a, b in zip(full[1], skip[1]))
+
+
+STEP_COST, MIN_RANKS_PER_PART = 8, 16  # csrc/lstm/lstm_driver.h: the split's cost model
+
+
+def _split_cost(steps_by_rank, r0, r1):
+    """A part's cost as the split weighs it: STEP_COST per step its longest sequence runs, plus its rows."""
+    return STEP_COST * steps_by_rank[r0] + sum(steps_by_rank[r0:r1])
+
+
+def test_time_split_is_contiguous_balanced_and_bounded():
+    """torch.ops.stfast.lstm_time_split (how the CPU kernels split a batch's time loops over threads):
+    contiguous ranges of the length-sorted sequences covering all of them, at most one per thread and none
+    under 16 sequences, and for 2 threads a cut no worse than the best one found by trying every cut."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    for B in (1, 15, 31, 32, 64, 70, 200):
+        lengths = torch.randint(1, 60, (B,), generator=g)
+        lengths[: B // 3] = lengths[0]  # ties, as length-sorted training batches have
+        steps = sorted(lengths.tolist(), reverse=True)
+        for threads in (1, 2, 3, 4, 8):
+            bounds = torch.ops.stfast.lstm_time_split(lengths, threads)
+            parts = len(bounds) - 1
+            assert bounds[0] == 0 and bounds[-1] == B and all(a < b for a, b in zip(bounds, bounds[1:])), (B, seed)
+            assert 1 <= parts <= max(1, min(threads, B // MIN_RANKS_PER_PART)), (B, threads, bounds)
+            if threads >= 2 and B >= 2 * MIN_RANKS_PER_PART:
+                assert parts >= 2, (B, threads, bounds)
+            if threads == 2 and parts == 2:
+                got = max(_split_cost(steps, 0, bounds[1]), _split_cost(steps, bounds[1], B))
+                best = min(max(_split_cost(steps, 0, c), _split_cost(steps, c, B)) for c in range(1, B))
+                assert got == best, (B, bounds, got, best, seed)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        torch.ops.stfast.lstm_time_split(torch.tensor([3, 2]), 0)
+    with pytest.raises(ValueError, match="lengths must be >= 1"):
+        torch.ops.stfast.lstm_time_split(torch.tensor([3, 0]), 2)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_time_loop_split_over_threads_matches_torch(threads):
+    """With 2 and 3 intra-op threads a batch of 70 sequences runs its time loops in 2 and 3 parts (one per
+    thread): float64 output, states and every gradient still match torch.nn.LSTM, float32 matches the
+    one-part run by the flash-attention rule's tolerance, and a second call is bitwise the same."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 50, (70,), generator=g).tolist()
+    lengths[:20] = [lengths[0]] * 20
+    I, H, L = 7, 32, 2
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert len(torch.ops.stfast.lstm_time_split(torch.tensor(lengths), threads)) == threads + 1
+        fused, x, hx, expect = matches_torch_twice(lengths, I, H, L, "cpu", seed)
+        fused32 = LSTM(I, H, L, batch_first=True)
+        fused32.load_state_dict(fused.state_dict())
+        x32, hx32 = x.detach().float().requires_grad_(), tuple(s.detach().float().requires_grad_() for s in hx)
+
+        def run32():
+            out, h_n, c_n = run_packed(fused32, x32, lengths, hx32, True)
+            return (out, h_n, c_n, *all_grads(weighted_loss(out, h_n, c_n, seed), [x32, *hx32, *fused32.parameters()]))
+
+        split = run32()
+        torch.set_num_threads(1)
+        whole = run32()
+        for a, b, r in zip(split, whole, expect):
+            assert rel_err(a, r) < 2 * rel_err(b, r) + 1e-6, seed
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_state_dict_loads_both_ways_and_same_init():

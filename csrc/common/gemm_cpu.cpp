@@ -181,11 +181,15 @@ Library library_for(at::ScalarType operands, at::ScalarType out) {
   if (const auto f = forced(); f.has_value()) return *f == kOneDnn && !onednn_takes(operands, out) ? kAten : *f;
   if (!onednn_takes(operands, out)) return kAten;
   const int threads = at::get_num_threads();
+  const bool nested = at::in_parallel_region();
   {
     const std::lock_guard<std::mutex> lock(choices_mutex());
     const auto it = choices().find({static_cast<int>(operands), static_cast<int>(out)});
-    if (it != choices().end() && it->second.threads == threads) return it->second.lib;
+    // Inside a parallel region (the fused LSTM's split time loop) the caller's choice holds, whatever thread
+    // count the region reports: a probe there would time one thread's share and race its siblings.
+    if (it != choices().end() && (it->second.threads == threads || nested)) return it->second.lib;
   }
+  if (nested) return kAten;  // never probed outside: no timing from inside a region
   return select(operands, out, probe_rates(operands, out));  // outside the lock: the probe runs GEMMs
 }
 

@@ -103,6 +103,19 @@ struct CpuBackend {
     return empty_cpu_workspace(sizes, opt.dtype().toScalarType());
   }
 
+  // lstm_driver.h's split of the time loops: one part per intra-op thread; none inside a parallel region
+  // (a caller's at::parallel_for), where everything runs on the calling thread anyway.
+  static int64_t step_threads() { return at::in_parallel_region() ? 1 : at::get_num_threads(); }
+
+  // f(0) .. f(parts − 1), one per thread. Inside, at::parallel_for (the pointwise steps) runs inline and the
+  // GEMM libraries see a parallel region: each product runs on its caller's thread alone.
+  template <class F>
+  static void parallel_parts(int64_t parts, const F& f) {
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) f(i);
+    });
+  }
+
   // The library chosen per dtype at run time (csrc/common/gemm.h: MKL or oneDNN, by a probe).
   static void mm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
     gemm::mm(out, a, b, accumulate);
@@ -228,6 +241,20 @@ struct CpuBackend {
 };
 
 }  // namespace
+
+// How the CPU kernels split a batch's time loops over `threads` threads (lstm_driver.h's split_ranks): the
+// rank bounds, 0 = b_0 < b_1 < ... < b_P = B, of ranges of sequences sorted by decreasing length (ties by
+// index), each run through all its steps by one thread. For tests and for users sizing batches.
+std::vector<int64_t> time_split(const at::Tensor& lengths, int64_t threads) {
+  TORCH_CHECK_VALUE(threads >= 1, "stfast.lstm_time_split: threads must be >= 1, got ", threads);
+  // The op's own checks of lengths, on a shape-only padded input (B, T, 0) and weights of H 0.
+  const int64_t T = lengths.numel() ? std::max<int64_t>(lengths.max().item<int64_t>(), 0) : 0;
+  const Dims d = check_args(at::empty({lengths.numel(), T, 0}), lengths, {at::empty({0, 0}), at::empty({0, 0})},
+                            std::nullopt, std::nullopt, 1, kPaddedBatchFirst);
+  return split_ranks(make_plan(d, lengths, at::kCPU), d.B, threads);
+}
+
+TORCH_LIBRARY_FRAGMENT(stfast, m) { m.def("lstm_time_split(Tensor lengths, int threads) -> int[]", &time_split); }
 
 // Checks, plan and dtype dispatch: lstm_driver.h's run_forward / run_backward, the same code as CUDA's.
 TORCH_LIBRARY_IMPL(stfast, CPU, m) {

@@ -18,6 +18,8 @@
 // of rank r (r-th longest; ties by index) at step t, for r < batch_sizes[t]. The previous step of that
 // row is row step_off[t − 1] + r, so a step's recurrent input is a contiguous prefix of the last step's
 // rows and every GEMM runs on contiguous row blocks. Workspaces have one row per input row (M ≥ N).
+// On the CPU each layer's time loop runs in parts, one per thread: ranks [r0, r1) own the rows
+// step_off[t] + r0 .. at every step (split_ranks), so the parts share no row and need no synchronization.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -243,6 +245,66 @@ inline Plan make_plan(const Dims& d, const at::Tensor& lengths, const at::Device
   return p;
 }
 
+// Splitting a layer's time loop over threads (CPU): the ranks [0, B) cut into contiguous ranges, each run
+// through all its steps by one thread with single-threaded GEMMs. Why: a step's recurrent product is small
+// (≤ B × H × 4H) and a library splitting each one over 2 threads gains little, while the ranges need no
+// synchronization at all (a rank's rows at step t depend only on its own rows at t − 1). The cut balances a
+// cost of kStepCost rows per step alive (a GEMM and a pointwise call) plus one per row, and depends only on
+// the lengths and the thread count: a run is bitwise repeatable at one thread count.
+constexpr int64_t kStepCost = 8;
+constexpr int64_t kMinRanksPerPart = 16;  // below this the per-thread GEMMs get too thin to pay
+
+// Rank bounds (parts + 1 values, 0 .. B) of at most `parts` ranges of ranks, from the plan's batch sizes.
+inline std::vector<int64_t> split_ranks(const Plan& p, int64_t B, int64_t parts) {
+  parts = std::max<int64_t>(1, std::min(parts, B / kMinRanksPerPart));
+  if (parts == 1) return {0, B};
+  std::vector<int64_t> len(B, 0);  // len[r]: steps of rank r (batch_sizes[t] > r exactly for t < len[r])
+  for (const int64_t bs : p.batch_sizes) len[bs - 1] += 1;
+  for (int64_t r = B - 2; r >= 0; --r) len[r] += len[r + 1];
+  std::vector<int64_t> rows(B + 1, 0);  // prefix sums of len
+  for (int64_t r = 0; r < B; ++r) rows[r + 1] = rows[r] + len[r];
+  auto cost = [&](int64_t r0, int64_t r1) { return kStepCost * len[r0] + rows[r1] - rows[r0]; };
+  // Greedy ranges of cost ≤ limit (optimal for a cost that grows as a range extends); the least limit that
+  // needs no more than `parts` of them, by bisection.
+  auto cut = [&](int64_t limit, std::vector<int64_t>* bounds) {
+    int64_t n = 0;
+    for (int64_t r0 = 0; r0 < B; ++n) {
+      int64_t r1 = r0 + 1;
+      while (r1 < B && cost(r0, r1 + 1) <= limit) ++r1;
+      if (bounds != nullptr) bounds->push_back(r0);
+      r0 = r1;
+    }
+    return n;
+  };
+  int64_t lo = 0, hi = cost(0, B);
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (cut(mid, nullptr) <= parts) hi = mid;
+    else lo = mid + 1;
+  }
+  std::vector<int64_t> bounds;
+  cut(lo, &bounds);
+  bounds.push_back(B);
+  return bounds;
+}
+
+// Threads a time loop may be split over: Backend::step_threads() where the backend has it (CPU), else 1.
+template <class Backend>
+int64_t step_threads() {
+  if constexpr (requires { Backend::step_threads(); }) return Backend::step_threads();
+  else return 1;
+}
+
+// Runs f(part) for part = 0 .. parts − 1: concurrently through Backend::parallel_parts where the backend
+// has it (CPU), else one after another.
+template <class Backend, class F>
+void for_each_part(int64_t parts, const F& f) {
+  if constexpr (requires { Backend::parallel_parts(parts, f); }) {
+    if (parts > 1) return Backend::parallel_parts(parts, f);
+  }
+  for (int64_t i = 0; i < parts; ++i) f(i);
+}
+
 inline at::Tensor weight(at::TensorList w, const Dims& d, int64_t layer, int64_t j) {
   return w[layer * d.per_layer() + j];
 }
@@ -361,6 +423,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const bool widened = kMixed && !in_storage;
   const at::Tensor pre_mixed = widened ? Backend::empty({d.N, G4}, acc_opt) : at::Tensor();
   const at::Tensor rec = widened ? Backend::empty({d.B, G4}, acc_opt) : at::Tensor();
+  const std::vector<int64_t> bounds = split_ranks(p, d.B, step_threads<Backend>());
+  const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
   at::Tensor x = gather_input<Backend>(input, d, p);
   for (int64_t k = 0; k < d.L; ++k) {
     at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
@@ -380,29 +444,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const A* pre = widened || !kMixed ? P.const_data_ptr<A>() : nullptr;
     A* c = C.data_ptr<A>();
     T* h = Hs.data_ptr<T>();
-    for (int64_t t = 0; t < d.T; ++t) {
-      const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
-      const at::Tensor h_prev = t > 0 ? Hs.narrow(0, p.step_off[t - 1], bs) : h0s;  // undefined: zero h0
-      const A* c_prev = t > 0 ? c + p.step_off[t - 1] * H : (c0s.defined() ? c0s.const_data_ptr<A>() : nullptr);
-      const A* r = nullptr;
-      if (h_prev.defined()) {
-        if (widened) {
-          Backend::mm(rec.narrow(0, 0, bs), h_prev, w_hh_t, /*accumulate=*/false);
-          r = rec.const_data_ptr<A>();
-        } else {
-          Backend::mm(P.narrow(0, so, bs), h_prev, w_hh_t, /*accumulate=*/true);
+    // The ranks [r0, r1) of one part (split_ranks) through all their steps: at step t their rows are
+    // step_off[t] + r0 .. + bs, their previous ones step_off[t − 1] + r0 .. + bs.
+    for_each_part<Backend>(parts, [&](int64_t part) {
+      const int64_t r0 = bounds[part], r1 = bounds[part + 1];
+      for (int64_t t = 0; t < d.T; ++t) {
+        const int64_t bs = std::min(p.batch_sizes[t], r1) - r0, so = p.step_off[t] + r0;
+        if (bs <= 0) break;  // batch sizes never grow
+        const at::Tensor h_prev = t > 0 ? Hs.narrow(0, p.step_off[t - 1] + r0, bs)
+                                        : (h0s.defined() ? h0s.narrow(0, r0, bs) : h0s);  // undefined: zero h0
+        const A* c_prev = t > 0 ? c + (p.step_off[t - 1] + r0) * H
+                                : (c0s.defined() ? c0s.const_data_ptr<A>() + r0 * H : nullptr);
+        const A* r = nullptr;
+        if (h_prev.defined()) {
+          if (widened) {
+            Backend::mm(rec.narrow(0, r0, bs), h_prev, w_hh_t, /*accumulate=*/false);
+            r = rec.const_data_ptr<A>() + r0 * G4;
+          } else {
+            Backend::mm(P.narrow(0, so, bs), h_prev, w_hh_t, /*accumulate=*/true);
+          }
         }
-      }
-      if constexpr (kCanStoreMixed<Backend, T, A>) {
-        if (in_storage) {  // pre-activations in the T gate buffer, overwritten in place
-          Backend::template forward_step<T, A>(g + so * G4, static_cast<const T*>(g + so * G4), r,
-                                               bias.const_data_ptr<A>(), c_prev, c + so * H, h + so * H, bs, H);
-          continue;
+        if constexpr (kCanStoreMixed<Backend, T, A>) {
+          if (in_storage) {  // pre-activations in the T gate buffer, overwritten in place
+            Backend::template forward_step<T, A>(g + so * G4, static_cast<const T*>(g + so * G4), r,
+                                                 bias.const_data_ptr<A>(), c_prev, c + so * H, h + so * H, bs, H);
+            continue;
+          }
         }
+        Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
+                                             c + so * H, h + so * H, bs, H);
       }
-      Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
-                                           c + so * H, h + so * H, bs, H);
-    }
+    });
     h_n.select(0, k).copy_(Hs.index_select(0, p.end_rows));
     c_n.select(0, k).copy_(C.index_select(0, p.end_rows));
     x = Hs;
@@ -436,6 +508,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
   at::Tensor dH_below = d.L > 1 ? Backend::empty({d.N, H}, acc_opt) : at::Tensor();
   at::Tensor dG = Backend::empty({d.N, G4}, opt);
   at::Tensor grad_x;
+  const std::vector<int64_t> bounds = split_ranks(p, d.B, step_threads<Backend>());  // as in forward
+  const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
   for (int64_t k = d.L - 1; k >= 0; --k) {
     const at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
     const at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
@@ -452,12 +526,20 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     const A* dh = dH.const_data_ptr<A>();
     T* dg = dG.data_ptr<T>();
     A* dcp = dc.data_ptr<A>();
-    for (int64_t t = d.T - 1; t >= 0; --t) {
-      const int64_t bs = p.batch_sizes[t], so = p.step_off[t];
-      const A* c_prev = t > 0 ? c + p.step_off[t - 1] * H : (c0s.defined() ? c0s.const_data_ptr<A>() : nullptr);
-      Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp, dg + so * G4, bs, H);
-      if (t > 0) Backend::add_recurrent_grad(dH.narrow(0, p.step_off[t - 1], bs), dG.narrow(0, so, bs), w_hh);
-    }
+    for_each_part<Backend>(parts, [&](int64_t part) {  // as in forward: a part's ranks, their own rows only
+      const int64_t r0 = bounds[part], r1 = bounds[part + 1];
+      for (int64_t t = d.T - 1; t >= 0; --t) {
+        const int64_t bs = std::min(p.batch_sizes[t], r1) - r0, so = p.step_off[t] + r0;
+        if (bs <= 0) continue;  // these ranks' sequences end before t
+        const A* c_prev = t > 0 ? c + (p.step_off[t - 1] + r0) * H
+                                : (c0s.defined() ? c0s.const_data_ptr<A>() + r0 * H : nullptr);
+        Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp + r0 * H,
+                                              dg + so * G4, bs, H);
+        if (t > 0) {
+          Backend::add_recurrent_grad(dH.narrow(0, p.step_off[t - 1] + r0, bs), dG.narrow(0, so, bs), w_hh);
+        }
+      }
+    });
     if (d.B > 0) {
       at::Tensor gh0 = at::zeros({d.B, H}, acc_opt);
       Backend::add_recurrent_grad(gh0, dG.narrow(0, 0, d.B), w_hh);
