@@ -10,7 +10,10 @@ Groups (self time: an operator's time without the operators it calls):
   fused LSTM's included (inside ``stfast::lstm_*``: ATen calls, or ``stfast::onednn_matmul`` where the GEMM plan
   chose oneDNN, :mod:`stfast.ops.gemm`);
 - ``onednn_rnn``: torch.nn.LSTM's fused oneDNN RNN (``--kernels reference``): its products and gates together;
-- ``fused_ops``: stfast's fused operators' own time: the LSTM's gates and the geo-conv;
+- ``fused_ops``: stfast's fused operators' own time: the LSTM's gates and the geo-conv. A fused op called with
+  grad enabled runs under its autograd kernel (``GeneratedBackwardFor_stfast_<op>_default``), which the profiler
+  records inside ``stfast::<op>``: that kernel's self time is the op's own work (its pointwise steps, gathers),
+  not Python's; the backward node (``..._defaultBackward``, the Python backward function) is ``other_ops``;
 - ``optimizer``: Adam's ``_foreach`` updates and gradient clipping's norms;
 - ``other_ops``: every other ATen operator (elementwise, fills, copies, reductions, indexing, embedding);
 - ``outside_ops``: the steps' wall time no operator accounts for: Python, autograd's engine, batching (padding
@@ -41,7 +44,7 @@ def group_of(name: str) -> str:
         return "gemm"
     if "mkldnn_rnn" in name or name.startswith("aten::lstm"):
         return "onednn_rnn"
-    if name.startswith("stfast::"):
+    if name.startswith("stfast::") or (name.startswith("GeneratedBackwardFor_stfast_") and name.endswith("_default")):
         return "fused_ops"
     if "_foreach" in name or "adam" in name.lower() or "clip_grad" in name:
         return "optimizer"

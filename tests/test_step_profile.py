@@ -13,7 +13,8 @@ import step_profile
     ("aten::mm", "gemm"), ("aten::addmm_", "gemm"), ("aten::addmm", "gemm"), ("stfast::onednn_matmul", "gemm"), ("aten::mkldnn_rnn_layer", "onednn_rnn"),
     ("aten::mkldnn_rnn_layer_backward", "onednn_rnn"), ("stfast::lstm_forward", "fused_ops"),
     ("stfast::geo_conv_backward", "fused_ops"), ("aten::_foreach_addcdiv_", "optimizer"), ("aten::mul", "other_ops"),
-    ("aten::fill_", "other_ops"), ("GeneratedBackwardFor_stfast_lstm_forward_default", "other_ops")])
+    ("aten::fill_", "other_ops"), ("GeneratedBackwardFor_stfast_lstm_forward_default", "fused_ops"),
+    ("GeneratedBackwardFor_stfast_lstm_forward_defaultBackward", "other_ops")])
 def test_operators_fall_in_their_group(name, group):
     assert step_profile.group_of(name) == group
 
