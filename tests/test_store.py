@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from _accuracy import fresh_seed
 from conftest import random_trips
 from stfast.cli import main
 from stfast.data import convert as conv
@@ -385,3 +386,23 @@ def test_read_ahead_parses_side_by_side_and_keeps_order(workers):
         for item, r in _common._read_ahead(iter(range(40)), parse, depth=2, workers=workers):
             got.append((item, r))
     assert got == [(i, i * i) for i in range(31)]
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_spill_writes_each_partition_its_rows_in_order(tmp_path, monkeypatch, grouped):
+    """_Spill.add: each row lands in its trip's partition file, a partition's rows in block order (a stable
+    sort by partition), whether the block's rows come grouped by partition (sorted input: no sort) or not."""
+    monkeypatch.setattr(conv, "TRIPS_PER_BUCKET", 5)
+    rng_seed = fresh_seed()
+    rng = np.random.default_rng(rng_seed)
+    code = np.sort(rng.integers(0, 40, 500)) if grouped else rng.integers(0, 40, 500)
+    block = {"code": code, "t": rng.random(500), "lng": rng.random(500), "lat": rng.random(500)}
+    spill = conv._Spill(tmp_path, extra=())
+    spill.add(block)
+    order = np.argsort(code // 5, kind="stable")
+    for k in range(8):
+        got = np.fromfile(tmp_path / f"{k}.bin", spill.dtype) if (tmp_path / f"{k}.bin").exists() else None
+        want = order[(code // 5)[order] == k]
+        assert spill.points.get(k, 0) == len(want), rng_seed
+        if len(want):
+            assert np.array_equal(got["code"], code[want]) and np.array_equal(got["t"], block["t"][want]), rng_seed

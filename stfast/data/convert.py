@@ -51,9 +51,14 @@ class _Spill:
         if part[0] == part[-1] and (len(part) < 2 or (part == part[0]).all()):
             self._write(int(part[0]), rec)
             return
-        order = np.argsort(part, kind="stable")
-        rec, part = rec[order], part[order]
-        cuts = np.flatnonzero(np.diff(part)) + 1
+        step = np.diff(part)
+        if (step < 0).any():  # rows not grouped by partition: a stable sort by partition first
+            order = np.argsort(part, kind="stable")
+            rec, part = rec[order], part[order]
+            step = np.diff(part)
+        # Why the check: files sorted by trip (DiDi ships them by order) give non-decreasing partitions, and the
+        # sort of a whole block took 12 % of converting one (measured: 8 M points, short ids)
+        cuts = np.flatnonzero(step) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(part)]):
             self._write(int(part[lo]), rec[lo:hi])
 
