@@ -191,8 +191,14 @@ def _gen_chunk(kind: str, n: int, trip0: int, rng):
                       "driver_id": drv[order]}), trip0 + len(lens))
 
 
+LOOP_OF_FORMAT = {"didi": "csv", "csv": "csv", "deeptte": "json"}
+"""The plain loop each input format is measured against (by format, not by how the file was made: the real
+sample's DeepTTE records are JSON lines too)."""
+
+
 def stage_loop(kind: str, path: str) -> dict:
-    """The plain-Python reference: csv.reader (or json.loads per line) merely iterating over the file."""
+    """The plain-Python reference: ``kind`` "json": json.loads per line, "csv": csv.reader merely iterating over
+    the file (:data:`LOOP_OF_FORMAT`)."""
     t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     if kind == "json":
@@ -209,7 +215,7 @@ def stage_loop(kind: str, path: str) -> dict:
         with open(path, newline="") as f:
             for _ in csv.reader(f):
                 n += 1
-    return {"rows": n, "loop_s": time.perf_counter() - t0, "loop_cpu_s": time.process_time() - c0,
+    return {"loop": kind, "rows": n, "loop_s": time.perf_counter() - t0, "loop_cpu_s": time.process_time() - c0,
             "peak_mib": _peak_mib()}
 
 
@@ -422,7 +428,7 @@ def convert_table(points: list[int], jsonl: list[int], out: str, plot: str | Non
             store = f"{out}/store_{kind}_{n}"
             shutil.rmtree(store, ignore_errors=True)
             load0 = _load()
-            loop = _run("loop", "json" if kind == "jsonl" else "csv", raw)
+            loop = _run("loop", LOOP_OF_FORMAT[fmt], raw)
             conv = _run("convert", raw, fmt, store)
             read = _run("convert", raw, fmt, store, "read") if kind == "jsonl" else None
             cmd = cmd_cpu = None
@@ -441,24 +447,26 @@ def convert_table(points: list[int], jsonl: list[int], out: str, plot: str | Non
             n_pts = n if kind not in ("jsonl", "real") else conv["points_out"]
             row = {"stage": "convert", "format": fmt, "input": kind, "cmd_s": cmd,
                    "cmd_ratio_vs_loop": None if cmd is None else cmd / loop["loop_s"], "cmd_cpu_s": cmd_cpu,
-                   "cmd_cpu_ratio": None if cmd is None else cmd_cpu / loop["loop_cpu_s"], "n": n, "raw_points": n_pts, "bytes": os.path.getsize(raw),
+                   "cmd_cpu_ratio": None if cmd is None else cmd_cpu / loop["loop_cpu_s"], "loop": loop["loop"],
+                   "n": n, "raw_points": n_pts, "bytes": os.path.getsize(raw),
                    "loop_s": loop["loop_s"], "loop_peak_mib": loop["peak_mib"], **conv,
                    "read_s": read["convert_s"] if read else None, "ratio_vs_loop": conv["convert_s"] / loop["loop_s"],
                    "points_per_s": n_pts / conv["convert_s"], "load_before": load0, "load_after": _load()}
             print(json.dumps(row), flush=True)
             rows.append(row)
             shutil.rmtree(store, ignore_errors=True)
-    print(f"\n{'input':>9} {'n':>11} {'MB':>6} {'loop s':>7} {'convert s':>9} {'ratio':>6} {'cmd ratio':>9}"
-          f" {'cpu ratio':>9} {'M pts/s':>8} {'read s':>7} {'import s':>8} {'peak MiB':>9} {'above import':>12} {'load':>5}")
+    print(f"\n{'input':>9} {'loop':>5} {'n':>11} {'MB':>6} {'loop s':>7} {'convert s':>9} {'ratio':>6}"
+          f" {'cmd ratio':>9} {'cpu ratio':>9} {'M pts/s':>8} {'read s':>7} {'import s':>8} {'peak MiB':>9} {'above import':>12} {'load':>5}")
     for r in rows:
         read = f"{r['read_s']:7.2f}" if r["read_s"] is not None else f"{'':>7}"
         cmd = (f"{r['cmd_ratio_vs_loop']:9.2f} {r['cmd_cpu_ratio']:9.2f}" if r["cmd_s"] is not None
                else f"{'':>9} {'':>9}")
-        print(f"{r['input']:>9} {r['n']:>11,} {r['bytes'] / 1e6:6.0f} {r['loop_s']:7.2f} {r['convert_s']:9.2f}"
-              f" {r['ratio_vs_loop']:6.2f} {cmd} {r['points_per_s'] / 1e6:8.2f} {read} {r['import_s']:8.2f}"
+        print(f"{r['input']:>9} {r['loop']:>5} {r['n']:>11,} {r['bytes'] / 1e6:6.0f} {r['loop_s']:7.2f}"
+              f" {r['convert_s']:9.2f} {r['ratio_vs_loop']:6.2f} {cmd} {r['points_per_s'] / 1e6:8.2f} {read} {r['import_s']:8.2f}"
               f" {r['peak_mib']:9.0f} {r['peak_mib'] - r['peak_after_import_mib']:12.0f} {r['load_before']:5.1f}")
     print("(n: raw points, or trips for JSON; input: didi / csv / jsonl generated, real = the Chengdu sample's"
-          " records repeated, didishort = DiDi lines with short ids; loop: csv.reader / json.loads over the same file;"
+          " records repeated, didishort = DiDi lines with short ids; loop: csv.reader (csv) or json.loads per line"
+          " (json) over the same file;"
           " ratio = convert / loop; cmd ratio = the whole `stfast data convert` command, process start included, /"
           " loop; cpu ratio: the command's CPU seconds (all threads) / the loop's, a guide on a loaded machine;"
           " peak MiB: the converting process, above import: peak − peak after importing stfast; load: 1-min"

@@ -30,6 +30,7 @@ def test_scale_script_conversion_small(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert [(x["format"], x["n"]) for x in rows] == [("didi", 20000), ("csv", 20000), ("deeptte", 200)]
+    assert [x["loop"] for x in rows] == ["csv", "csv", "json"]
     assert all(x["trips"] > 0 and x["convert_s"] > 0 and x["loop_s"] > 0 and x["peak_mib"] > 0 for x in rows)
     assert rows[0]["trips"] == rows[1]["trips"]  # the same trips, sorted (DiDi) or shuffled (CSV)
     assert rows[2]["trips"] == 200 and rows[2]["read_s"] > 0
@@ -72,6 +73,7 @@ def test_scale_script_real_shaped_records_small(tmp_path, shared_data):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
     assert [(x["input"], x["format"]) for x in rows] == [("real", "deeptte"), ("didishort", "didi")]
+    assert [x["loop"] for x in rows] == ["json", "csv"]  # the real records against json.loads, as the issue asks
     assert rows[0]["trips"] == 1500 and all(x["cmd_s"] > x["convert_s"] > 0 and x["loop_s"] > 0 for x in rows)
     assert all(x["cmd_cpu_s"] > 0 and x["cmd_cpu_ratio"] > 0 for x in rows)
     first = (tmp_path / "real_1500.jsonl").open().readline()
