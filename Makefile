@@ -48,4 +48,4 @@ test: setup-test
 	$(TEST_PY) -m pytest -q benchmarks --benchmark-disable
 
 clean:
-	rm -rf $(VENV) $(TEST_VENV) build *.egg-info runs stfast/_C*.so stfast/_slicer*.so
+	rm -rf $(VENV) $(TEST_VENV) build *.egg-info runs stfast/_C*.so stfast/_slicer*.so stfast/_prep*.so stfast/_emu*.so

@@ -122,8 +122,9 @@ class CMakeBuild(build_ext):
 
 def native_extensions() -> list:
     """The extension modules built from CMakeLists.txt: stfast._C (the ops), stfast._slicer (the
-    slicer's partitioners, no torch) and stfast._emu (the CUDA emulator's ops, CPU code)."""
-    names = ["stfast._C", "stfast._slicer", "stfast._emu"]
+    slicer's partitioners, no torch), stfast._emu (the CUDA emulator's ops, CPU code) and stfast._prep (the
+    preprocessing scans, no torch)."""
+    names = ["stfast._C", "stfast._slicer", "stfast._emu", "stfast._prep"]
     return [CMakeExtension(n) for n in names] if (ROOT / "CMakeLists.txt").is_file() else []
 
 

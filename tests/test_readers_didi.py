@@ -57,6 +57,22 @@ def test_gcj_float32_offset_within_millimetres():
         assert haversine_km(lng, lat, *g).max() * 1e6 < mm  # round trip back to the input
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gcj_inverse_of_a_large_input_in_slices_equals_it_whole(dtype):
+    """Past _GCJ_SLICE points the inverse runs slice by slice (for the cache): the same bits and shape as whole,
+    broadcasting included, points outside China unchanged."""
+    from stfast.data.geo import _GCJ_SLICE, _gcj02_to_wgs84
+
+    rng = np.random.default_rng(11)
+    lng = rng.uniform(60.0, 140.0, (3, _GCJ_SLICE // 2 + 17))  # 1.5 slices and a partial one, some outside
+    lat = rng.uniform(0.0, 56.0, lng.shape[1])
+    got = gcj02_to_wgs84(lng, lat, dtype=dtype, iterations=2)
+    want = _gcj02_to_wgs84(*np.broadcast_arrays(lng, lat), 2, dtype)
+    assert got[0].shape == got[1].shape == lng.shape
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert (got[0] != lng).any()
+
+
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 1001])
 def test_path_km_is_haversine_of_consecutive_points_bit_for_bit(n):
     rng = np.random.default_rng(n)

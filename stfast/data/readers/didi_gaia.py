@@ -114,7 +114,7 @@ def iter_didi_blocks(path, probs: _Problems, codes: _TripCodes) -> Iterator[dict
     empty = []
     for f in didi_files(path):
         n_rows = 0
-        for (first, block), parsed in _read_ahead(_iter_blocks(f), lambda fb: _parse_block(fb[1])):
+        for (first, block), parsed in _read_ahead(_iter_blocks(f), lambda fb: _parse_block(fb[1]), workers=2):
             got = None
             if parsed is not None:
                 code = codes.encode_block(parsed.pop("order"), parsed.pop("driver"), str(f))
