@@ -85,12 +85,15 @@ class RunLog:
         tmp = out / ".summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2))
         os.replace(tmp, out / "summary.json")
-        if self.path.is_file():
+        if not self.path.is_file():  # stopped (--max-steps) before its first epoch ended: no row to plot
+            log.info("%s: no epoch ended before the run stopped, so no learning curve or report; summary.json has "
+                     "the test metrics", out)
+        else:
             plots.learning_curve(read_rows(out)["epoch"], summary, out / "learning_curve.png")
-        try:
-            render(out)
-        except (ValueError, OSError, RuntimeError) as e:
-            log.warning("could not write the report in %s: %s", out, e)
+            try:
+                render(out)
+            except (ValueError, OSError, RuntimeError) as e:
+                log.warning("could not write the report in %s: %s", out, e)
         names = ("summary.json", FILE, "learning_curve.png", "report.png", "report.html", "checkpoint.pt", "last.pt")
         return [n for n in names if (out / n).exists()]
 
