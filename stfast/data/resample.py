@@ -19,7 +19,7 @@ import numpy as np
 from stfast.data.geo import haversine_km, path_km
 
 try:
-    from stfast import _prep
+    from stfast._prep import resample_keep
 except ImportError as e:  # pragma: no cover (the package is built with its native modules)
     raise ImportError(f"stfast's native preprocessing module stfast._prep is missing ({e}); rebuild stfast: "
                       "pip install -e . (or make setup)") from e
@@ -50,7 +50,7 @@ def resample_mask(lng, lat, trip, s_km: float) -> np.ndarray:
     if trip.ndim != 1 or len(trip) != len(lng):
         raise ValueError(f"trip must be 1-D with one id per point ({len(lng)}), got shape {trip.shape}")
     starts, ends = _trip_bounds(trip)
-    return _prep.resample_keep(lng, lat, starts, ends, float(s_km))
+    return resample_keep(lng, lat, starts, ends, float(s_km))
 
 
 def _next_far_point(lng, lat, lk, j, end, s_km) -> np.ndarray:
