@@ -86,8 +86,8 @@ def test_view_reads_as_its_subset(monkeypatch):
     assert NormStats.from_trips(v) == whole  # one piece: numpy's mean/std exactly
     # in pieces (a split of a large store): the same statistics up to rounding, the same area
     monkeypatch.setattr(trip_view, "CHUNK_POINTS", 500)
-    monkeypatch.setattr(dataset_mod, "iter_chunks", lambda t: trip_view.iter_chunks(t, 500))
-    monkeypatch.setattr(routes_mod, "iter_chunks", lambda t: trip_view.iter_chunks(t, 500))
+    monkeypatch.setattr(dataset_mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 500, **kw))
+    monkeypatch.setattr(routes_mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 500, **kw))
     assert sum(len(p) for p in trip_view.iter_chunks(v, 500)) == len(v) > len(next(trip_view.iter_chunks(v, 500)))
     pieces = NormStats.from_trips(v).to_dict()
     assert pieces == pytest.approx(whole.to_dict(), rel=1e-12)
@@ -96,6 +96,23 @@ def test_view_reads_as_its_subset(monkeypatch):
     assert prof.state_share == ref.state_share and prof.spacing_km == pytest.approx(ref.spacing_km, rel=0.2)
     with pytest.raises(IndexError):
         trips.view([300])
+
+
+@pytest.mark.parametrize("max_points", [10_000_000, 700])
+def test_chunks_gather_only_the_point_fields_a_pass_reads(max_points):
+    """iter_chunks(point_fields=...): the pieces carry those point fields, equal to a full gather's, and None for
+    the others (NormStats and RouteProfile read 4 and 2 of a store split's 5 columns); trip fields as before."""
+    trips = random_trips(120, seed=4, max_len=30)
+    v = trips.view(np.random.default_rng(4).permutation(120)[:90])
+    full = list(trip_view.iter_chunks(v, max_points))
+    some = list(trip_view.iter_chunks(v, max_points, point_fields=("lng", "dist_gap")))
+    assert len(full) == len(some) >= (2 if max_points < 1000 else 1)
+    for a, b in zip(full, some):
+        assert np.array_equal(a.offsets, b.offsets) and np.array_equal(a.lng, b.lng)
+        assert np.array_equal(a.dist_gap, b.dist_gap) and np.array_equal(a.time, b.time)
+        assert b.lat is None and b.state is None and b.time_gap is None
+    with pytest.raises(ValueError, match=r"point_fields \['speed'\] are not point fields of Trips"):
+        trips.subset(np.arange(3), point_fields=("lng", "speed"))
 
 
 def test_store_run_resumes_evaluates_and_predicts_without_raw_data_or_rehashing(tmp_path, monkeypatch, capsys):
@@ -161,7 +178,7 @@ def test_pieces_hold_one_piece_at_a_time(monkeypatch):
 
     trips = synthetic_trips(4000, seed=6)  # one city: its training area's cells do not grow with the trips
     for mod in (dataset_mod, routes_mod):
-        monkeypatch.setattr(mod, "iter_chunks", lambda t: trip_view.iter_chunks(t, 2000))
+        monkeypatch.setattr(mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 2000, **kw))
     monkeypatch.setattr(routes_mod, "CHUNK_POINTS", 2000)
     for fn in (NormStats.from_trips, RouteProfile.from_trips):
         peaks = []

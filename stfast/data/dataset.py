@@ -89,7 +89,7 @@ class NormStats:
         if len(trips) == 0:
             raise ValueError("cannot compute normalization statistics of an empty training split")
         lng, lat, ld, lt = (_Moments() for _ in range(4))
-        for part in iter_chunks(trips):
+        for part in iter_chunks(trips, point_fields=("lng", "lat", "dist_gap", "time_gap")):
             lng.add(part.lng)
             lat.add(part.lat)
             ld.add(local_spans(part, part.dist_gap, kernel_size))

@@ -77,7 +77,7 @@ class RouteProfile:
         k-th step (k = pieces), at most about one piece of steps. Raises ValueError when it has no points."""
         n, on, steps = train.n_points, 0, []
         stride = max(1, -(-n // CHUNK_POINTS))
-        for part in iter_chunks(train):
+        for part in iter_chunks(train, point_fields=("state", "dist_gap")):
             on += int(np.count_nonzero(np.asarray(part.state, dtype=np.float64) > 0.5))
             step = np.diff(np.asarray(part.dist_gap, dtype=np.float64))
             within = np.ones(len(step), dtype=bool)
@@ -88,7 +88,8 @@ class RouteProfile:
         share = on / n if n else 0.0
         step = np.concatenate(steps) if steps else np.zeros(0)
         spacing = float(np.median(step)) if step.size else 0.2
-        area = TrainingArea.from_point_chunks(lambda: ((p.lng, p.lat) for p in iter_chunks(train)))
+        area = TrainingArea.from_point_chunks(
+            lambda: ((p.lng, p.lat) for p in iter_chunks(train, point_fields=("lng", "lat"))))
         return cls(area, int(share >= 0.5), share, spacing, n)
 
     @classmethod

@@ -122,18 +122,20 @@ class TripsView:
         self.materialize().to_jsonl(path)
 
 
-def iter_chunks(trips, max_points: int = CHUNK_POINTS) -> Iterator[Trips]:
+def iter_chunks(trips, max_points: int = CHUNK_POINTS, point_fields: tuple[str, ...] | None = None) -> Iterator[Trips]:
     """``trips`` (Trips or TripsView) as consecutive Trips of about ``max_points`` points each (whole trips; a
     longer trip alone), in order, so that a pass over every point of a split of any size holds one piece at a
-    time. Trips that fit in one piece come as one: ``trips`` itself, or a view's trips copied."""
+    time. Trips that fit in one piece come as one: ``trips`` itself, or a view's trips copied.
+    ``point_fields``: the point fields a pass reads; a piece copied from ``trips`` gathers only these (the
+    others None: over a store's split, each column is a gather of its pages), :meth:`Trips.subset`."""
     n = trips.n_points
     if n <= max_points or len(trips) <= 1:
-        yield trips.materialize() if isinstance(trips, TripsView) else trips
+        yield trips.base.subset(trips.index, point_fields) if isinstance(trips, TripsView) else trips
         return
     ends = np.cumsum(trips.lengths)
     start = 0
     while start < len(trips):
         stop = max(int(np.searchsorted(ends, (ends[start - 1] if start else 0) + max_points, side="right")), start + 1)
         base, idx = (trips.base, trips.index[start:stop]) if isinstance(trips, TripsView) else (trips, np.arange(start, stop))
-        yield base.subset(idx)
+        yield base.subset(idx, point_fields)
         start = stop

@@ -98,16 +98,21 @@ class _CSR:
             if a is not None and len(a) != t:
                 raise ValueError(f"trip field {name} has {len(a)} values, offsets say {t} trips")
 
-    def subset(self, idx) -> "_CSR":
-        """The trips ``idx`` (int array or boolean mask over trips), in that order."""
+    def subset(self, idx, point_fields: tuple[str, ...] | None = None) -> "_CSR":
+        """The trips ``idx`` (int array or boolean mask over trips), in that order. ``point_fields``: only these
+        point fields are gathered, the others are None (a pass that reads two columns of a store's split need
+        not copy all of them); None: every field."""
         idx = np.asarray(idx)
         if idx.dtype == bool:
             idx = np.flatnonzero(idx)
         idx = idx.astype(np.int64)
         pt, new_off = _gather_points(self.offsets, idx)
         kw = {"offsets": new_off}
+        if point_fields is not None and not set(point_fields) <= set(self._POINT_FIELDS):
+            raise ValueError(f"point_fields {sorted(set(point_fields) - set(self._POINT_FIELDS))} are not point "
+                             f"fields of {type(self).__name__} ({', '.join(self._POINT_FIELDS)})")
         for name in self._POINT_FIELDS:
-            a = getattr(self, name)
+            a = getattr(self, name) if point_fields is None or name in point_fields else None
             kw[name] = None if a is None else a[pt]
         for name in self._TRIP_FIELDS:
             a = getattr(self, name)
