@@ -22,7 +22,6 @@ void resample_keep(const double* lng_deg, const double* lat_deg, int64_t n, cons
     const int64_t s = starts[t], e = ends[t];
     if (e <= s) continue;
     const int64_t len = e - s;
-    std::fill(keep + s, keep + e, uint8_t(0));
     keep[s] = keep[e - 1] = 1;
     if (len <= 2) continue;
     lam.resize(size_t(len));

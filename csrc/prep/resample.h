@@ -15,8 +15,8 @@ namespace prep {
 
 constexpr double kEarthRadiusKm = 6371.0;
 
-// keep[0, n) is written (0/1) for every point of the trips [starts[t], ends[t]); points outside every trip
-// are left as they are. Requires 0 <= starts[t] <= ends[t] <= n (checked by the bindings) and s_km > 0.
+// Sets keep[i] = 1 for every kept point of the trips [starts[t], ends[t]); keep[0, n) must come zeroed (the
+// bindings do it). Requires 0 <= starts[t] <= ends[t] <= n (checked by the bindings) and s_km > 0.
 void resample_keep(const double* lng_deg, const double* lat_deg, int64_t n, const int64_t* starts,
                    const int64_t* ends, int64_t n_trips, double s_km, uint8_t* keep);
 
