@@ -33,12 +33,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _device import NO_GPU, missing_device
+from _device import NO_GPU, cpu_summary, missing_device
 from _timing import sync, time_side_by_side
 from bench_geo_conv import source_lengths  # (it puts the repository root on the path)
 
 from stfast.nn import LSTM
-from stfast.ops.gemm import gemm_library, select_gemm_library
+from stfast.ops.gemm import LIBRARIES, USES, gemm_library
 from stfast.data.batches import epoch_batches
 
 I, H, LAYERS, K = 61, 128, 2, 3
@@ -60,51 +60,56 @@ def training_lengths(shape: str, batch: int, seed: int = 0) -> np.ndarray:
     return lengths[median] - (K - 1)
 
 
-def gemm_list(lengths: np.ndarray, mode: str, input_grad: bool = False) -> list[tuple[int, int, int]]:
-    """(M, K, N) of every GEMM the fused LSTM runs for these lengths (per layer: the input projection, one
-    recurrent product per step over the sequences alive; backward: one per step, the input gradient unless
-    layer 0's input needs none, the two weight gradients)."""
+def gemm_list(lengths: np.ndarray, mode: str, input_grad: bool = False) -> list[tuple[int, int, int, bool, str]]:
+    """(M, K, N, a_transposed, use) of every GEMM the fused LSTM runs for these lengths (per layer: the input
+    projection, one recurrent product per step over the sequences alive; backward: one per step, the input
+    gradient unless layer 0's input needs none, the two weight gradients, whose left operand is dGᵀ). use:
+    "step" for the recurrent products (their weight prepared once per call), "bulk" for the rest
+    (stfast.ops.gemm.USES)."""
     n, B = int(lengths.sum()), len(lengths)
     alive = [int((lengths > t).sum()) for t in range(int(lengths.max()))]
     out = []
     for k in range(LAYERS):
         i_k = I if k == 0 else H
-        out.append((n, i_k, 4 * H))
-        out += [(bs, H, 4 * H) for bs in alive[1:]]
+        out.append((n, i_k, 4 * H, False, "bulk"))
+        out += [(bs, H, 4 * H, False, "step") for bs in alive[1:]]
         if mode == "fwdbwd":
-            out += [(bs, 4 * H, H) for bs in alive[1:]]
+            out += [(bs, 4 * H, H, False, "step") for bs in alive[1:]]
             if k > 0 or input_grad:
-                out.append((n, 4 * H, i_k))
-            out += [(4 * H, n, i_k), (4 * H, n - B, H)]
+                out.append((n, 4 * H, i_k, False, "bulk"))
+            out += [(4 * H, n, i_k, True, "bulk"), (4 * H, n - B, H, True, "bulk")]
     return out
 
 
 def gemm_gflop(shapes) -> float:
-    return sum(2 * m * k * n for m, k, n in shapes) / 1e9
+    return sum(2 * s[0] * s[1] * s[2] for s in shapes) / 1e9
 
 
-def library_gemm_rates(shapes, dtype: torch.dtype, device: str, rounds: int = 3) -> dict[str, float]:
-    """GFLOP/s of each GEMM library (stfast.ops.gemm) on exactly ``shapes`` (operands and output in
-    ``dtype``), timed side by side; on CUDA, ATen's (cuBLAS)."""
-    ops = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype).t())
-           for m, k, n in shapes]
+def library_gemm_rates(shapes, dtype: torch.dtype, device: str) -> dict:
+    """GFLOP/s of each GEMM library (stfast.ops.gemm) on exactly ``shapes`` (operands in ``dtype``, float32
+    output for 16-bit operands, as the fused LSTM accumulates), per use, timed side by side in this run (the
+    micro-kernel's "step" rate with the weight packed once, as the kernels run it); on CUDA, ATen's (cuBLAS).
+    Returns {"rates": {use: {library: GFLOP/s}}, "chosen": {use: library}, "best": {use: library},
+    "gemm_only_s": the shapes' time at each use's best rate}."""
     if device != "cpu":
-        t = time_side_by_side({"cublas": lambda: [torch.mm(a, b) for a, b in ops]}, device, 1, rounds)
-        return {"cublas": gemm_gflop(shapes) / t["cublas"]}
-    chosen = gemm_library(dtype)
-    rates = {}
-    try:
-        for lib in ("aten", "onednn"):
-            if select_gemm_library(dtype, lib) != lib:
-                continue  # the library does not take this dtype
-            run = [torch.ops.stfast.gemm_mm(a, b) for a, b in ops[:1]]  # warm-up (primitive creation)
-            t = time_side_by_side({lib: lambda: [torch.ops.stfast.gemm_mm(a, b) for a, b in ops]}, device, 1, rounds)
-            rates[lib] = gemm_gflop(shapes) / t[lib]
-            del run
-    finally:
-        select_gemm_library(dtype, chosen)  # back to the run-time choice (other dtype pairs untouched)
-    rates["chosen"] = chosen
-    return rates
+        ops = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype).t())
+               for m, k, n, *_ in shapes]
+        t = time_side_by_side({"cublas": lambda: [torch.mm(a, b) for a, b in ops]}, device, 1, 5)
+        return {"rates": {"all": {"cublas": gemm_gflop(shapes) / t["cublas"]}}, "chosen": {"all": "cublas"},
+                "best": {"all": "cublas"}, "gemm_only_s": t["cublas"]}
+    out_dtype = torch.float32
+    res = {"rates": {}, "chosen": {}, "best": {}, "gemm_only_s": 0.0}
+    for use in USES:
+        part = [s for s in shapes if s[4] == use]
+        if not part:
+            continue
+        flat = [int(v) for s in part for v in s[:4]]
+        rates = dict(zip(LIBRARIES, torch.ops.stfast.gemm_rates_at(dtype, out_dtype, USES.index(use), flat)))
+        res["rates"][use] = {lib: r for lib, r in rates.items() if r > 0}
+        res["chosen"][use] = gemm_library(dtype, out_dtype, use=use)
+        res["best"][use] = max(res["rates"][use], key=res["rates"][use].get)
+        res["gemm_only_s"] += gemm_gflop(part) / res["rates"][use][res["best"][use]]
+    return res
 
 
 class Case:
@@ -247,7 +252,6 @@ def acceptance_rows(device: str, rounds: int, shapes=SHAPES, dtypes=tuple(DTYPES
                 reps = 10 if device == "cuda" else 1 if (mode == "fwdbwd" and batch > 64) or shape == "geolife" else 3
                 t = time_side_by_side({i: case.fn(i, mode) for i in case.impls()}, device, reps, rounds)
                 best_torch = min((i for i in case.impls() if i != "stfast"), key=t.get)
-                best_lib = max((k for k in lib if k != "chosen"), key=lib.get)
                 rows.append({
                     "dtype": dtype, "shape": shape, "batch": batch, "mode": mode, "lengths_from": source_lengths(shape)[1],
                     "valid_positions": case.positions["stfast"], "padded_positions": case.positions["torch"],
@@ -255,21 +259,28 @@ def acceptance_rows(device: str, rounds: int, shapes=SHAPES, dtypes=tuple(DTYPES
                     "torch_best": best_torch, "speedup": t[best_torch] / t["stfast"],
                     "stfast_gflops": case.gflop("stfast", mode) / t["stfast"],
                     "torch_gflops": case.gflop(best_torch, mode) / t[best_torch],
-                    "gemm_gflops": lib[best_lib], "gemm_library": best_lib, "gemm_chosen": lib.get("chosen"),
-                    "gemm_rates": {k: v for k, v in lib.items() if k != "chosen"},
-                    "gemm_only_ms": gemm_gflop(gemms) / lib[best_lib] * 1e3})
+                    "gemm_gflops": gemm_gflop(gemms) / lib["gemm_only_s"], "gemm_rates": lib["rates"],
+                    "gemm_chosen": lib["chosen"], "gemm_best": lib["best"], "gemm_only_ms": lib["gemm_only_s"] * 1e3})
     return rows
 
 
 def print_rows(rows) -> None:
+    """The acceptance table, then per row and use the GEMM rates of each library on the row's own products
+    (the micro-kernel, brgemm, beside the others) and the library stfast chose (*)."""
     print(f"{'dtype':9} {'shape':8} {'B':>4} {'mode':7} {'valid':>6} {'padded':>6} {'stfast ms':>9} {'torch ms':>9} "
-          f"{'torch is':>15} {'x torch':>7} {'stfast GF/s':>11} {'torch GF/s':>10} {'GEMM GF/s':>9} {'(lib)':8} "
+          f"{'torch is':>15} {'x torch':>7} {'stfast GF/s':>11} {'torch GF/s':>10} {'GEMM GF/s':>9} "
           f"{'GEMM-only ms':>12}")
     for r in rows:
         print(f"{r['dtype']:9} {r['shape']:8} {r['batch']:4d} {r['mode']:7} {r['valid_positions']:6d} "
               f"{r['padded_positions']:6d} {r['stfast_ms']:9.2f} {r[r['torch_best'] + '_ms']:9.2f} "
               f"{r['torch_best']:>15} {r['speedup']:7.2f} {r['stfast_gflops']:11.1f} {r['torch_gflops']:10.1f} "
-              f"{r['gemm_gflops']:9.1f} {r['gemm_library']:8} {r['gemm_only_ms']:12.2f}")
+              f"{r['gemm_gflops']:9.1f} {r['gemm_only_ms']:12.2f}")
+    print("GEMM GF/s per use on each row's own products (* stfast's choice):")
+    for r in rows:
+        per_use = "; ".join(f"{use}: " + ", ".join(f"{lib}{'*' if lib == r['gemm_chosen'][use] else ''} {v:.0f}"
+                                                   for lib, v in rates.items())
+                            for use, rates in r["gemm_rates"].items())
+        print(f"  {r['dtype']:9} {r['shape']:8} {r['batch']:4d} {r['mode']:7} {per_use}")
 
 
 def main(argv=None) -> int:
@@ -291,9 +302,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]
-    libs = {f"{str(a)[6:]}->{str(o)[6:]}": gemm_library(a, o) for a, o in pairs} if dev == "cpu" else {}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}, GEMM library chosen "
-          f"(stfast.ops.gemm_library): {libs}")
+    libs = {f"{str(a)[6:]}->{str(o)[6:]}@{use}": gemm_library(a, o, use=use) for a, o in pairs for use in USES} \
+        if dev == "cpu" else {}
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}, {cpu_summary()}")
+    print(f"GEMM library chosen (stfast.ops.gemm_library): {libs}")
     shapes = [s for s in SHAPES if args.shape is None or s[0] in args.shape]
     rows = acceptance_rows(dev, args.rounds, shapes, tuple(args.dtype or DTYPES))
     print_rows(rows)

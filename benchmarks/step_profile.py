@@ -7,8 +7,9 @@ self CPU time of its operators grouped, beside the wall time of the run's traini
 Groups (self time: an operator's time without the operators it calls):
 
 - ``gemm``: matrix products (``aten::mm / addmm / addmm_ / bmm / matmul``, oneDNN's ``mkldnn_*`` matmuls), the
-  fused LSTM's included (inside ``stfast::lstm_*``: ATen calls, or ``stfast::onednn_matmul`` where the GEMM plan
-  chose oneDNN, :mod:`stfast.ops.gemm`);
+  fused LSTM's included (inside ``stfast::lstm_*``: ATen calls, ``stfast::onednn_matmul`` where the GEMM plan
+  chose oneDNN, ``stfast::brgemm`` where it chose oneDNN's micro-kernel, :mod:`stfast.ops.gemm`), and the fused
+  LSTM's tile-fused forward steps (``stfast::lstm_fused_step``: each step's recurrent product with its gates);
 - ``onednn_rnn``: torch.nn.LSTM's fused oneDNN RNN (``--kernels reference``): its products and gates together;
 - ``fused_ops``: stfast's fused operators' own time: the LSTM's gates and the geo-conv. A fused op called with
   grad enabled runs under its autograd kernel (``GeneratedBackwardFor_stfast_<op>_default``), which the profiler
@@ -33,8 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _device import cpu_summary
+
 GEMM = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::_mkldnn",
-        "aten::mkldnn_matmul", "aten::mkldnn_linear", "stfast::gemm", "stfast::onednn_matmul")
+        "aten::mkldnn_matmul", "aten::mkldnn_linear", "stfast::gemm", "stfast::onednn_matmul", "stfast::brgemm",
+        "stfast::lstm_fused_step")
 GROUPS = ("gemm", "onednn_rnn", "fused_ops", "optimizer", "other_ops", "outside_ops")
 
 
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     head = "| threads | precision | kernels | trips/s (profiled) | steps' wall s | " + " | ".join(
         f"{g} %" for g in GROUPS) + " |"
-    lines = [head, "|" + "---:|" * (5 + len(GROUPS))]
+    lines = [f"Measured on: {cpu_summary()}", "", head, "|" + "---:|" * (5 + len(GROUPS))]
     for r in rows:
         lines.append(f"| {r['threads']} | {r['precision']} | {r['kernels']} | {r['trips_per_s']:.0f} | "
                      f"{r['wall_s']:.1f} | " + " | ".join(f"{100 * r['seconds'][g] / r['wall_s']:.1f}"

@@ -1,5 +1,7 @@
 """The CPU GEMM routing (csrc/common/gemm.h, stfast.ops.gemm): the selection rule on injected rates (never on
-timings), the probe's report, and products through each library against torch.mm."""
+timings), per dtype pair and use, the probe's report, products through each library against torch.mm, and the
+paths a CPU lacks run by capping oneDNN (ONEDNN_MAX_CPU_ISA) in a subprocess."""
+import json
 import os
 import subprocess
 import sys
@@ -7,8 +9,10 @@ import sys
 import pytest
 import torch
 
-from stfast.ops.gemm import (LIBRARIES, gemm_library, gemm_rates, linear, mm, reset_gemm_library,
-                             select_gemm_library)
+from _accuracy import fresh_seed
+
+from stfast.ops.gemm import (LIBRARIES, USES, gemm_libraries_available, gemm_library, gemm_rates, linear, mm,
+                             reset_gemm_library, select_gemm_library)
 
 
 @pytest.fixture(autouse=True)
@@ -18,27 +22,54 @@ def _fresh_choices():
     reset_gemm_library()
 
 
+def _available(library, dtype=torch.float32, out=None):
+    """Skip unless ``library`` takes ``dtype`` operands here, saying why (the paths this CPU lacks run on the CPUs
+    that have them, and by capping oneDNN in the subprocess tests below)."""
+    if library not in gemm_libraries_available(dtype, out):
+        why = {"onednn": "torch's oneDNN matmul needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3",
+               "brgemm": "oneDNN's micro-kernel packs 16-bit operands only on AMX (cpublas::could_pack is false)"}
+        pytest.skip(f"{library} does not take {dtype} on this CPU: {why.get(library, '')}")
+
+
+@pytest.mark.parametrize("other", ["onednn", "brgemm"])
+@pytest.mark.parametrize("use", USES)
 @pytest.mark.parametrize("rates,want", [
-    ({"aten": 100.0, "onednn": 200.0}, "onednn"),  # the probe says oneDNN is faster: oneDNN
-    ({"aten": 200.0, "onednn": 100.0}, "aten"),
-    ({"aten": 100.0, "onednn": 105.0}, "aten"),  # within the 10 % margin: no flip on a near tie
-    ({"aten": 100.0, "onednn": 111.0}, "onednn"),
+    ({"aten": 100.0, "other": 200.0}, "other"),  # the probe says the other library is faster: it
+    ({"aten": 200.0, "other": 100.0}, "aten"),
+    ({"aten": 100.0, "other": 105.0}, "aten"),  # within the 10 % margin: no flip on a near tie
+    ({"aten": 100.0, "other": 111.0}, "other"),
     ({"aten": 100.0}, "aten"),  # a library that did not run (rate 0) is never chosen
-    ({"aten": 0.0, "onednn": 50.0}, "onednn"),
+    ({"aten": 0.0, "other": 50.0}, "other"),
 ])
-def test_selection_follows_the_rates(rates, want):
-    assert select_gemm_library(torch.float32, rates) == want
-    assert gemm_library(torch.float32) == want  # the query reports the decision the kernels use
+def test_selection_follows_the_rates(rates, want, use, other):
+    _available(other)
+    rates = {other if k == "other" else k: v for k, v in rates.items()}
+    want = other if want == "other" else want
+    assert select_gemm_library(torch.float32, rates, use=use) == want
+    assert gemm_library(torch.float32, use=use) == want  # the query reports the decision the kernels use
 
 
-def test_selection_per_dtype_pair():
-    select_gemm_library(torch.float32, {"aten": 1.0, "onednn": 3.0})
-    select_gemm_library(torch.bfloat16, {"aten": 3.0, "onednn": 1.0}, torch.float32)
-    assert gemm_library(torch.float32) == "onednn"
-    assert gemm_library(torch.bfloat16, torch.float32) == "aten"
+def test_selection_among_three():
+    for lib in ("onednn", "brgemm"):
+        _available(lib)
+    rates = {"aten": 100.0, "onednn": 150.0, "brgemm": 160.0}  # brgemm within 10 % of oneDNN: oneDNN stays
+    assert select_gemm_library(torch.float32, rates) == "onednn"
+    assert select_gemm_library(torch.float32, {**rates, "brgemm": 170.0}) == "brgemm"
+
+
+def test_selection_per_dtype_pair_and_use():
+    other = next(lib for lib in gemm_libraries_available(torch.float32) if lib != "aten")
+    select_gemm_library(torch.float32, {"aten": 1.0, other: 3.0}, use="step")
+    select_gemm_library(torch.float32, {"aten": 3.0, other: 1.0}, use="bulk")
+    select_gemm_library(torch.bfloat16, {"aten": 3.0, other: 1.0}, torch.float32)
+    assert gemm_library(torch.float32, use="step") == other
+    assert gemm_library(torch.float32) == "aten"  # bulk: the default use
+    assert gemm_library(torch.bfloat16, torch.float32, use="step") == "aten"  # use=None set both
     # float64: only ATen's BLAS takes it, whatever the rates say
-    assert select_gemm_library(torch.float64, {"aten": 1.0, "onednn": 100.0}) == "aten"
+    assert select_gemm_library(torch.float64, {"aten": 1.0, "onednn": 100.0, "brgemm": 100.0}) == "aten"
     assert gemm_library(torch.float64) == "aten"
+    assert gemm_libraries_available(torch.float64) == ("aten",)
+    assert "brgemm" in gemm_libraries_available(torch.float32)  # float32: the kernel, or torch's fallback under it
 
 
 def test_selection_rejects_bad_input():
@@ -48,32 +79,45 @@ def test_selection_rejects_bad_input():
         select_gemm_library(torch.float32, {"openblas": 1.0})
     with pytest.raises(ValueError, match=">= 0"):
         select_gemm_library(torch.float32, {"aten": -1.0})
+    with pytest.raises(ValueError, match="use must be one of"):
+        gemm_library(torch.float32, use="tall")
 
 
-def test_probe_reports_every_library():
-    r = gemm_rates(torch.float32)
-    assert set(r) == set(LIBRARIES) and r["aten"] > 0
-    assert gemm_rates(torch.float64)["onednn"] == 0.0  # oneDNN has no float64 GEMM
-    assert gemm_library(torch.float32) in LIBRARIES  # the probe's own decision
+@pytest.mark.parametrize("use", USES)
+def test_probe_reports_every_library(use):
+    r = gemm_rates(torch.float32, use=use)
+    assert set(r) == set(LIBRARIES) and r["aten"] > 0 and r["brgemm"] > 0
+    for lib in LIBRARIES:  # a library that does not take the pair reports 0, one that does a rate
+        assert (r[lib] > 0) == (lib in gemm_libraries_available(torch.float32)), (lib, r)
+    r64 = gemm_rates(torch.float64, use=use)
+    assert r64["onednn"] == 0.0 and r64["brgemm"] == 0.0  # float64 is ATen's alone
+    assert gemm_library(torch.float32, use=use) in LIBRARIES  # the probe's own decision
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
 def test_products_match_torch_mm(library):
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(fresh_seed())
     a, w = torch.randn(37, 61, generator=g), torch.randn(512, 61, generator=g)
     select_gemm_library(torch.float32, library)
     ref = a.double() @ w.double().t()
-    out = mm(a, w.t())  # a transposed operand, as the kernels pass W_hhᵀ
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
-    ab, wb = a.bfloat16(), w.bfloat16()
-    select_gemm_library(torch.bfloat16, library, torch.float32)
-    out16 = mm(ab, wb.t(), torch.float32)
-    assert out16.dtype == torch.float32
-    ref16 = ab.double() @ wb.double().t()  # exact products of the bfloat16 operands
-    # float32 sum; oneDNN's output is rounded once to bfloat16 (gemm.h): 2^-8 relative
-    tol = 2e-6 if library == "aten" else 2.0 ** -8
-    torch.testing.assert_close(out16.double(), ref16, rtol=tol, atol=tol * float(ref16.abs().max()))
+    for a_, w_t in ((a, w.t()), (a.t().contiguous().t(), w.t().contiguous())):  # transposed / row-major operands
+        out = mm(a_, w_t)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    for depth in (61, 64):  # an odd depth (VNNI pairs rows: the 16-bit micro-kernel hands it to ATen)
+        ab, wb = torch.randn(37, depth, generator=g).bfloat16(), torch.randn(512, depth, generator=g).bfloat16()
+        in_effect = select_gemm_library(torch.bfloat16, library, torch.float32)
+        out16 = mm(ab, wb.t(), torch.float32)
+        assert out16.dtype == torch.float32
+        ref16 = ab.double() @ wb.double().t()  # exact products of the bfloat16 operands
+        # float32 sum; oneDNN's output is rounded once to bfloat16 (gemm.h): 2^-8 relative
+        tol = 2.0 ** -8 if in_effect == "onednn" else 2e-6
+        torch.testing.assert_close(out16.double(), ref16, rtol=tol, atol=tol * float(ref16.abs().max()))
+    # a 16-bit output: the float32 sum rounded once (every library)
+    select_gemm_library(torch.bfloat16, library)
+    out_b = mm(ab, wb.t())
+    assert out_b.dtype == torch.bfloat16
+    torch.testing.assert_close(out_b.double(), ref16, rtol=2.0 ** -7, atol=2.0 ** -7 * float(ref16.abs().max()))
     # float64 stays ATen's, bit for bit
     a64, w64 = a.double(), w.double()
     assert torch.equal(mm(a64, w64.t()), torch.mm(a64, w64.t()))
@@ -99,9 +143,54 @@ def test_gemm_mm_errors():
         mm(torch.ones(2, 3), torch.ones(3, 5), torch.float16)
 
 
-def test_environment_forces_a_library():
+@pytest.mark.parametrize("forced", ["onednn", "brgemm"])
+def test_environment_forces_a_library(forced):
+    _available(forced)
     code = ("import torch, stfast.ops as o; o.select_gemm_library(torch.float32, 'aten');"
-            "print(o.gemm_library(torch.float32), o.gemm_library(torch.float64))")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "STFAST_GEMM": "onednn"},
+            "print(o.gemm_library(torch.float32), o.gemm_library(torch.float32, use='step'), o.gemm_library(torch.float64))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "STFAST_GEMM": forced},
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["onednn", "aten"]  # the environment wins; float64 has only ATen
+    assert out == [forced, forced, "aten"]  # the environment wins, for both uses; float64 has only ATen
+
+
+CAPPED = """
+import json, torch
+from stfast.ops.gemm import gemm_libraries_available, mm, select_gemm_library
+g = torch.Generator().manual_seed({seed})
+a, w = torch.randn(70, 128, generator=g), torch.randn(128, 96, generator=g)
+err = {{}}
+for dtype in (torch.float32, torch.bfloat16):
+    for lib in gemm_libraries_available(dtype, torch.float32):
+        select_gemm_library(dtype, lib, torch.float32)
+        out = mm(a.to(dtype), w.to(dtype), torch.float32)
+        ref = a.to(dtype).double() @ w.to(dtype).double()
+        err[f"{{dtype}}:{{lib}}"] = float(((out.double() - ref).abs().max() / ref.abs().max()))
+print(json.dumps({{"f32": gemm_libraries_available(torch.float32), "bf16": gemm_libraries_available(torch.bfloat16,
+                  torch.float32), "err": err}}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE_BF16"])
+def test_capped_isa_runs_the_smaller_cpus_paths(isa):
+    """oneDNN capped (ONEDNN_MAX_CPU_ISA) as on a CPU without AMX (AVX512_CORE_BF16) or without AVX-512 (AVX2):
+    the micro-kernel still takes float32 (AVX2 / AVX-512), never bfloat16 (it packs 16-bit operands only on
+    AMX), and every library that takes a pair computes it to float32 accuracy."""
+    seed = fresh_seed()
+    out = subprocess.run([sys.executable, "-c", CAPPED.format(seed=seed)],
+                         env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa},
+                         capture_output=True, text=True, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    assert "brgemm" in got["f32"] and "brgemm" not in got["bf16"], got
+    for key, err in got["err"].items():
+        assert err < 1e-5, (seed, key, err)
+
+
+def test_amx_bfloat16_micro_kernel():
+    """Where the CPU has AMX, the bfloat16 micro-kernel path: a float32 output of exact bfloat16 products."""
+    _available("brgemm", torch.bfloat16, torch.float32)
+    g = torch.Generator().manual_seed(fresh_seed())
+    a, w = torch.randn(70, 128, generator=g).bfloat16(), torch.randn(96, 128, generator=g).bfloat16()
+    select_gemm_library(torch.bfloat16, "brgemm", torch.float32)
+    out = mm(a, w.t(), torch.float32)
+    ref = a.double() @ w.double().t()
+    torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=2e-6 * float(ref.abs().max()))

@@ -8,7 +8,7 @@ import torch
 from _eta_run import train_run
 
 from stfast.cli import main
-from stfast.ops import gemm_library, reset_gemm_library, select_gemm_library
+from stfast.ops import gemm_libraries_available, gemm_library, reset_gemm_library, select_gemm_library
 from stfast.train import checkpoint as ckpt
 from stfast.train import gemm_plan
 from stfast.train.trained import load_model
@@ -26,35 +26,48 @@ def _fresh_choice():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("library", ["aten", "onednn"])
+@pytest.mark.parametrize("library", ["aten", "onednn", "brgemm"])
 def test_plan_is_decided_once_and_applied(library):
+    if library not in gemm_libraries_available(torch.float32):
+        pytest.skip(f"{library} does not take float32 on this CPU (tests/test_gemm.py says why)")
     select_gemm_library(*F32[:1], library, F32[1])
+    select_gemm_library(torch.float32, "aten" if library != "aten" else "brgemm", use="step")
     plan = gemm_plan.decide("bf16-mixed", "cpu")
     assert plan["float32->float32"] == library
-    assert set(plan) == {"float32->float32", "bfloat16->float32", "bfloat16->bfloat16"}
+    assert plan["float32->float32@step"] == ("aten" if library != "aten" else "brgemm")
+    assert set(plan) == {f"{p}{u}" for p in ("float32->float32", "bfloat16->float32", "bfloat16->bfloat16")
+                         for u in ("", "@step")}
     assert gemm_plan.decide("64", "cpu") == {} and gemm_plan.decide("32", "meta") == {}
-    other = "onednn" if library == "aten" else "aten"
-    select_gemm_library(torch.float32, other)
+    select_gemm_library(torch.float32, "aten" if library != "aten" else "brgemm")
     gemm_plan.apply(plan)
     assert gemm_library(torch.float32) == library
+    assert gemm_library(torch.float32, use="step") == plan["float32->float32@step"]
+    # a plan recorded before the uses were told apart: its one library for both
+    gemm_plan.apply({"float32->float32": library})
+    assert gemm_library(torch.float32, use="step") == library
     with pytest.raises(ValueError, match="bad dtype pair"):
         gemm_plan.apply({"float33->float32": "aten"})
+    with pytest.raises(ValueError, match="bad use"):
+        gemm_plan.apply({"float32->float32@tall": "aten"})
     with pytest.raises(ValueError, match="library must be one of"):
         gemm_plan.apply({"float32->float32": "mkl"})
 
 
 def test_checkpoint_records_the_plan_and_load_model_applies_it(tmp_path):
-    select_gemm_library(torch.float32, "onednn")  # the run's probe "chose" oneDNN
+    other = "brgemm"  # float32 on the micro-kernel (or torch's fallback under it): every CPU takes it
+    select_gemm_library(torch.float32, "aten", use="bulk")
+    select_gemm_library(torch.float32, other, use="step")  # the run's probe "chose" the micro-kernel for steps
+    plan = {"float32->float32": "aten", "float32->float32@step": other}
     data, ck = train_run(tmp_path)
     state = ckpt.load(ck)
-    assert state["gemm_plan"] == {"float32->float32": "onednn"}
+    assert state["gemm_plan"] == plan
     select_gemm_library(torch.float32, "aten")  # a later probe comes out differently
     load_model(ck)
-    assert gemm_library(torch.float32) == "onednn"
+    assert gemm_library(torch.float32, use="step") == other
     # --resume continues with the recorded plan, whatever the new process would probe
     select_gemm_library(torch.float32, "aten")
     rc = main(["train", "--resume", "--data", str(data), "--preset", "paper", "--batch-size", "32",
                "--out", str(ck.parent), "--epochs", "3", "--no-progress", "--threads", "1"])
     assert rc == 0
-    assert gemm_library(torch.float32) == "onednn"
-    assert ckpt.load(ck.parent / "last.pt")["gemm_plan"] == {"float32->float32": "onednn"}
+    assert gemm_library(torch.float32, use="step") == other
+    assert ckpt.load(ck.parent / "last.pt")["gemm_plan"] == plan

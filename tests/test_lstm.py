@@ -183,17 +183,36 @@ def test_float32_flash_rule(device):
     _flash_rule(torch.float32, device)
 
 
-@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn"], indirect=True)
+@pytest.mark.parametrize("bulk,step", [("aten", "brgemm"), ("brgemm", "brgemm"), ("onednn", "brgemm"),
+                                       ("brgemm", "aten")])
+def test_float32_flash_rule_per_library(bulk, step):
+    """float32 on each CPU GEMM library per use (issue 51): the recurrent steps on oneDNN's micro-kernel (the
+    tile-fused forward step and the packed backward products) and the bulk products on any library."""
+    from stfast.ops.gemm import gemm_libraries_available, reset_gemm_library, select_gemm_library
+
+    for lib in (bulk, step):
+        if lib not in gemm_libraries_available(torch.float32):
+            pytest.skip(f"{lib} does not take float32 on this CPU (tests/test_gemm.py says why)")
+    try:
+        select_gemm_library(torch.float32, bulk, use="bulk")
+        select_gemm_library(torch.float32, step, use="step")
+        _flash_rule(torch.float32, "cpu")
+    finally:
+        reset_gemm_library()
+
+
+@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn", "brgemm"], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_half_precision_flash_rule(dtype, device, gemm_library_pinned):
     """float16/bfloat16 (float32 accumulation): within 2x (3x for gradients) torch.nn.LSTM's own error in
-    that precision: cuDNN's on CUDA, ATen's native LSTM on the CPU; on the CPU with either GEMM library
-    (issue 44: oneDNN's 16-bit GEMMs round their float32 sums to 16 bits once)."""
-    if device == "cuda" and gemm_library_pinned[dtype] == "onednn":
+    that precision: cuDNN's on CUDA, ATen's native LSTM on the CPU; on the CPU with each GEMM library
+    (issue 44: oneDNN's 16-bit GEMMs round their float32 sums to 16 bits once; issue 51: the micro-kernel's
+    sums stay float32)."""
+    if device == "cuda" and gemm_library_pinned[dtype] != "aten":
         pytest.skip("the CPU GEMM library does not apply on CUDA")
-    if gemm_library_pinned[dtype] == "aten" and device == "cpu" and gemm_library_pinned.get("asked") == "onednn":
-        pytest.skip(f"this CPU's oneDNN does not take {dtype}: the [aten] case covers it")
+    if gemm_library_pinned[dtype] == "aten" and device == "cpu" and gemm_library_pinned.get("asked") != "aten":
+        pytest.skip(f"this CPU's {gemm_library_pinned['asked']} does not take {dtype}: the [aten] case covers it")
     _flash_rule(dtype, device)
 
 
@@ -250,7 +269,7 @@ def gemm_library_pinned(request):
     reset_gemm_library()
 
 
-@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn"], indirect=True)
+@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn", "brgemm"], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_half_one_rounding_per_value(dtype, device, gemm_library_pinned):
@@ -261,8 +280,10 @@ def test_half_one_rounding_per_value(dtype, device, gemm_library_pinned):
     Issue 44: with oneDNN as the CPU's 16-bit GEMM library (csrc/common/gemm.h; its output is 16-bit), the
     projection x·W_ihᵀ is stored in 16 bits and x·W_ihᵀ + h·W_hhᵀ rounded once more (summed in float32 inside
     oneDNN): that is exactly the second emulation, matched almost everywhere instead."""
-    if device == "cuda" and gemm_library_pinned[dtype] == "onednn":
+    if device == "cuda" and gemm_library_pinned[dtype] != "aten":
         pytest.skip("the CPU GEMM library does not apply on CUDA (cuBLAS, float32 outputs)")
+    if gemm_library_pinned[dtype] == "aten" and device == "cpu" and gemm_library_pinned.get("asked") != "aten":
+        pytest.skip(f"this CPU's {gemm_library_pinned['asked']} does not take {dtype}: the [aten] case covers it")
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
     lengths, I, H = [6, 2, 6, 1, 4, 5] * 6, 48, 64

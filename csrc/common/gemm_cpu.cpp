@@ -16,7 +16,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 // Exported by libtorch_cpu (TORCH_API) but its header (ATen/native/mkldnn/Matmul.h) is not in the wheel:
 // result = beta · result + alpha · mat1 · mat2 through oneDNN's matmul primitive (torch's bfloat16 mm path).
@@ -58,6 +60,15 @@ bool onednn_takes(at::ScalarType operands, at::ScalarType out) {
   return pair && onednn_runs(operands);
 }
 
+// The micro-kernel's pairs: its float32 output, or the operands' own dtype (the float32 tile rounded once).
+bool brgemm_takes(at::ScalarType operands, at::ScalarType out) {
+  return (out == at::kFloat || out == operands) && brgemm::takes(operands, at::kFloat);
+}
+
+// 16-bit operands on the micro-kernel need an even depth (VNNI pairs, brgemm.h); an odd one (a layer whose
+// input size is odd) runs that product in ATen, with the same float32 accumulation and output.
+bool brgemm_fits(const at::Tensor& a) { return a.scalar_type() == at::kFloat || a.size(1) % 2 == 0; }
+
 void run(Library lib, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
   if (lib == kOneDnn) {
     // not an ATen call: named for the profiler, so a profile counts these products as GEMMs
@@ -75,6 +86,7 @@ void run(Library lib, const at::Tensor& out, const at::Tensor& a, const at::Tens
     }
     return;
   }
+  if (lib == kBrgemm && brgemm_fits(a)) return brgemm::mm(out, a, b, accumulate);
   const auto st = out.scalar_type();
   const at::Tensor a2 = a.scalar_type() == st ? a : a.to(st), b2 = b.scalar_type() == st ? b : b.to(st);
   if (accumulate) out.addmm_(a2, b2);
@@ -90,8 +102,12 @@ std::mutex& choices_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::pair<int, int>, Choice>& choices() {
-  static std::map<std::pair<int, int>, Choice> c;
+using Key = std::tuple<int, int, int>;  // (operands, out, use)
+Key key(at::ScalarType operands, at::ScalarType out, Use use) {
+  return {static_cast<int>(operands), static_cast<int>(out), static_cast<int>(use)};
+}
+std::map<Key, Choice>& choices() {
+  static std::map<Key, Choice> c;
   return c;
 }
 
@@ -101,7 +117,8 @@ std::optional<Library> read_forced() {
   const std::string s(env);
   if (s == "aten") return kAten;
   if (s == "onednn") return kOneDnn;
-  TORCH_CHECK_VALUE(false, "STFAST_GEMM must be 'aten' or 'onednn', got '", s, "'");
+  if (s == "brgemm") return kBrgemm;
+  TORCH_CHECK_VALUE(false, "STFAST_GEMM must be 'aten', 'onednn' or 'brgemm', got '", s, "'");
 }
 
 // STFAST_GEMM, read once (a getenv per GEMM showed in profiles).
@@ -117,7 +134,55 @@ at::Tensor probe_operand(int64_t rows, int64_t cols, at::ScalarType st) {
 
 }  // namespace
 
-const char* library_name(Library lib) { return lib == kOneDnn ? "onednn" : "aten"; }
+const char* library_name(Library lib) { return lib == kOneDnn ? "onednn" : lib == kBrgemm ? "brgemm" : "aten"; }
+
+bool takes(Library lib, at::ScalarType operands, at::ScalarType out) {
+  if (lib == kOneDnn) return onednn_takes(operands, out);
+  if (lib == kBrgemm) return brgemm_takes(operands, out);
+  return true;
+}
+
+namespace {
+
+// b prepared for products in `lib` (see prepare).
+Weight prepare_with(const at::Tensor& b, Library lib, int64_t groups = 1) {
+  TORCH_CHECK(groups >= 1 && b.dim() == 2 && b.size(1) % groups == 0 && brgemm::kBlockN % groups == 0,
+              "stfast.gemm.prepare: ", groups, " groups of columns in b ", b.sizes());
+  Weight w{b, lib, {}, 1};
+  if (lib != kBrgemm || b.size(0) == 0 || (b.scalar_type() != at::kFloat && b.size(0) % 2 != 0)) return w;
+  if (groups == 1) {
+    w.packed = brgemm::PackedB(b);
+    return w;
+  }
+  const int64_t U = b.size(1) / groups, unit = brgemm::kBlockN / groups;
+  std::vector<int64_t> cols;
+  cols.reserve(static_cast<size_t>(b.size(1)));
+  for (int64_t j0 = 0; j0 < U; j0 += unit) {
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t j = j0; j < std::min(U, j0 + unit); ++j) cols.push_back(g * U + j);
+    }
+  }
+  w.packed = brgemm::PackedB(b.index_select(1, at::tensor(cols, at::TensorOptions().dtype(at::kLong))));
+  w.groups = groups;
+  return w;
+}
+
+}  // namespace
+
+Weight prepare(const at::Tensor& b, at::ScalarType out, int64_t groups) {
+  return prepare_with(b, library_for(b.scalar_type(), out, kStep), groups);
+}
+
+void mm(const at::Tensor& out, const at::Tensor& a, const Weight& w, bool accumulate) {
+  TORCH_CHECK(w.groups == 1, "stfast.gemm.mm: a Weight packed with interleaved groups serves only its fused step");
+  if (out.numel() == 0) return;
+  if (w.packed.defined() && a.scalar_type() == w.packed.dtype()) return brgemm::mm_packed(out, a, w.packed, accumulate);
+  if (a.size(1) == 0) {
+    if (!accumulate) const_cast<at::Tensor&>(out).zero_();
+    return;
+  }
+  run(w.lib == kBrgemm ? kAten : w.lib, out, a, w.b, accumulate);  // kBrgemm unpacked: a depth it cannot take
+}
 
 Library choose(const std::array<double, kNumLibraries>& rates) {
   Library best = kAten;
@@ -127,70 +192,112 @@ Library choose(const std::array<double, kNumLibraries>& rates) {
   return best;
 }
 
-std::array<double, kNumLibraries> probe_rates(at::ScalarType operands, at::ScalarType out) {
-  // The fused LSTM's shapes at H 128: a recurrent step (alive batch × H × 4H) and a block of the input
-  // projection / backward (1,024 rows); b is a transposed weight, as W_hhᵀ there. The libraries take turns
-  // (5 rounds, the best of each kept) so that a burst of load on a shared machine hits them alike.
-  static constexpr std::array<std::array<int64_t, 3>, 2> kShapes{{{64, 128, 512}, {1024, 128, 512}}};
+namespace {
+
+// The fused LSTM's products at H 128 (csrc/lstm/lstm_driver.h), per use. kBulk: a block of the input projection
+// (1,024 rows · W_ihᵀ) and a weight gradient's block (dGᵀ · x over 1,024 rows). kStep: a recurrent step of 16, 32
+// and 64 alive rows (a part of a split time loop holds B / threads of them) times W_hhᵀ, prepared once.
+const std::vector<Shape>& probe_shapes(Use use) {
+  static const std::vector<Shape> bulk{{1024, 128, 512, false}, {512, 1024, 128, true}};
+  static const std::vector<Shape> step{{16, 128, 512, false}, {32, 128, 512, false}, {64, 128, 512, false}};
+  return use == kStep ? step : bulk;
+}
+
+}  // namespace
+
+std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarType out, Use use,
+                                           const std::vector<Shape>& shapes) {
+  // One pass runs every shape once; passes repeat for ≥ 3 ms, and the libraries take turns (5 rounds, the best
+  // pass of each kept) so that a burst of load on a shared machine hits them alike. b is a transposed weight,
+  // as W_ihᵀ / W_hhᵀ in the kernels.
   constexpr double kMinSeconds = 0.003;
   constexpr int kRounds = 5;
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::array<bool, kNumLibraries> runs{};
-  for (int l = 0; l < kNumLibraries; ++l) runs[l] = l == kAten || onednn_takes(operands, out);
-  std::array<double, kNumLibraries> seconds{};
+  for (int l = 0; l < kNumLibraries; ++l) runs[l] = takes(static_cast<Library>(l), operands, out);
+  struct Operands {
+    at::Tensor a, w, c;
+    std::array<Weight, kNumLibraries> wt;
+  };
+  std::vector<Operands> ops;
   double flops = 0.0;
-  for (const auto& s : kShapes) {
-    const at::Tensor a = probe_operand(s[0], s[1], operands), w = probe_operand(s[2], s[1], operands);
-    const at::Tensor c = at::empty({s[0], s[2]}, at::TensorOptions().dtype(out));
-    std::array<double, kNumLibraries> best;
-    best.fill(1e30);
-    for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up (primitive creation, page faults)
-      for (int l = 0; l < kNumLibraries; ++l) {
-        if (!runs[l]) continue;
-        try {
-          int64_t n = 0;
-          const auto t0 = std::chrono::steady_clock::now();
-          double dt = 0.0;
-          do {
-            run(static_cast<Library>(l), c, a, w.t(), false);
-            ++n;
-            dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          } while (round >= 0 && dt < kMinSeconds);
-          if (round >= 0) best[l] = std::min(best[l], dt / static_cast<double>(n));
-        } catch (const c10::Error&) {
-          runs[l] = false;  // this torch build's library refuses the pair: rate 0, never chosen
-        }
+  for (const auto& s : shapes) {
+    TORCH_CHECK_VALUE(s.M >= 0 && s.K >= 0 && s.N >= 0, "stfast.gemm: negative shape ", s.M, "x", s.K, "x", s.N);
+    Operands o;
+    o.a = s.a_transposed ? probe_operand(s.K, s.M, operands).t() : probe_operand(s.M, s.K, operands);
+    o.w = probe_operand(s.N, s.K, operands).t();
+    o.c = at::empty({s.M, s.N}, at::TensorOptions().dtype(out));
+    // kStep: each library's weight laid out once, outside the timing, as the kernels prepare W_hhᵀ once per layer
+    // and call; kBulk: laid out by each product (mm packs b per call for the micro-kernel)
+    for (int l = 0; l < kNumLibraries; ++l) {
+      if (!runs[l]) continue;
+      try {
+        o.wt[l] = use == kStep && l == kBrgemm ? prepare_with(o.w, kBrgemm)
+                                               : Weight{o.w, static_cast<Library>(l), {}, 1};
+      } catch (const c10::Error&) {
+        runs[l] = false;
       }
     }
-    flops += 2.0 * static_cast<double>(s[0] * s[1] * s[2]);
-    for (int l = 0; l < kNumLibraries; ++l) seconds[l] += best[l];
+    ops.push_back(std::move(o));
+    flops += 2.0 * static_cast<double>(s.M * s.K * s.N);
+  }
+  std::array<double, kNumLibraries> best;
+  best.fill(1e30);
+  for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up (primitive creation, page faults)
+    for (int l = 0; l < kNumLibraries; ++l) {
+      if (!runs[l]) continue;
+      try {
+        int64_t n = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        double dt = 0.0;
+        do {
+          for (const auto& o : ops) {
+            if (use == kStep) mm(o.c, o.a, o.wt[l], false);
+            else run(static_cast<Library>(l), o.c, o.a, o.w, false);
+          }
+          ++n;
+          dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        } while (round >= 0 && dt < kMinSeconds);
+        if (round >= 0) best[l] = std::min(best[l], dt / static_cast<double>(n));
+      } catch (const c10::Error&) {
+        runs[l] = false;  // this torch build's library refuses the pair: rate 0, never chosen
+      }
+    }
   }
   std::array<double, kNumLibraries> rates{};
-  for (int l = 0; l < kNumLibraries; ++l) rates[l] = runs[l] ? flops / seconds[l] * 1e-9 : 0.0;
+  for (int l = 0; l < kNumLibraries; ++l) rates[l] = runs[l] && flops > 0 ? flops / best[l] * 1e-9 : 0.0;
   return rates;
 }
 
-Library select(at::ScalarType operands, at::ScalarType out, const std::array<double, kNumLibraries>& rates) {
-  const Library lib = onednn_takes(operands, out) ? choose(rates) : kAten;
+std::array<double, kNumLibraries> probe_rates(at::ScalarType operands, at::ScalarType out, Use use) {
+  return rates_at(operands, out, use, probe_shapes(use));
+}
+
+Library select(at::ScalarType operands, at::ScalarType out, const std::array<double, kNumLibraries>& rates, Use use) {
+  std::array<double, kNumLibraries> usable = rates;  // a library that does not take the pair is never chosen
+  for (int l = 1; l < kNumLibraries; ++l) {
+    if (!takes(static_cast<Library>(l), operands, out)) usable[l] = 0.0;
+  }
+  const Library lib = choose(usable);
   const std::lock_guard<std::mutex> lock(choices_mutex());
-  choices()[{static_cast<int>(operands), static_cast<int>(out)}] = Choice{lib, at::get_num_threads()};
+  choices()[key(operands, out, use)] = Choice{lib, at::get_num_threads()};
   return lib;
 }
 
-Library library_for(at::ScalarType operands, at::ScalarType out) {
-  if (const auto f = forced(); f.has_value()) return *f == kOneDnn && !onednn_takes(operands, out) ? kAten : *f;
-  if (!onednn_takes(operands, out)) return kAten;
+Library library_for(at::ScalarType operands, at::ScalarType out, Use use) {
+  if (const auto f = forced(); f.has_value()) return takes(*f, operands, out) ? *f : kAten;
+  if (!takes(kOneDnn, operands, out) && !takes(kBrgemm, operands, out)) return kAten;
   const int threads = at::get_num_threads();
   const bool nested = at::in_parallel_region();
   {
     const std::lock_guard<std::mutex> lock(choices_mutex());
-    const auto it = choices().find({static_cast<int>(operands), static_cast<int>(out)});
+    const auto it = choices().find(key(operands, out, use));
     // Inside a parallel region (the fused LSTM's split time loop) the caller's choice holds, whatever thread
     // count the region reports: a probe there would time one thread's share and race its siblings.
     if (it != choices().end() && (it->second.threads == threads || nested)) return it->second.lib;
   }
   if (nested) return kAten;  // never probed outside: no timing from inside a region
-  return select(operands, out, probe_rates(operands, out));  // outside the lock: the probe runs GEMMs
+  return select(operands, out, probe_rates(operands, out, use), use);  // outside the lock: the probe runs GEMMs
 }
 
 void reset() {
@@ -211,13 +318,18 @@ namespace {
 
 std::array<double, kNumLibraries> to_rates(at::ArrayRef<double> r) {
   TORCH_CHECK_VALUE(r.size() == kNumLibraries, "stfast.gemm_select: rates must hold ", int(kNumLibraries),
-                    " values (aten, onednn), got ", r.size());
+                    " values (aten, onednn, brgemm), got ", r.size());
   std::array<double, kNumLibraries> rates{};
   for (int l = 0; l < kNumLibraries; ++l) {
     TORCH_CHECK_VALUE(r[l] >= 0.0, "stfast.gemm_select: rates must be >= 0 GFLOP/s, got ", r[l]);
     rates[l] = r[l];
   }
   return rates;
+}
+
+Use to_use(int64_t use) {
+  TORCH_CHECK_VALUE(use == kBulk || use == kStep, "stfast.gemm: use must be 0 (bulk) or 1 (step), got ", use);
+  return static_cast<Use>(use);
 }
 
 // a (R, K) · b (K, C) -> (R, C) in out_dtype (default: a's dtype), through gemm::mm (CPU).
@@ -243,18 +355,38 @@ at::Tensor gemm_mm_cuda(const at::Tensor& a, const at::Tensor& b, std::optional<
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(stfast, m) {
-  // The decision, for Python (stfast/ops/gemm.py): library name per (operand dtype, output dtype).
-  m.def("gemm_library(ScalarType operands, ScalarType out) -> str", [](at::ScalarType a, at::ScalarType o) {
-    return std::string(library_name(library_for(a, o)));
-  });
-  m.def("gemm_rates(ScalarType operands, ScalarType out) -> float[]", [](at::ScalarType a, at::ScalarType o) {
-    const auto r = probe_rates(a, o);
-    return std::vector<double>(r.begin(), r.end());
-  });
-  m.def("gemm_select(ScalarType operands, ScalarType out, float[] rates) -> str",
-        [](at::ScalarType a, at::ScalarType o, std::vector<double> r) {
-          return std::string(library_name(select(a, o, to_rates(r))));
+  // The decision, for Python (stfast/ops/gemm.py): library name per (operand dtype, output dtype, use).
+  m.def("gemm_library(ScalarType operands, ScalarType out, int use=0) -> str",
+        [](at::ScalarType a, at::ScalarType o, int64_t use) {
+          return std::string(library_name(library_for(a, o, to_use(use))));
         });
+  m.def("gemm_rates(ScalarType operands, ScalarType out, int use=0) -> float[]",
+        [](at::ScalarType a, at::ScalarType o, int64_t use) {
+          const auto r = probe_rates(a, o, to_use(use));
+          return std::vector<double>(r.begin(), r.end());
+        });
+  // GFLOP/s of each library over given shapes (flattened (M, K, N, a_transposed) quadruples): the benchmarks'
+  // rates on exactly the fused LSTM's products, prepared weights for use 1 (step) as the kernels run them.
+  m.def("gemm_rates_at(ScalarType operands, ScalarType out, int use, int[] shapes) -> float[]",
+        [](at::ScalarType a, at::ScalarType o, int64_t use, std::vector<int64_t> q) {
+          TORCH_CHECK_VALUE(q.size() % 4 == 0, "stfast.gemm_rates_at: shapes must be (M, K, N, a_transposed) "
+                            "quadruples, got ", q.size(), " values");
+          std::vector<Shape> shapes;
+          for (size_t i = 0; i < q.size(); i += 4) shapes.push_back({q[i], q[i + 1], q[i + 2], q[i + 3] != 0});
+          const auto r = rates_at(a, o, to_use(use), shapes);
+          return std::vector<double>(r.begin(), r.end());
+        });
+  m.def("gemm_select(ScalarType operands, ScalarType out, float[] rates, int use=0) -> str",
+        [](at::ScalarType a, at::ScalarType o, std::vector<double> r, int64_t use) {
+          return std::string(library_name(select(a, o, to_rates(r), to_use(use))));
+        });
+  m.def("gemm_takes(ScalarType operands, ScalarType out) -> str[]", [](at::ScalarType a, at::ScalarType o) {
+    std::vector<std::string> names;
+    for (int l = 0; l < kNumLibraries; ++l) {
+      if (takes(static_cast<Library>(l), a, o)) names.emplace_back(library_name(static_cast<Library>(l)));
+    }
+    return names;
+  });
   m.def("gemm_reset() -> ()", [] { reset(); });
   m.def("gemm_mm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor");
 }

@@ -6,6 +6,7 @@
 // and -march=native (CMakeLists.txt) gcc vectorizes it, tanh through glibc's libmvec. Rows are split
 // over threads only when a step has enough of them to pay for the fork (at::parallel_for's grain).
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/library.h>
 
 #include "../common/cpu_workspace.h"
@@ -116,9 +117,16 @@ struct CpuBackend {
     });
   }
 
-  // The library chosen per dtype at run time (csrc/common/gemm.h: MKL or oneDNN, by a probe).
+  // The library chosen per dtype at run time (csrc/common/gemm.h: MKL, oneDNN or the micro-kernel, by a probe).
   static void mm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
     gemm::mm(out, a, b, accumulate);
+  }
+
+  // A weight the time loop reuses, packed once for the micro-kernel where that is the chosen library.
+  static gemm::Weight prepare(const at::Tensor& w, at::ScalarType out) { return gemm::prepare(w, out); }
+
+  static void mm(const at::Tensor& out, const at::Tensor& a, const gemm::Weight& w, bool accumulate) {
+    gemm::mm(out, a, w, accumulate);
   }
 
   // True when the GEMM library chosen for T operands with an A output is oneDNN, whose result is T: the
@@ -129,14 +137,81 @@ struct CpuBackend {
     return gemm::library_for(c10::CppTypeToScalarType<T>::value, c10::CppTypeToScalarType<A>::value) == gemm::kOneDnn;
   }
 
-  // out (rows, H) += dG (rows, 4H) · W_hh (4H, H); out may be a row range of a larger tensor.
-  static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh) {
-    if (out.scalar_type() == at::kFloat && dG.scalar_type() == at::kFloat && w_hh.scalar_type() == at::kFloat &&
-        out.size(0) < kSmallRows && dG.is_contiguous() && w_hh.is_contiguous() && out.stride(1) == 1) {
+  // out (rows, H) += dG (rows, 4H) · W_hh (4H, H) (prepared once per layer); out may be a row range of a larger
+  // tensor.
+  static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const gemm::Weight& w_hh) {
+    const at::Tensor& w = w_hh.b;
+    if (out.scalar_type() == at::kFloat && dG.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+        out.size(0) < kSmallRows && dG.is_contiguous() && w.is_contiguous() && out.stride(1) == 1) {
       add_rows_double_acc(out.data_ptr<float>(), out.stride(0), dG.const_data_ptr<float>(), dG.size(1),
-                          w_hh.const_data_ptr<float>(), w_hh.size(1), out.size(0));
+                          w.const_data_ptr<float>(), w.size(1), out.size(0));
     } else {
       mm(out, dG, w_hh, /*accumulate=*/true);
+    }
+  }
+
+  // The forward's W_hhᵀ (H, 4H) for fused_forward_step: packed with the four gates interleaved per block of
+  // units where the micro-kernel is the step library (csrc/common/gemm.h); else as prepare() (fuses() false).
+  static gemm::Weight prepare_fused(const at::Tensor& w_t, at::ScalarType out) { return gemm::prepare(w_t, out, 4); }
+  static bool fuses(const gemm::Weight& w) { return w.groups == 4; }
+
+  // One step's recurrent product and cell in one pass, tile by tile: the pre-activation tile h_prev · W_hhᵀ of
+  // kTileM rows × the four gates of u = kBlockN / 4 units lands in a float tile on the stack, and the cell is
+  // applied while it is hot (+ pre, the projection x·W_ihᵀ in A, + bias), writing gates, c and h. Why: the
+  // unfused step writes the (bs, 4H) product to memory and reads it back in the pointwise pass; this keeps
+  // it in L1, and one fork serves both. Same arithmetic as forward_step (the tile is float32: A == float).
+  template <typename T, typename A>
+  static void fused_forward_step(const gemm::Weight& w, const T* h_prev, int64_t ld_h, T* gates, const A* pre,
+                                 const A* bias, const A* c_prev, A* c, T* h, int64_t bs, int64_t H) {
+    if constexpr (!std::is_same_v<A, float>) {
+      TORCH_CHECK(false, "stfast.lstm: the fused step runs float32 accumulation only");
+    } else {
+      // not an ATen call: named for the profiler (benchmarks/step_profile.py counts it with the GEMMs)
+      RECORD_FUNCTION("stfast::lstm_fused_step", std::vector<c10::IValue>());
+      using gemm::brgemm::kBlockN;
+      using gemm::brgemm::kTileM;
+      constexpr int64_t kUnit = kBlockN / 4;
+      const int64_t row_tiles = (bs + kTileM - 1) / kTileM, unit_blocks = (H + kUnit - 1) / kUnit;
+      // a task: ≥ 4 tiles (~1 M multiply-adds at H 128), below which a fork costs more than it saves
+      at::parallel_for(0, row_tiles * unit_blocks, 4, [&](int64_t t0, int64_t t1) {
+        alignas(64) float tile[kTileM * kBlockN];
+        alignas(64) float act[kBlockN + kUnit];  // 16-bit storage: activations and h of one row, then rounded
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t r0 = (t / unit_blocks) * kTileM, blk = t % unit_blocks, j0 = blk * kUnit;
+          const int64_t m = std::min(kTileM, bs - r0), nb = std::min(kUnit, H - j0), ldt = 4 * nb;
+          w.packed.mm(tile, ldt, h_prev + r0 * ld_h, ld_h, m, /*add_C=*/false, blk * kBlockN,
+                      std::min(4 * H, (blk + 1) * kBlockN));
+          for (int64_t r = r0; r < r0 + m; ++r) {
+            const float* __restrict__ tr = tile + (r - r0) * ldt;
+            const A* pr = pre + r * 4 * H + j0;
+            const A* __restrict__ br = bias + j0;
+            T* gr = gates + r * 4 * H + j0;
+            A* __restrict__ cr = c + r * H + j0;
+            const A* __restrict__ cp = c_prev != nullptr ? c_prev + r * H + j0 : nullptr;
+            float* __restrict__ out_act = std::is_same_v<T, A> ? nullptr : act;
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < nb; ++j) {
+              A a[4];
+              for (int u = 0; u < 4; ++u) a[u] = tr[u * nb + j] + pr[u * H + j] + br[u * H + j];
+              A cc, hh;
+              cell_forward(a[0], a[1], a[2], a[3], cp != nullptr ? cp[j] : A(0), cc, hh);
+              cr[j] = cc;
+              if constexpr (std::is_same_v<T, A>) {
+                for (int u = 0; u < 4; ++u) gr[u * H + j] = a[u];
+                h[r * H + j0 + j] = hh;
+              } else {
+                for (int u = 0; u < 4; ++u) out_act[u * kUnit + j] = a[u];
+                out_act[4 * kUnit + j] = hh;
+              }
+            }
+            if constexpr (!std::is_same_v<T, A>) {
+              for (int u = 0; u < 4; ++u) narrow_to(act + u * kUnit, gr + u * H, nb);
+              narrow_to(act + 4 * kUnit, h + r * H + j0, nb);
+            }
+          }
+        }
+        gemm::brgemm::release(w.packed.vnni());
+      });
     }
   }
 

@@ -305,6 +305,32 @@ void for_each_part(int64_t parts, const F& f) {
   for (int64_t i = 0; i < parts; ++i) f(i);
 }
 
+// A weight that many products of one call share (W_hhᵀ / W_hh over a layer's time steps), prepared once for
+// products with an `out` output where the backend can (CPU: packed for the micro-kernel when that is the chosen
+// library, csrc/common/gemm.h); elsewhere the tensor itself. Backend::mm / add_recurrent_grad take either.
+template <class Backend>
+auto prepare_weight(const at::Tensor& w, at::ScalarType out) {
+  if constexpr (requires { Backend::prepare(w, out); }) return Backend::prepare(w, out);
+  else return w;
+}
+
+// The forward's recurrent weight W_hhᵀ, prepared once per layer: for the backend's tile-fused step where it
+// has one (Backend::prepare_fused / fuses / fused_forward_step: CPU, with the micro-kernel) and `fuse`; else
+// as prepare_weight. recurrent_fused: whether the prepared weight runs the fused step.
+template <class Backend>
+auto prepare_recurrent(const at::Tensor& w_t, at::ScalarType out, bool fuse) {
+  if constexpr (requires { Backend::prepare_fused(w_t, out); }) {
+    if (fuse) return Backend::prepare_fused(w_t, out);
+  }
+  return prepare_weight<Backend>(w_t, out);
+}
+
+template <class Backend, class W>
+bool recurrent_fused(const W& w) {
+  if constexpr (requires { Backend::fuses(w); }) return Backend::fuses(w);
+  else return false;
+}
+
 inline at::Tensor weight(at::TensorList w, const Dims& d, int64_t layer, int64_t j) {
   return w[layer * d.per_layer() + j];
 }
@@ -392,7 +418,8 @@ bool mixed_gemm_in_storage() {
 //   backward_step<T, A>(const T* gates, const A* c, const A* c_prev, const A* dh, A* dc, T* dgates, bs, H);
 //   (c_prev == nullptr: zero initial cell);
 //   mm(out, a, b, accumulate): out (= or +=) a · b with accumulation in out's dtype (A, or T == A);
-//   add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const at::Tensor& w_hh): out (A) += dG · W_hh;
+//   mm(out, a, w, accumulate) and add_recurrent_grad(at::Tensor out, const at::Tensor& dG, w_hh): out (A) +=
+//     dG · W_hh, with w / w_hh as prepare_weight<Backend> returns them;
 //   empty(sizes, options): an uninitialized contiguous workspace; kGemmRowBlock: see mm_rows.
 template <typename T, typename A, class Backend>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
@@ -431,7 +458,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
     at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
     const at::Tensor P = widened ? pre_mixed : G;
-    const auto w_ih = weight(weights, d, k, 0), w_hh_t = weight(weights, d, k, 1).t();
+    const auto w_ih = weight(weights, d, k, 0);
+    // fused where the projection stays in A (not with 16-bit in-storage GEMMs, whose sums are rounded to T)
+    const auto w_rec = prepare_recurrent<Backend>(weight(weights, d, k, 1).t(), P.scalar_type(), !in_storage);
+    const bool fused = recurrent_fused<Backend>(w_rec);
     mm_rows<Backend>(P, x, w_ih.t());
     // b_ih + b_hh in A, added in the pointwise step (not by the GEMM: that would copy it into all N rows first).
     const at::Tensor bias = d.has_bias ? (weight(weights, d, k, 2).to(acc_opt.dtype()) +
@@ -456,12 +486,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const A* c_prev = t > 0 ? c + (p.step_off[t - 1] + r0) * H
                                 : (c0s.defined() ? c0s.const_data_ptr<A>() + r0 * H : nullptr);
         const A* r = nullptr;
+        if constexpr (requires { Backend::template fused_forward_step<T, A>(w_rec, g, 0, g, pre, pre, pre, c, g, 0, 0); }) {
+          if (fused && h_prev.defined()) {  // the product and the cell in one pass (pre: A, see above)
+            Backend::template fused_forward_step<T, A>(w_rec, h_prev.template const_data_ptr<T>(), h_prev.stride(0),
+                                                       g + so * G4, pre + so * G4, bias.const_data_ptr<A>(), c_prev,
+                                                       c + so * H, h + so * H, bs, H);
+            continue;
+          }
+        }
         if (h_prev.defined()) {
           if (widened) {
-            Backend::mm(rec.narrow(0, r0, bs), h_prev, w_hh_t, /*accumulate=*/false);
+            Backend::mm(rec.narrow(0, r0, bs), h_prev, w_rec, /*accumulate=*/false);
             r = rec.const_data_ptr<A>() + r0 * G4;
           } else {
-            Backend::mm(P.narrow(0, so, bs), h_prev, w_hh_t, /*accumulate=*/true);
+            Backend::mm(P.narrow(0, so, bs), h_prev, w_rec, /*accumulate=*/true);
           }
         }
         if constexpr (kCanStoreMixed<Backend, T, A>) {
@@ -514,7 +552,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     const at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
     const at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
     const at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
-    const auto w_ih = weight(weights, d, k, 0), w_hh = weight(weights, d, k, 1);
+    const auto w_ih = weight(weights, d, k, 0);
+    const auto w_hh = prepare_weight<Backend>(weight(weights, d, k, 1), acc_dtype);
     if (grad_h_n.has_value()) dH.index_add_(0, p.end_rows, grad_h_n->select(0, k).to(acc_dtype));  // distinct rows
     at::Tensor dc = grad_c_n.has_value() ? grad_c_n->select(0, k).index_select(0, p.sorted).to(acc_dtype).contiguous()
                                          : at::zeros({d.B, H}, acc_opt);

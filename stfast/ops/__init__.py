@@ -9,10 +9,10 @@ from .geo_conv import (
                        output_offsets,
                        padded_offsets,
 )
-from .gemm import gemm_library, gemm_rates, reset_gemm_library, select_gemm_library
+from .gemm import gemm_libraries_available, gemm_library, gemm_rates, reset_gemm_library, select_gemm_library
 from .lstm import lstm_packed, lstm_padded, lstm_reference, offsets_to_lengths
 from .workspace import cpu_workspace_cached_bytes, empty_cpu_workspace_cache
 
-__all__ = ["cpu_workspace_cached_bytes", "empty_cpu_workspace_cache", "gemm_library", "gemm_rates", "geo_conv_packed",
-           "geo_conv_padded", "geo_conv_reference", "lstm_packed", "lstm_padded", "lstm_reference", "offsets_to_lengths",
+__all__ = ["cpu_workspace_cached_bytes", "empty_cpu_workspace_cache", "gemm_libraries_available", "gemm_library",
+           "gemm_rates", "geo_conv_packed", "geo_conv_padded", "geo_conv_reference", "lstm_packed", "lstm_padded", "lstm_reference", "offsets_to_lengths",
            "output_offsets", "padded_offsets", "reset_gemm_library", "select_gemm_library"]

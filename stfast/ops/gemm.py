@@ -1,13 +1,18 @@
 """Which library runs a GEMM (csrc/common/gemm.h, the one place that decides it), and products through it.
 
 On the CPU, stfast's fused kernels run every GEMM through a library chosen at run time per (operand dtype,
-output dtype) and thread count, by timing the candidates once at the fused LSTM's shapes (no CPU-vendor
-check): ``"aten"`` — ``torch.mm`` (MKL or OpenBLAS for float32 / float64) — or ``"onednn"`` — torch's
-bundled oneDNN matmul (float32; bfloat16 / float16 operands accumulated in float32). float64 has only
-``"aten"``. ``STFAST_GEMM=aten|onednn`` in the environment forces one. On CUDA every product is cuBLAS
-(through ATen, float32 compute for 16-bit operands).
+output dtype), use and thread count, by timing the candidates once at the fused LSTM's shapes (no CPU-vendor
+check): ``"aten"`` — ``torch.mm`` (MKL or OpenBLAS for float32 / float64) —, ``"onednn"`` — torch's bundled
+oneDNN matmul (float32; bfloat16 / float16 operands accumulated in float32) — or ``"brgemm"`` — oneDNN's
+batch-reduce micro-kernel through torch's ``cpublas::brgemm``, the weight packed once (float32 on AVX2 /
+AVX-512; bfloat16 / float16 where the CPU has AMX; float32 outputs). Two uses are chosen separately
+(:data:`USES`): ``"bulk"`` — products over a whole batch's rows (projections, gradients, model layers) — and
+``"step"`` — a recurrent step's few rows times a weight prepared once per call. float64 has only ``"aten"``.
+``STFAST_GEMM=aten|onednn|brgemm`` in the environment forces one for every use. On CUDA every product is
+cuBLAS (through ATen, float32 compute for 16-bit operands).
 
-- :func:`gemm_library` — the library chosen for a dtype (probes on first use);
+- :func:`gemm_libraries_available` — the libraries that take a dtype pair on this CPU;
+- :func:`gemm_library` — the library chosen for a dtype and use (probes on first use);
 - :func:`gemm_rates` — the probe's measurement, GFLOP/s per library;
 - :func:`select_gemm_library` — fix the choice (a library name, or rates as the probe would give them);
 - :func:`reset_gemm_library` — forget every choice;
@@ -20,35 +25,55 @@ from torch import Tensor
 
 from .fake import refuse_mixed_meta
 
-__all__ = ["LIBRARIES", "gemm_library", "gemm_rates", "linear", "mm", "reset_gemm_library", "select_gemm_library"]
+__all__ = ["LIBRARIES", "USES", "gemm_libraries_available", "gemm_library", "gemm_rates", "linear", "mm", "reset_gemm_library",
+           "select_gemm_library"]
 
-LIBRARIES = ("aten", "onednn")  # csrc/common/gemm.h, enum Library, in order
+LIBRARIES = ("aten", "onednn", "brgemm")  # csrc/common/gemm.h, enum Library, in order
+USES = ("bulk", "step")  # csrc/common/gemm.h, enum Use, in order
 
 
 def _out(dtype: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
     return dtype if out_dtype is None else out_dtype
 
 
-def gemm_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> str:
+def _use(use: str) -> int:
+    if use not in USES:
+        raise ValueError(f"stfast.gemm: use must be one of {USES}, got {use!r}")
+    return USES.index(use)
+
+
+def gemm_libraries_available(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> tuple[str, ...]:
+    """The libraries (of :data:`LIBRARIES`, in order) that take ``dtype`` operands with an ``out_dtype`` output
+    on this CPU and torch build, as the libraries themselves report it: ``"aten"`` always; ``"onednn"`` where
+    torch's oneDNN matmul runs the dtype (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3); ``"brgemm"``
+    for float32 operands (oneDNN's micro-kernel from AVX2 up, torch's fallback below), and for bfloat16 /
+    float16 operands where the micro-kernel packs them (AMX); float32 outputs, or the operands' own. Capping
+    oneDNN (``ONEDNN_MAX_CPU_ISA``) before the first product narrows them as on a smaller CPU."""
+    return tuple(torch.ops.stfast.gemm_takes(dtype, _out(dtype, out_dtype)))
+
+
+def gemm_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None, use: str = "bulk") -> str:
     """Name of the CPU GEMM library (one of :data:`LIBRARIES`) that stfast uses for ``dtype`` operands with
-    an ``out_dtype`` output (default ``dtype``) at the current thread count; the first query per pair and
-    thread count runs the probe (~0.1 s)."""
-    return torch.ops.stfast.gemm_library(dtype, _out(dtype, out_dtype))
+    an ``out_dtype`` output (default ``dtype``) in ``use`` (one of :data:`USES`) at the current thread count;
+    the first query per pair, use and thread count runs the probe (~0.1 s). ValueError for an unknown use."""
+    return torch.ops.stfast.gemm_library(dtype, _out(dtype, out_dtype), _use(use))
 
 
-def gemm_rates(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> dict[str, float]:
+def gemm_rates(dtype: torch.dtype, out_dtype: torch.dtype | None = None, use: str = "bulk") -> dict[str, float]:
     """The probe, run now: GFLOP/s of each library (:data:`LIBRARIES`) for ``dtype`` operands with an
-    ``out_dtype`` output, on the fused LSTM's shapes at H 128 (64 and 1,024 rows × 128 × 512); 0.0 where a
-    library does not take the pair. Does not change the choice."""
-    return dict(zip(LIBRARIES, torch.ops.stfast.gemm_rates(dtype, _out(dtype, out_dtype))))
+    ``out_dtype`` output on the fused LSTM's shapes at H 128 for ``use`` — ``"bulk"``: 1,024 rows × 128 ×
+    512 and a weight gradient's 512 × 1,024 × 128; ``"step"``: 16, 32 and 64 rows × 128 × 512 with the weight
+    prepared once —; 0.0 where a library does not take the pair. Does not change the choice."""
+    return dict(zip(LIBRARIES, torch.ops.stfast.gemm_rates(dtype, _out(dtype, out_dtype), _use(use))))
 
 
 def select_gemm_library(dtype: torch.dtype, choice: str | dict[str, float],
-                        out_dtype: torch.dtype | None = None) -> str:
-    """Fix the library for ``dtype`` operands with an ``out_dtype`` output (until :func:`reset_gemm_library`
-    or another thread count): ``choice`` is a library name, or rates {library: GFLOP/s} (missing ones 0)
-    judged by the probe's rule — the fastest, ``"aten"`` unless another is more than 10 % faster. Returns the
-    library now chosen (``"aten"`` for a pair only it takes). ValueError for an unknown name or a negative rate."""
+                        out_dtype: torch.dtype | None = None, use: str | None = None) -> str:
+    """Fix the library for ``dtype`` operands with an ``out_dtype`` output in ``use`` (None: both uses)
+    until :func:`reset_gemm_library` or another thread count: ``choice`` is a library name, or rates
+    {library: GFLOP/s} (missing ones 0) judged by the probe's rule — the fastest, ``"aten"`` unless another
+    is more than 10 % faster. Returns the library now chosen (of the last use set; ``"aten"`` for a pair only
+    it takes). ValueError for an unknown name or use, or a negative rate."""
     if isinstance(choice, str):
         if choice not in LIBRARIES:
             raise ValueError(f"stfast.gemm: library must be one of {LIBRARIES}, got {choice!r}")
@@ -58,7 +83,10 @@ def select_gemm_library(dtype: torch.dtype, choice: str | dict[str, float],
         if unknown:
             raise ValueError(f"stfast.gemm: unknown libraries {sorted(unknown)} (known: {LIBRARIES})")
         rates = [float(choice.get(lib, 0.0)) for lib in LIBRARIES]
-    return torch.ops.stfast.gemm_select(dtype, _out(dtype, out_dtype), rates)
+    chosen = ""
+    for u in (USES if use is None else (use,)):
+        chosen = torch.ops.stfast.gemm_select(dtype, _out(dtype, out_dtype), rates, _use(u))
+    return chosen
 
 
 def reset_gemm_library() -> None:
