@@ -104,6 +104,9 @@ def test_products_match_torch_mm(library):
         out = mm(a_, w_t)
         assert out.dtype == torch.float32
         torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    # a deep product, as a weight gradient over a block of rows (the micro-kernel sums its depth in chunks)
+    deep_a, deep_b = torch.randn(1300, 40, generator=g).t(), torch.randn(1300, 96, generator=g)
+    torch.testing.assert_close(mm(deep_a, deep_b).double(), deep_a.double() @ deep_b.double(), rtol=1e-5, atol=1e-4)
     for depth in (61, 64):  # an odd depth (VNNI pairs rows: the 16-bit micro-kernel hands it to ATen)
         ab, wb = torch.randn(37, depth, generator=g).bfloat16(), torch.randn(512, depth, generator=g).bfloat16()
         in_effect = select_gemm_library(torch.bfloat16, library, torch.float32)

@@ -28,6 +28,9 @@ constexpr int64_t kBlockN = 64;
 // step, and torch's kernel cache is keyed by M: a few distinct tile heights.
 constexpr int64_t kTileM = 32;
 
+// Depth per kernel call (even: VNNI pairs rows); deeper products are summed chunk by chunk (batch-reduce).
+constexpr int64_t kBlockK = 512;
+
 // Whether the micro-kernel takes (operands, out): float32 -> float32; bfloat16 / float16 -> float32 where
 // this CPU packs them (AMX). Asked of torch (cpublas::could_pack), never of the CPU's name.
 bool takes(at::ScalarType operands, at::ScalarType out);

@@ -39,6 +39,7 @@ PackedB::PackedB(const at::Tensor& b) {
   TORCH_CHECK(takes(st, at::kFloat), "stfast.gemm.brgemm: the micro-kernel does not take ", st, " on this CPU");
   K_ = b.size(0);
   N_ = b.size(1);
+  TORCH_CHECK(K_ > 0, "stfast.gemm.brgemm: B must have a depth K > 0 (an empty sum is the caller's case)");
   vnni_ = is_16bit(st);
   // VNNI pairs rows: an odd K would need a padded A as well; 16-bit callers route odd K elsewhere (gemm_cpu.cpp)
   TORCH_CHECK(!vnni_ || K_ % 2 == 0, "stfast.gemm.brgemm: 16-bit operands need an even K, got ", K_);
@@ -60,18 +61,28 @@ void PackedB::mm(float* C, int64_t ldc, const void* A, int64_t lda, int64_t M, b
                  int64_t n1) const {
   if (M <= 0) return;
   const auto st = dtype();
+  const int64_t esize = static_cast<int64_t>(data_.element_size());
   for (int64_t j0 = n0; j0 < n1; j0 += kBlockN) {
     const int64_t nb = std::min(kBlockN, N_ - j0);
     const int64_t off = (j0 / kBlockN) * K_ * kBlockN;
-    if (st == at::kFloat) {
-      call(M, nb, K_, lda, nb, ldc, add_C, static_cast<const float*>(A), data_.const_data_ptr<float>() + off,
-           C + (j0 - n0), false);
-    } else if (st == at::kBFloat16) {
-      call(M, nb, K_, lda, nb, ldc, add_C, static_cast<const at::BFloat16*>(A),
-           data_.const_data_ptr<at::BFloat16>() + off, C + (j0 - n0), true);
-    } else {
-      call(M, nb, K_, lda, nb, ldc, add_C, static_cast<const at::Half*>(A), data_.const_data_ptr<at::Half>() + off,
-           C + (j0 - n0), true);
+    // the depth in chunks of kBlockK, each added onto the last (the batch-reduce sum): a deep product (a weight
+    // gradient over 1,024 rows) keeps its A and B chunks in cache. A chunk of rows [k0, k1) of a panel starts at
+    // k0 · nb elements, in VNNI layout too (k0 even: pairs of rows).
+    for (int64_t k0 = 0; k0 < K_; k0 += kBlockK) {
+      const int64_t kb = std::min(kBlockK, K_ - k0);
+      const bool add = add_C || k0 > 0;
+      const void* a = static_cast<const char*>(A) + k0 * esize;
+      float* c = C + (j0 - n0);
+      if (st == at::kFloat) {
+        call(M, nb, kb, lda, nb, ldc, add, static_cast<const float*>(a), data_.const_data_ptr<float>() + off + k0 * nb,
+             c, false);
+      } else if (st == at::kBFloat16) {
+        call(M, nb, kb, lda, nb, ldc, add, static_cast<const at::BFloat16*>(a),
+             data_.const_data_ptr<at::BFloat16>() + off + k0 * nb, c, true);
+      } else {
+        call(M, nb, kb, lda, nb, ldc, add, static_cast<const at::Half*>(a),
+             data_.const_data_ptr<at::Half>() + off + k0 * nb, c, true);
+      }
     }
   }
 }

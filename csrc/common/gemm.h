@@ -52,16 +52,17 @@ void mm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool ac
 // weights over a layer's time steps): the library chosen now for (b's dtype, out, kStep) and, for the micro-kernel,
 // b packed. Products through it use that library even if the choice changes meanwhile.
 // groups > 1 (the LSTM's four gates: b's columns are `groups` blocks of U each): packed with the columns
-// interleaved so that each panel holds every group's columns of brgemm::kBlockN / groups consecutive units
-// (panel j: units [j·u, (j+1)·u) of group 0, then of group 1, ...), for a step that applies the gates to
-// each tile while it is hot (csrc/lstm/lstm_cpu.cpp). Such a Weight serves only that step: mm() refuses it.
+// interleaved in blocks of `unit` units (groups · unit a multiple of brgemm::kBlockN): block j holds units
+// [j·unit, (j+1)·unit) of group 0, then of group 1, ..., for a step that applies the gates to each tile while it
+// is hot (csrc/lstm/lstm_cpu.cpp). Such a Weight serves only that step: mm() refuses it.
 struct Weight {
   at::Tensor b;
   Library lib = kAten;
   brgemm::PackedB packed;  // lib == kBrgemm
   int64_t groups = 1;      // > 1: packed interleaved (only when packed)
+  int64_t unit = 0;        // units per group and block when interleaved
 };
-Weight prepare(const at::Tensor& b, at::ScalarType out, int64_t groups = 1);
+Weight prepare(const at::Tensor& b, at::ScalarType out, int64_t groups = 1, int64_t unit = 0);
 
 // out (=, or +=) a · w.b in w's library; as mm otherwise.
 void mm(const at::Tensor& out, const at::Tensor& a, const Weight& w, bool accumulate);

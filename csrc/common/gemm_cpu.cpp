@@ -145,16 +145,17 @@ bool takes(Library lib, at::ScalarType operands, at::ScalarType out) {
 namespace {
 
 // b prepared for products in `lib` (see prepare).
-Weight prepare_with(const at::Tensor& b, Library lib, int64_t groups = 1) {
-  TORCH_CHECK(groups >= 1 && b.dim() == 2 && b.size(1) % groups == 0 && brgemm::kBlockN % groups == 0,
-              "stfast.gemm.prepare: ", groups, " groups of columns in b ", b.sizes());
-  Weight w{b, lib, {}, 1};
+Weight prepare_with(const at::Tensor& b, Library lib, int64_t groups = 1, int64_t unit = 0) {
+  TORCH_CHECK(groups >= 1 && unit >= 0 && b.dim() == 2 && b.size(1) % groups == 0 &&
+                  (groups == 1 || (groups * unit) % brgemm::kBlockN == 0),
+              "stfast.gemm.prepare: ", groups, " groups of ", unit, " units in b ", b.sizes());
+  Weight w{b, lib, {}, 1, 0};
   if (lib != kBrgemm || b.size(0) == 0 || (b.scalar_type() != at::kFloat && b.size(0) % 2 != 0)) return w;
   if (groups == 1) {
     w.packed = brgemm::PackedB(b);
     return w;
   }
-  const int64_t U = b.size(1) / groups, unit = brgemm::kBlockN / groups;
+  const int64_t U = b.size(1) / groups;
   std::vector<int64_t> cols;
   cols.reserve(static_cast<size_t>(b.size(1)));
   for (int64_t j0 = 0; j0 < U; j0 += unit) {
@@ -164,13 +165,14 @@ Weight prepare_with(const at::Tensor& b, Library lib, int64_t groups = 1) {
   }
   w.packed = brgemm::PackedB(b.index_select(1, at::tensor(cols, at::TensorOptions().dtype(at::kLong))));
   w.groups = groups;
+  w.unit = unit;
   return w;
 }
 
 }  // namespace
 
-Weight prepare(const at::Tensor& b, at::ScalarType out, int64_t groups) {
-  return prepare_with(b, library_for(b.scalar_type(), out, kStep), groups);
+Weight prepare(const at::Tensor& b, at::ScalarType out, int64_t groups, int64_t unit) {
+  return prepare_with(b, library_for(b.scalar_type(), out, kStep), groups, unit);
 }
 
 void mm(const at::Tensor& out, const at::Tensor& a, const Weight& w, bool accumulate) {
@@ -233,7 +235,7 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
       if (!runs[l]) continue;
       try {
         o.wt[l] = use == kStep && l == kBrgemm ? prepare_with(o.w, kBrgemm)
-                                               : Weight{o.w, static_cast<Library>(l), {}, 1};
+                                               : Weight{o.w, static_cast<Library>(l), {}, 1, 0};
       } catch (const c10::Error&) {
         runs[l] = false;
       }
