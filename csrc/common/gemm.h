@@ -89,9 +89,13 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
 std::array<double, kNumLibraries> probe_rates(at::ScalarType operands, at::ScalarType out, Use use = kBulk);
 
 // The selection rule, on rates as probe_rates returns them: the fastest library; kAten unless another is
-// more than kMargin faster (a near tie must not flip the choice, and with it float32 bits, run to run).
+// more than the use's margin faster (a near tie must not flip the choice, and with it float32 bits, run to run).
+// kStep's margin is wider: its probe times the products alone, and the fused LSTM's step adds work around them
+// that the probe does not see (measured on an AMD EPYC Zen 3, AVX2, float32: the micro-kernel 1.10-1.17x MKL
+// in the step probe, 0.95-1.05x in the LSTM's forward + backward).
 constexpr double kMargin = 1.10;
-Library choose(const std::array<double, kNumLibraries>& rates);
+constexpr double kStepMargin = 1.25;
+Library choose(const std::array<double, kNumLibraries>& rates, Use use = kBulk);
 
 // Fix the choice for (operands, out) from given rates (as if the probe had measured them); returns it
 // (kAten for a pair only kAten takes, whatever the rates).

@@ -186,10 +186,11 @@ void mm(const at::Tensor& out, const at::Tensor& a, const Weight& w, bool accumu
   run(w.lib == kBrgemm ? kAten : w.lib, out, a, w.b, accumulate);  // kBrgemm unpacked: a depth it cannot take
 }
 
-Library choose(const std::array<double, kNumLibraries>& rates) {
+Library choose(const std::array<double, kNumLibraries>& rates, Use use) {
+  const double margin = use == kStep ? kStepMargin : kMargin;
   Library best = kAten;
   for (int l = 1; l < kNumLibraries; ++l) {
-    if (rates[l] > kMargin * rates[best]) best = static_cast<Library>(l);
+    if (rates[l] > margin * rates[best]) best = static_cast<Library>(l);
   }
   return best;
 }
@@ -197,11 +198,13 @@ Library choose(const std::array<double, kNumLibraries>& rates) {
 namespace {
 
 // The fused LSTM's products at H 128 (csrc/lstm/lstm_driver.h), per use. kBulk: a block of the input projection
-// (1,024 rows · W_ihᵀ) and a weight gradient's block (dGᵀ · x over 1,024 rows). kStep: a recurrent step of 16, 32
-// and 64 alive rows (a part of a split time loop holds B / threads of them) times W_hhᵀ, prepared once.
+// (1,024 rows · W_ihᵀ) and a weight gradient's block (dGᵀ · x over 1,024 rows). kStep: the recurrent products of
+// a forward step (h · W_hhᵀ, 128 × 512) and of a backward step (dG · W_hh, 512 × 128) for 16, 32 and 64 alive
+// rows (a part of a split time loop holds B / threads of them), the weight prepared once.
 const std::vector<Shape>& probe_shapes(Use use) {
   static const std::vector<Shape> bulk{{1024, 128, 512, false}, {512, 1024, 128, true}};
-  static const std::vector<Shape> step{{16, 128, 512, false}, {32, 128, 512, false}, {64, 128, 512, false}};
+  static const std::vector<Shape> step{{16, 128, 512, false}, {32, 128, 512, false}, {64, 128, 512, false},
+                                       {16, 512, 128, false}, {32, 512, 128, false}, {64, 512, 128, false}};
   return use == kStep ? step : bulk;
 }
 
@@ -243,29 +246,49 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
     ops.push_back(std::move(o));
     flops += 2.0 * static_cast<double>(s.M * s.K * s.N);
   }
+  // kStep: every intra-op thread runs the pass at once on its own outputs, each product on its own thread, as
+  // the fused LSTM's split time loop runs its parts (lstm_driver.h); the slowest thread's pass counts.
+  const int64_t tasks = use == kStep ? std::max(1, at::get_num_threads()) : 1;
+  std::vector<std::vector<at::Tensor>> outs(static_cast<size_t>(tasks));
+  for (auto& per_task : outs) {
+    for (const auto& o : ops) per_task.push_back(at::empty_like(o.c));
+  }
   std::array<double, kNumLibraries> best;
   best.fill(1e30);
   for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up (primitive creation, page faults)
     for (int l = 0; l < kNumLibraries; ++l) {
       if (!runs[l]) continue;
-      try {
+      std::vector<double> pass(static_cast<size_t>(tasks), 0.0);
+      auto time_passes = [&](int64_t task) {
         int64_t n = 0;
         const auto t0 = std::chrono::steady_clock::now();
         double dt = 0.0;
         do {
-          for (const auto& o : ops) {
-            if (use == kStep) mm(o.c, o.a, o.wt[l], false);
+          for (size_t i = 0; i < ops.size(); ++i) {
+            const auto& o = ops[i];
+            if (use == kStep) mm(outs[task][i], o.a, o.wt[l], false);
             else run(static_cast<Library>(l), o.c, o.a, o.w, false);
           }
           ++n;
           dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         } while (round >= 0 && dt < kMinSeconds);
-        if (round >= 0) best[l] = std::min(best[l], dt / static_cast<double>(n));
+        pass[task] = dt / static_cast<double>(n);
+      };
+      try {
+        if (tasks == 1) {
+          time_passes(0);
+        } else {
+          at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
+            for (int64_t task = b; task < e; ++task) time_passes(task);
+          });
+        }
+        if (round >= 0) best[l] = std::min(best[l], *std::max_element(pass.begin(), pass.end()));
       } catch (const c10::Error&) {
         runs[l] = false;  // this torch build's library refuses the pair: rate 0, never chosen
       }
     }
   }
+  flops *= static_cast<double>(tasks);
   std::array<double, kNumLibraries> rates{};
   for (int l = 0; l < kNumLibraries; ++l) rates[l] = runs[l] && flops > 0 ? flops / best[l] * 1e-9 : 0.0;
   return rates;
@@ -280,7 +303,7 @@ Library select(at::ScalarType operands, at::ScalarType out, const std::array<dou
   for (int l = 1; l < kNumLibraries; ++l) {
     if (!takes(static_cast<Library>(l), operands, out)) usable[l] = 0.0;
   }
-  const Library lib = choose(usable);
+  const Library lib = choose(usable, use);
   const std::lock_guard<std::mutex> lock(choices_mutex());
   choices()[key(operands, out, use)] = Choice{lib, at::get_num_threads()};
   return lib;

@@ -72,7 +72,7 @@ def select_gemm_library(dtype: torch.dtype, choice: str | dict[str, float],
     """Fix the library for ``dtype`` operands with an ``out_dtype`` output in ``use`` (None: both uses)
     until :func:`reset_gemm_library` or another thread count: ``choice`` is a library name, or rates
     {library: GFLOP/s} (missing ones 0) judged by the probe's rule — the fastest, ``"aten"`` unless another
-    is more than 10 % faster. Returns the library now chosen (of the last use set; ``"aten"`` for a pair only
+    is more than 10 % faster (25 % for ``"step"``: csrc/common/gemm.h says why). Returns the library now chosen (of the last use set; ``"aten"`` for a pair only
     it takes). ValueError for an unknown name or use, or a negative rate."""
     if isinstance(choice, str):
         if choice not in LIBRARIES:
