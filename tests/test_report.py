@@ -57,6 +57,21 @@ def test_cli_report(tmp_path, capsys):
     assert "no metrics" in capsys.readouterr().err
 
 
+def test_cli_report_refuses_a_file_or_a_typo_and_writes_nothing(tmp_path, capsys):
+    """Issue 52 item 2: a checkpoint given for its run folder, or a folder name with a typo, is one line on
+    stderr and exit 2, with nothing created (before: FileExistsError's traceback; an empty folder left behind)."""
+    d = _run_dir(tmp_path / "run")
+    (d / "checkpoint.pt").write_bytes(b"not read")
+    before = sorted(p.name for p in d.iterdir())
+    assert main(["report", str(d / "checkpoint.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and str(d) in err[0], err
+    assert sorted(p.name for p in d.iterdir()) == before
+    assert main(["report", str(tmp_path / "typo_run")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "typo_run").exists()
+
+
 def test_a_partial_last_row_is_dropped_on_resume_and_left_out_when_read(tmp_path, caplog):
     """An interrupted write leaves metrics.jsonl ending mid-row, possibly below the size the checkpoint
     recorded: cut_back (what --resume calls) drops the partial row so that new rows are not glued to it, and

@@ -21,11 +21,14 @@ def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path
     (default: ``run_dir``); returns both paths. Raises FileNotFoundError/ValueError (see run_log.read_rows),
     ValueError when the run log has no row to plot."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():  # a checkpoint or log given for its run folder: name the folder to give instead
+        raise ValueError(f"{run_dir} is a file; stfast report takes a run folder (the --out of stfast train), "
+                         f"e.g. {run_dir.parent}")
     out_dir = Path(out_dir) if out_dir else run_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
     image = report_png(read_rows(run_dir), f"stfast run {run_dir.resolve().name}")
     if image is None:
         raise ValueError(f"{run_dir / FILE}: no rows to plot")
+    out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     png = out_dir / "report.png"
     _write_atomic(png, image)
     summary = run_dir / "summary.json"
