@@ -15,6 +15,7 @@ from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.train import checkpoint as ckpt
 from stfast.train.config import TrainConfig
+from stfast.train.precision import stock_bf16_lstm_error
 from stfast.train.trained import load_model
 from stfast.train.trainer import Trainer
 
@@ -114,22 +115,8 @@ def test_bf16_mixed_keeps_float32_master_weights_and_optimizer_state_with_bf16_g
     assert all(d == {"torch.float32"} for d in m32.seen.values()), m32.seen
 
 
-def _stock_bf16_lstm_runs() -> str | None:
-    """None where stock PyTorch trains a torch.nn.LSTM under CPU autocast bfloat16 (oneDNN's RNN), else why not:
-    torch's oneDNN RNN refuses bfloat16 on CPUs without AVX-512 (e.g. a Zen 3 EPYC: "could not create a
-    primitive descriptor for the LSTM forward propagation primitive")."""
-    lstm = torch.nn.LSTM(4, 8, batch_first=True)
-    try:
-        with torch.autocast("cpu", torch.bfloat16):
-            out, _ = lstm(torch.randn(2, 3, 4, requires_grad=True))
-        out.float().sum().backward()
-    except RuntimeError as e:
-        return f"stock PyTorch cannot run torch.nn.LSTM under CPU autocast bfloat16 here: {str(e)[:120]}"
-    return None
-
-
 def test_reference_kernels_under_bf16_mixed_run_torch_lstm_in_bfloat16(trips_file, tmp_path):
-    if why := _stock_bf16_lstm_runs():
+    if why := stock_bf16_lstm_error():
         pytest.skip(why)
     tr = Trainer(_cfg(trips_file, tmp_path / "ref", precision="bf16-mixed", kernels="reference", max_steps=2))
     with _Ops() as m:
@@ -149,6 +136,19 @@ def test_noise_scale_estimates_are_finite_in_bf16_mixed(trips_file, tmp_path, no
     values = [r["noise_scale"] for r in windows if r["noise_scale"] is not None]
     assert values and all(math.isfinite(v) and v > 0 for v in values), windows
     assert ckpt.load(out / "last.pt")["accumulation"]["noise"]["n"] > 0
+
+
+def test_reference_kernels_under_bf16_mixed_refused_where_stock_pytorch_cannot(trips_file, tmp_path, capsys):
+    """Where stock PyTorch cannot run torch.nn.LSTM under CPU autocast bfloat16 (no AVX-512), the run is refused
+    in one line naming the alternatives, with nothing written (before: oneDNN's RuntimeError mid-run)."""
+    if stock_bf16_lstm_error() is None:
+        pytest.skip("stock PyTorch runs torch.nn.LSTM under CPU autocast bfloat16 on this CPU")
+    out = tmp_path / "refused"
+    rc = cli.main(["train", "--data", trips_file, "--format", "deeptte", "--preset", "paper", "--epochs", "1",
+                   "--kernels", "reference", "--precision", "bf16-mixed", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--kernels fused" in err[0], err
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------- the checkpoint, evaluate, predict

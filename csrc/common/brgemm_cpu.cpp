@@ -16,20 +16,38 @@ namespace {
 
 namespace cpublas = at::native::cpublas;
 
+// The torch built against has the float32 and 16-bit micro-kernel entry points (ATen/native/CPUBlas.h names
+// them by these macros); an older torch builds this path out: takes() is false, nothing here is called.
+#if defined(CPUBLAS_BRGEMM_F32F32F32) && defined(CPUBLAS_BRGEMM_BF16BF16F32) && defined(CPUBLAS_BRGEMM_F16F16F32)
+#define STFAST_HAS_BRGEMM 1
+constexpr bool kHasBrgemm = true;
+#else
+#define STFAST_HAS_BRGEMM 0
+constexpr bool kHasBrgemm = false;
+#endif
+
 bool is_16bit(at::ScalarType st) { return st == at::kBFloat16 || st == at::kHalf; }
 
 template <typename T>
 void call(int64_t M, int64_t nb, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add_C, const T* A, const T* B,
           float* C, bool vnni) {
+#if STFAST_HAS_BRGEMM
   cpublas::brgemm(M, nb, K, lda, ldb, ldc, add_C, A, B, C, vnni);
+#else
+  TORCH_CHECK(false, "stfast.gemm.brgemm: this torch has no cpublas::brgemm");
+#endif
 }
 
 }  // namespace
 
 bool takes(at::ScalarType operands, at::ScalarType out) {
-  if (out != at::kFloat) return false;
+  if (!kHasBrgemm || out != at::kFloat) return false;
   if (operands == at::kFloat) return true;
+#if STFAST_HAS_BRGEMM
   return is_16bit(operands) && cpublas::could_pack(operands);
+#else
+  return false;
+#endif
 }
 
 PackedB::PackedB(const at::Tensor& b) {
@@ -51,8 +69,10 @@ PackedB::PackedB(const at::Tensor& b) {
     if (!vnni_) {
       panel.copy_(b.narrow(1, n0, nb));
     } else {
+#if STFAST_HAS_BRGEMM
       const at::Tensor src = b.narrow(1, n0, nb).contiguous();
       cpublas::pack(K_, nb, nb, nb, st, st, src.const_data_ptr(), panel.data_ptr());
+#endif
     }
   }
 }
@@ -88,7 +108,11 @@ void PackedB::mm(float* C, int64_t ldc, const void* A, int64_t lda, int64_t M, b
 }
 
 void release(bool vnni) {
+#if STFAST_HAS_BRGEMM
   if (vnni) cpublas::brgemm_release(/*is_vnni=*/true);
+#else
+  (void)vnni;
+#endif
 }
 
 void mm_packed(const at::Tensor& out, const at::Tensor& a, const PackedB& b, bool accumulate) {

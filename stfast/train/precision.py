@@ -16,6 +16,7 @@ layer; the checkpoint records it (``train_config["precision"]``), and evaluation
 from __future__ import annotations
 
 import contextlib
+import functools
 
 PRECISIONS = ("32", "64", "bf16-mixed")
 #: --dtype (the alias) → --precision
@@ -63,3 +64,21 @@ def autocast(precision: str, device) -> contextlib.AbstractContextManager:
     import torch
 
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+@functools.cache
+def stock_bf16_lstm_error() -> str | None:
+    """Why stock PyTorch cannot run ``torch.nn.LSTM`` under CPU autocast bfloat16 here (``--kernels reference
+    --precision bf16-mixed``), or None where it can: torch's oneDNN RNN refuses bfloat16 on CPUs without AVX-512
+    (measured on an AMD EPYC Zen 3: "could not create a primitive descriptor for the LSTM forward propagation
+    primitive"). Asked of torch once per process with a tiny LSTM, forward and backward; never by CPU name."""
+    import torch
+
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = lstm(torch.randn(2, 3, 4, requires_grad=True))
+        out.float().sum().backward()
+    except RuntimeError as e:
+        return f"stock PyTorch cannot run torch.nn.LSTM under CPU autocast bfloat16 on this CPU ({str(e).splitlines()[0][:100]})"
+    return None

@@ -75,6 +75,12 @@ class Trainer:
     def _build(self, cfg: TrainConfig) -> None:
         """The run's state after its folder is claimed: the resumed checkpoint, data, model, optimizer,
         accumulation and the parallel step."""
+        if cfg.kernels == "reference" and cfg.precision == "bf16-mixed" and self.device.type == "cpu":
+            from .precision import stock_bf16_lstm_error
+
+            if why := stock_bf16_lstm_error():
+                raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
+                                 "LSTM runs bfloat16 here) or --precision 32")
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
         # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
         if resume is not None and "gemm_plan" in resume:
