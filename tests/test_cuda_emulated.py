@@ -268,15 +268,16 @@ def test_geo_conv_low_precision_on_both_kernels(dtype):
 
 # ---------------------------------------------------------------- LSTM
 
-def lstm_case(lengths, I, H, L, bias=True, states=True, layout=0, dtype=torch.float64, seed=None):
-    """Random inputs of lstm_forward in `layout`, and the packed CSR equivalent for the reference."""
+def lstm_case(lengths, I, H, L, bias=True, states=True, layout=0, dtype=torch.float64, seed=None, weight_scale=0.4):
+    """Random inputs of lstm_forward in `layout`, and the packed CSR equivalent for the reference; weights are
+    normal with standard deviation `weight_scale`."""
     g = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
 
     def r(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
     B, N = len(lengths), sum(lengths)
-    weights = [r(*s, scale=0.4) for k in range(L) for s in [(4 * H, I if k == 0 else H), (4 * H, H), (4 * H,),
+    weights = [r(*s, scale=weight_scale) for k in range(L) for s in [(4 * H, I if k == 0 else H), (4 * H, H), (4 * H,),
                                                              (4 * H,)][: 4 if bias else 2]]
     h0, c0 = (r(L, B, H, scale=0.5), r(L, B, H, scale=0.5)) if states else (None, None)
     packed = r(N, I)
@@ -348,7 +349,10 @@ def test_lstm_low_precision_flash_rule(dtype):
     lengths, I, H, L = [17, 5, 30, 9], 6, 24, 2
 
     def draw(seed):
-        x64, lens, w64, h64, c64 = lstm_case(lengths, I, H, L, seed=seed)
+        # Weights spread as torch.nn.LSTM's default init: at the 0.4 of the other tests the recurrence is
+        # near-chaotic on some draws, amplifying any rounding 20-40x in both implementations alike, so the
+        # maximum over draws became the ratio of two amplified noises (1 CI run in ~14 failed).
+        x64, lens, w64, h64, c64 = lstm_case(lengths, I, H, L, seed=seed, weight_scale=(3 * H) ** -0.5)
         offsets = torch.tensor([0, *lens.cumsum(0).tolist()])
         g = torch.Generator().manual_seed(seed + 1)
         go = torch.randn(sum(lengths), H, generator=g, dtype=torch.float64)
@@ -365,7 +369,7 @@ def test_lstm_low_precision_flash_rule(dtype):
         emu_grads = [bw[0], *bw[1:-2], bw[-2], bw[-1]]
         return {"out": ([fw[0]], [ref_lo], [ref64]), "grad": (emu_grads, list(rg_lo), list(rg64))}
 
-    assert_flash_rule(draw, dtype)
+    assert_flash_rule(draw, dtype, draws=6)
 
 
 @pytest.mark.sanitize
