@@ -4,7 +4,8 @@
 # (setup.py build_ext --inplace) and every phase imports stfast from this checkout (PYTHONPATH = its root).
 # Phases, each with its own time budget (a timeout), in this order: build (sm_90 only, all cores) -> CUDA
 # correctness tests (geo-conv, LSTM, communicator, component streams) -> probes of issue 24 rows 1-4 ->
-# compute-sanitizer memcheck (caching allocator off) and racecheck -> CUDA benchmarks (CUDA events) ->
+# compute-sanitizer memcheck (caching allocator off; float32, then float16), racecheck, synccheck and
+# initcheck -> CUDA benchmarks (CUDA events) ->
 # summary. The budgets sum to <= 540 s (9 minutes, build included), and no phase runs past the 540 s
 # deadline counted from the start. After every phase: OUTDIR/gpu_report.json and OUTDIR/gpu_check.log are
 # rewritten, and OUTDIR/gpu_check.tar.gz (every file of the run) and OUTDIR/summary.json are repacked, so
@@ -17,11 +18,12 @@
 #                                                   <= 540 s; writes the plan to OUTDIR/gpu_report.json
 #
 # Exit status: 0 when every phase passed or was skipped with a note, 1 otherwise. Only the sanitizer
-# phases may be skipped (exit 77 of the phase): when compute-sanitizer is absent (the target then runs
-# without it) or refused to start the target (it exited non-zero and the target never touched its
-# --started file). Any other non-zero exit fails its phase: 3 = the sanitizer found errors, 4 = a Python
-# entry point found no GPU or a CPU-only build (benchmarks/_device.py), 124/137 = its timeout, else an
-# import error, a failed test, a CUDA error. Python: $PYTHON (default python3).
+# phases may be skipped (exit 77 of the phase), and only when compute-sanitizer refused to start the target
+# (it exited non-zero and the target never touched its --started file). Any other non-zero exit fails its
+# phase: 3 = the sanitizer found errors, 4 = a Python entry point found no GPU or a CPU-only build
+# (benchmarks/_device.py), 5 = compute-sanitizer not found (looked for in $COMPUTE_SANITIZER, PATH,
+# $CUDA_HOME/bin, beside nvcc, /usr/local/cuda/bin; the target still ran without it), 124/137 = its
+# timeout, else an import error, a failed test, a CUDA error. Python: $PYTHON (default python3).
 #
 # Test selections: tests_geo_conv runs the CUDA tests of tests/test_geo_conv.py except the probes
 # (PROBE_K: input validation and degenerate sizes, rows 1-4, which the probes phase runs), tests_lstm every
@@ -54,8 +56,9 @@ mkdir -p "$OUT/logs" "$OUT/junit" "$OUT/results"
 # name:budget_s, in the order they run ($GPU_CHECK_PHASES, the same format, overrides: the tests use it).
 # Their sum must not exceed 540 s (the dry run fails otherwise).
 # env: the first `import torch` of a cold machine takes seconds; the sanitizers start torch under them.
-PHASES=(env:15 build:190 tests_geo_conv:35 tests_lstm:40 tests_comm:25 tests_components:20 probes:25
-        memcheck:55 racecheck:45 bench_geo_conv:25 bench_lstm:25 bench_deeptte:15 bench_streams:15 summary:5)
+PHASES=(env:10 build:190 tests_geo_conv:30 tests_lstm:35 tests_comm:20 tests_components:20 probes:25
+        memcheck:45 memcheck_half:25 racecheck:35 synccheck:20 initcheck:20 bench_geo_conv:15 bench_lstm:20
+        bench_deeptte:10 bench_streams:10 summary:5)
 if [ -n "${GPU_CHECK_PHASES:-}" ]; then read -ra PHASES <<< "$GPU_CHECK_PHASES"; fi
 
 pytest_phase() {  # name, then pytest arguments; each test's outcome streamed to results/<name>.tests.jsonl
@@ -76,25 +79,45 @@ has_flags() {  # script, flags...: the script's --help lists every flag
     grep -q -- "$f" <<< "$help" || { echo "$script does not accept $f"; return 1; }
   done
 }
-# compute-sanitizer TOOL on the target subcommand TARGET. 77 (skipped) only when the sanitizer is absent
-# (the target then runs without it: its imports and CUDA calls are still checked) or refused to start it.
+# compute-sanitizer: $COMPUTE_SANITIZER, else on PATH, else in $CUDA_HOME/bin, else beside nvcc (its link
+# resolved), else /usr/local/cuda/bin. Prints its path; fails when there is none.
+find_sanitizer() {
+  local nvcc c
+  nvcc="$(command -v nvcc 2> /dev/null)"
+  for c in "${COMPUTE_SANITIZER:-}" "$(command -v compute-sanitizer 2> /dev/null)" \
+           "${CUDA_HOME:+$CUDA_HOME/bin/compute-sanitizer}" \
+           "${nvcc:+$(dirname "$(readlink -f "$nvcc")")/compute-sanitizer}" /usr/local/cuda/bin/compute-sanitizer; do
+    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+# compute-sanitizer TOOL on the target subcommand TARGET (target arguments after --). A missing sanitizer
+# fails the phase (exit 5, after running the target without it, so its imports and CUDA calls are still
+# checked): a GPU run must not pass by skipping. 77 (skipped) only when the sanitizer refused to start it.
 sanitize() {
   local tool=$1 target=$2; shift 2
+  local opts=() args=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && args=("$@")
   local started="$OUT/results/$target.started"
   rm -f "$started"
-  if ! command -v compute-sanitizer > /dev/null; then
+  local cs
+  if ! cs="$(find_sanitizer)"; then
     echo "compute-sanitizer not found: the target runs without it"
-    "$PY" "$TASKS" "$target" --started "$started" || return $?
-    echo "compute-sanitizer not found"; return 77
+    "$PY" "$TASKS" "$target" --started "$started" "${args[@]}"
+    echo "compute-sanitizer not found (COMPUTE_SANITIZER, PATH, \$CUDA_HOME/bin, beside nvcc," \
+         "/usr/local/cuda/bin); the target alone exited $?"
+    return 5
   fi
-  compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" "$PY" "$TASKS" "$target" --started "$started"
+  echo "sanitizer: $cs --tool $tool"
+  "$cs" --tool "$tool" --error-exitcode 3 "${opts[@]}" "$PY" "$TASKS" "$target" --started "$started" "${args[@]}"
   local rc=$?
   if [ $rc -ne 0 ] && [ ! -f "$started" ]; then
     echo "compute-sanitizer refused to run the target (rc $rc; it never started)"; return 77
   fi
   return $rc
 }
-export -f pytest_phase pytest_check has_flags sanitize
+export -f pytest_phase pytest_check has_flags find_sanitizer sanitize
 
 # ---- each phase: phase_<name> runs it (in its own bash, under its timeout), check_<name> dry-runs it
 phase_env() { nvidia-smi > "$OUT/logs/nvidia-smi.txt" 2>&1; "$PY" "$TASKS" env --json "$OUT/results/env.json"; }
@@ -138,11 +161,29 @@ check_memcheck() {
   has_flags "$TASKS" memcheck-target && "$PY" "$TASKS" memcheck-target --help | grep -q -- --started
 }
 
+# the half-precision kernels (their own templates, vector loads) under memcheck
+phase_memcheck_half() {
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  sanitize memcheck memcheck-target --leak-check no --report-api-errors no -- --dtype float16
+}
+check_memcheck_half() { "$PY" "$TASKS" memcheck-target --help | grep -q -- --dtype; }
+
 # shared-memory hazards of the geo-conv backward's partial-sum kernels
 phase_racecheck() { sanitize racecheck racecheck-target; }
 check_racecheck() {
   has_flags "$TASKS" racecheck-target && "$PY" "$TASKS" racecheck-target --help | grep -q -- --started
 }
+
+# __syncthreads reached by part of a block, or at different call sites, in every kernel of both ops
+phase_synccheck() { sanitize synccheck memcheck-target; }
+check_synccheck() { check_memcheck; }
+
+# device memory read before any write (every tensor its own allocation, as under memcheck)
+phase_initcheck() {
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  sanitize initcheck memcheck-target
+}
+check_initcheck() { check_memcheck; }
 
 phase_bench_geo_conv() {
   "$PY" benchmarks/bench_geo_conv.py --device cuda --batch 512 --shapes chengdu \
@@ -234,7 +275,8 @@ for p in "${PHASES[@]}"; do
   note=""
   status=()  # from the rc (record's default), except a 77 outside the sanitizer phases: a failure
   case "$rc:$name" in
-    77:memcheck|77:racecheck) note="$(tail -1 "$plog")" ;;
+    77:memcheck*|77:racecheck|77:synccheck|77:initcheck) note="$(tail -1 "$plog")" ;;
+    5:memcheck*|5:racecheck|5:synccheck|5:initcheck) note="$(tail -1 "$plog")" ;;
     77:*) status=(--status failed); note="exit 77 is a skip of the sanitizer phases only" ;;
     124:*|137:*) note="timeout after ${limit}s" ;;
   esac
@@ -242,7 +284,7 @@ for p in "${PHASES[@]}"; do
     --log "logs/$name.log" --elapsed $(( $(date +%s) - start )) ${note:+--note "$note"} "${extra[@]}"
   case "$rc:$name" in
     0:*) st=ok ;;
-    77:memcheck|77:racecheck) st="skipped: $note" ;;
+    77:memcheck*|77:racecheck|77:synccheck|77:initcheck) st="skipped: $note" ;;
     124:*|137:*) st="TIMEOUT (${limit}s)"; failed=1 ;;
     4:*) st="FAILED rc 4 (no GPU)"; failed=1 ;;
     *) st="FAILED rc $rc"; failed=1 ;;

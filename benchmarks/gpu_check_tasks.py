@@ -4,9 +4,10 @@
     env --json F                    torch / CUDA / GPU / tool versions
     probes --json F                 issue 24 rows 1-4 on CUDA: each invalid or degenerate input either
                                     raises ValueError/RuntimeError or returns; what happened, per row
-    memcheck-target                 forward + backward of the geo-conv (packed and padded) and LSTM ops on
+    memcheck-target [--dtype D]     forward + backward of the geo-conv (packed and padded) and LSTM ops on
                                     CUDA at a size whose weight gradients take the two-level reduction (the
-                                    program compute-sanitizer memcheck runs)
+                                    program compute-sanitizer memcheck, initcheck and synccheck run; float16
+                                    for the memcheck_half phase)
     racecheck-target                forward + backward of the geo-conv op, float32 and float64, same size:
                                     the shared-memory kernels (compute-sanitizer racecheck)
     deeptte --json F                DeepTTE training step, kernels "fused" vs "reference", CUDA events
@@ -358,20 +359,22 @@ def cmd_memcheck_target(a) -> int:
     if (rc := _no_gpu(a.device)) is not None:
         return rc
     torch.manual_seed(0)
-    d = a.device
-    ran = [_geo_conv_fwd_bwd(torch, d, torch.float32)]
+    d, dtype = a.device, getattr(torch, a.dtype)
+    ran = [_geo_conv_fwd_bwd(torch, d, dtype)]
     lengths = SANITIZER_LENGTHS
     n = sum(lengths)
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     h, inp = 8, 6
-    lw = [(torch.randn(*s, device=d) * 0.3).requires_grad_() for s in ((4 * h, inp), (4 * h, h), (4 * h,), (4 * h,))]
-    xi = torch.randn(n, inp, device=d, requires_grad=True)
+    lw = [(torch.randn(*s, device=d, dtype=dtype) * 0.3).requires_grad_()
+          for s in ((4 * h, inp), (4 * h, h), (4 * h,), (4 * h,))]
+    xi = torch.randn(n, inp, device=d, dtype=dtype, requires_grad=True)
     y, h_n, c_n = lstm_packed(xi, offsets, lw, 1)
-    (y.square().sum() + h_n.sum() + c_n.sum()).backward()
+    (y.float().square().sum() + h_n.float().sum() + c_n.float().sum()).backward()
     if d == "cuda":
         torch.cuda.synchronize()
-    ran.append({"op": "lstm_packed", "points": n, "hidden": h, "grad_sum": float(xi.grad.abs().sum())})
-    print("memcheck target: geo-conv (packed, padded) and LSTM forward + backward done:", json.dumps(ran))
+    ran.append({"op": "lstm_packed", "dtype": a.dtype, "points": n, "hidden": h,
+                "grad_sum": float(xi.grad.abs().sum())})
+    print("sanitizer target: geo-conv (packed, padded) and LSTM forward + backward done:", json.dumps(ran))
     return 0
 
 
@@ -493,6 +496,8 @@ def main(argv=None) -> int:
         m = sub.add_parser(name, help=f"{what} on CUDA, the two-level reduction's size")
         m.add_argument("--device", default="cuda", help="cuda; cpu to try the program without a GPU")
         m.add_argument("--started", help="touched first thing (gpu_check.sh: the sanitizer started the program)")
+        if name == "memcheck-target":  # memcheck_half runs the half-precision kernels
+            m.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
         m.set_defaults(fn=fn)
     d = sub.add_parser("deeptte", help="DeepTTE training step, fused vs reference kernels")
     d.add_argument("--batch", type=int, default=256)

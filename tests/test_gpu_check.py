@@ -11,11 +11,14 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 # the order issue 24 asks for: build, CUDA tests, probes of rows 1-4, sanitizers, benchmarks, summary
 ORDER = ["env", "build", "tests_geo_conv", "tests_lstm", "tests_comm", "tests_components", "probes", "memcheck",
-         "racecheck", "bench_geo_conv", "bench_lstm", "bench_deeptte", "bench_streams", "summary"]
+         "memcheck_half", "racecheck", "synccheck", "initcheck", "bench_geo_conv", "bench_lstm", "bench_deeptte",
+         "bench_streams", "summary"]
 
 
 def _run(out: Path, *args, phases: str | None = None, timeout: float = 600, **extra_env):
@@ -74,8 +77,10 @@ def test_run_records_each_phase_and_a_timeout_loses_nothing_earlier(tmp_path):
 
 # ------------------------------------------------------------------ rehearsal: a checkout without an install
 PHASES = re.search(r"^PHASES=\((.*?)\)", SCRIPT.read_text(), re.S | re.M).group(1).split()
-ALLOWED_RC = {"memcheck": {4, 77}, "racecheck": {4, 77}, "probes": {4}, "bench_geo_conv": {4}, "bench_lstm": {4},
-              "bench_deeptte": {4}, "bench_streams": {4}}  # 4: no GPU; 77: no compute-sanitizer here
+# 4: no GPU; 5: no compute-sanitizer here (the target ran alone and exited 4: its log says "no GPU")
+SANITIZER_PHASES = ("memcheck", "memcheck_half", "racecheck", "synccheck", "initcheck")
+ALLOWED_RC = {**{n: {4, 5} for n in SANITIZER_PHASES}, "probes": {4}, "bench_geo_conv": {4}, "bench_lstm": {4},
+              "bench_deeptte": {4}, "bench_streams": {4}}
 
 
 def _checkout_without_install(dst: Path) -> Path:
@@ -108,7 +113,8 @@ def test_every_phase_gets_past_its_imports_from_a_checkout_without_an_install(tm
     """Issue 38: every phase's Python entry point, run exactly as gpu_check.sh runs it (its own driver and
     phase functions; build excepted: the copy holds this machine's in-place build), from a copy of the
     checkout that no install of stfast backs. Here, without a GPU, each may stop at its documented
-    "no GPU" exit (4) or, for the sanitizers, be skipped (77), but none may fail an import."""
+    "no GPU" exit (4) or, for the sanitizers, fail for the missing compute-sanitizer (5) after their target
+    ran alone to that exit, but none may fail an import."""
     repo = tmp_path / "checkout"
     hide = _checkout_without_install(repo)
     env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(hide))
@@ -130,7 +136,7 @@ def test_every_phase_gets_past_its_imports_from_a_checkout_without_an_install(tm
         log = (out / ph["log"]).read_text()
         if ph["rc"] not in {0} | ALLOWED_RC.get(name, set()):  # an import error exits 1 (pytest: 2 or 4)
             bad[name] = f"rc {ph['rc']}: {log[-1500:]}"
-        elif ph["rc"] == 4:
+        elif ph["rc"] in (4, 5):
             assert "no GPU" in log, (name, log[-1500:])
     assert not bad, "\n\n".join(f"== {n}: {m}" for n, m in bad.items()) + "\n" + r.stdout
     for name in ("tests_geo_conv", "tests_lstm", "tests_comm", "tests_components", "probes"):
@@ -183,6 +189,36 @@ exec "$@"
         log = (tmp_path / "b" / ph["log"]).read_text()
         assert ph["status"] == "failed" and ph["rc"] == 4 and "no GPU" in log, (name, log)
     assert (tmp_path / "b" / "results" / "memcheck-target.started").exists()
+
+
+def test_a_missing_sanitizer_fails_its_phase_and_is_found_in_cuda_home(tmp_path):
+    """No compute-sanitizer anywhere it is looked for: every sanitizer phase fails (rc 5, the note says so),
+    none is skipped. One in $CUDA_HOME/bin only (not on PATH) is found and runs each phase's target, with
+    the phase's own tool and target arguments (memcheck_half: --dtype float16)."""
+    if shutil.which("compute-sanitizer") or Path("/usr/local/cuda/bin/compute-sanitizer").exists():
+        pytest.skip("a compute-sanitizer is installed here: nothing is missing")
+    phases = "memcheck:120 memcheck_half:120 racecheck:120 synccheck:120 initcheck:120 summary:60"
+    r, rep = _run(tmp_path / "a", phases=phases, CUDA_HOME=str(tmp_path / "nowhere"))
+    assert r.returncode == 1
+    for name in SANITIZER_PHASES:
+        ph = rep["phases"][name]
+        assert ph["status"] == "failed" and ph["rc"] == 5 and "not found" in ph["note"], (name, ph)
+    cuda_home = tmp_path / "cuda"
+    (cuda_home / "bin").mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    _executable(cuda_home / "bin" / "compute-sanitizer", f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+while [ $# -gt 0 ] && [ "$1" != {sys.executable} ]; do shift; done
+exec "$@"
+""")
+    r, rep = _run(tmp_path / "b", phases=phases, CUDA_HOME=str(cuda_home))
+    lines = calls.read_text().splitlines()
+    for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
+        assert any(line.startswith(f"--tool {tool} ") for line in lines), lines
+    assert any(line.startswith("--tool memcheck") and line.endswith("--dtype float16") for line in lines), lines
+    for name in SANITIZER_PHASES:
+        ph = rep["phases"][name]  # the target ran under it, found no GPU: a failure, not a skip
+        assert ph["status"] == "failed" and ph["rc"] == 4, (name, ph)
 
 
 def test_a_killed_pytest_still_reports_the_tests_that_ran(tmp_path):
