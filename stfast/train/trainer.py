@@ -115,8 +115,8 @@ class Trainer:
             restore(self, resume, resume_path)
         self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
                  f"world size {self.info.world_size}, device {self.device}, precision {cfg.precision}")
-        if self.data.dropped:
-            self.say("dropped: " + self.data.dropped_text())
+        if any(self.data.dropped.values()):  # said once per run (preprocessing logs only its totals)
+            self.say(self.data.dropped_text())
         if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
             self.say(line)
 
