@@ -175,7 +175,7 @@ def require_trips(trips: Trips, source: str) -> Trips:
     of ``source``, with the counts of what was dropped and why."""
     if len(trips) == 0:
         drops = describe(trips.dropped) if any(trips.dropped.values()) else "nothing was dropped: no input trips"
-        raise ValueError(f"{source}: reading and preprocessing left no trip ({drops}); check --format, "
+        raise ValueError(f"{source}: reading and preprocessing left no trip: {drops}; check --format, "
                          "--modes, --min-spacing-km and --gap-min")
     return trips
 
