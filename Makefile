@@ -1,6 +1,6 @@
 # Two entry points on a fresh Linux machine with Python 3.11, pip and a C++ compiler:
 #   make demo   set up .venv (CPU torch; stfast installed with its CPU kernels) and train DeepTTE on
-#               the synthetic city (the main job)
+#               the synthetic city into runs/demo (the main job; run again, it replaces runs/demo)
 #   make test   set up .venv-test (the CUDA build of torch, so the CUDA kernels are compiled too when
 #               nvcc is present; stfast installed editable) and run the tests, then every benchmark once
 # The two environments hold different torch builds; the native extension is built against each.
@@ -39,8 +39,10 @@ setup: $(VENV)/.stfast-installed
 
 setup-test: $(TEST_VENV)/.stfast-installed
 
+# Each `make demo` replaces the previous demo run in runs/demo (--overwrite removes only stfast's own run
+# files there; anything else in the folder, and every other folder under runs/, is left as it is)
 demo: setup
-	$(VENV)/bin/stfast train --epochs 6 --out runs/demo
+	$(VENV)/bin/stfast train --epochs 6 --out runs/demo --overwrite
 
 test: setup-test
 	$(TEST_VENV)/bin/lint-imports  # the layer contract in pyproject.toml: no import circles

@@ -359,8 +359,10 @@ def cmd_data_convert(a) -> int:
 
         trips = convert_to_store(a.data, a.out, a.format, **kw)
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
-    drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing"
-    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; dropped: {drops}")
+    from .data.drops import describe
+
+    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; "
+          f"{describe(trips.dropped, trips.n_points)}")
     return 0
 
 

@@ -1,31 +1,68 @@
 """`stfast report RUN_DIR`: report.png and a self-contained report.html from a run's metrics."""
 import json
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from conftest import random_trips
 from stfast.cli import main
+from stfast.train import run_predictions
 from stfast.train.report import render
 from stfast.train.run_log import read_rows
 
 
-def _run_dir(tmp_path, windows=True, slicer=True):
+SUMMARY = {"test_mape": 0.2345678, "test_mae": 301.25, "test_rmse": 455.5,
+           "baseline_const_speed_mape": 0.2885, "baseline_const_speed_mae": 364.4, "baseline_const_speed_rmse": 520.0,
+           "baseline_const_speed_val_mape": 0.327, "baseline_mean_time_mape": 0.9, "baseline_mean_time_mae": 600.0,
+           "baseline_mean_time_rmse": 800.0, "baseline_mean_time_val_mape": 1.2, "best_val_mape": 0.21, "epochs": 3,
+           "steps": 30, "n_train": 70, "n_val": 14, "n_test": 13, "world_size": 2,
+           "dropped": {"stay_point": 12, "too_short": 2}, "stfast_version": "0.1.0"}
+
+
+def _run_dir(tmp_path, windows=True, slicer=True, k_moves=True, preds=True):
     tmp_path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(7)
     rows = [{"type": "epoch", "epoch": e, "step": 10 * e, "train_loss": float(rng.uniform(0.1, 0.5)),
              "val_mape": float(rng.uniform(0.1, 0.4)), "samples_per_s": float(rng.uniform(50, 90)),
              "wall_s": 5.0 * e} for e in range(1, 4)]
     if windows:
-        rows += [{"type": "window", "window": w, "k": int(2 ** (w % 3)), "noise_scale": float(rng.uniform(10, 500)),
-                  "wall_s": 2.0 * w, "step": 5 * w, "accumulation": "rl"} for w in range(1, 6)]
+        rows += [{"type": "window", "window": w, "k": int(2 ** (w % 3)) if k_moves else 1,
+                  "noise_scale": float(rng.uniform(10, 500)), "wall_s": 2.0 * w, "step": 5 * w, "accumulation": "rl"}
+                 for w in range(1, 6)]
     if slicer:
         rows += [{"type": "step", "slicer": "balanced", "step": s, "compute_s": rng.uniform(0.1, 0.2, 2).tolist(),
                   "idle_s": rng.uniform(0, 0.02, 2).tolist(), "imbalance_measured": float(rng.uniform(1, 1.1)),
                   "imbalance_predicted": float(rng.uniform(1, 1.05)),
                   "cost_coef": rng.uniform(0, 1e-3, 4).tolist()} for s in range(1, 20)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "summary.json").write_text(json.dumps({"test_mape": 0.2345678, "n_test": 13, "dropped": {}}))
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    if preds:
+        n = 150
+        km = rng.uniform(0.5, 12, n)
+        true = km * 120 * rng.uniform(0.7, 1.4, n)
+        trips = SimpleNamespace(trip_id=[f"t{i}" for i in range(n)], segment=np.zeros(n, int), driver=["d"] * n,
+                                lengths=np.full(n, 9), dist=km, week_id=np.full(n, 5),
+                                time_id=rng.integers(0, 1440, n), time=true)
+        run_predictions.write(tmp_path, trips, true * rng.uniform(0.8, 1.2, n),
+                               {"const_speed": km * 125.0, "mean_time": np.full(n, true.mean())})
     return tmp_path
+
+
+def _figure(d):
+    from stfast.train import report_figure
+
+    return report_figure.figure(read_rows(d), json.loads((d / "summary.json").read_text()), run_predictions.read(d),
+                                "t")
+
+
+def _titles(fig) -> list[str]:
+    return [ax.get_title() for ax in fig.axes if ax.get_title()]
+
+
+def _legend_labels(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
 
 
 @pytest.mark.parametrize("windows,slicer", [(True, True), (False, False)])
@@ -36,8 +73,93 @@ def test_render_writes_png_and_self_contained_html(tmp_path, windows, slicer):
     png, page = render(d)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = page.read_text()
-    assert "data:image/png;base64," in text and "0.234568" in text and "n_test" in text
+    assert "data:image/png;base64," in text
     assert "src='http" not in text  # nothing fetched from elsewhere
+
+
+def test_report_panels_judge_the_model_against_the_baselines(tmp_path):
+    """Issue 52 item 7: test metrics beside both baselines, the validation curve against them, predicted
+    against actual, error by trip length and by hour of day, every line labelled, no panel twice (before:
+    the same curve against wall time and against steps, a legend naming only "validation MAPE")."""
+    import matplotlib.pyplot as plt
+
+    fig = _figure(_run_dir(tmp_path / "run"))
+    try:
+        titles = _titles(fig)
+        assert len(titles) == len(set(titles))  # no panel twice
+        for want in ("test split (13 trips): MAPE, MAE, RMSE", "validation MAPE per epoch against the baselines",
+                     "predicted against actual, test split (150 trips)", "MAPE by trip length, test split",
+                     "MAPE by hour of departure, test split", "training loss and throughput per epoch",
+                     "accumulation steps per window (rl)", "per-rank compute and idle time"):
+            assert want in titles, (want, titles)
+        labels = _legend_labels(fig)
+        for want in ("DeepTTE validation MAPE", "constant speed (validation): 32.7 %",
+                     "mean travel time (validation): 120.0 %, above the axis", "perfect prediction",
+                     "training loss", "throughput (trips/s, right axis)", "k (micro-batches per optimizer step)",
+                     "gradient noise scale (trips, right axis)"):
+            assert want in labels, (want, labels)
+        assert labels.count("constant speed") >= 3 and labels.count("DeepTTE") >= 3  # scatter, length, hour
+        for ax in fig.axes:  # every drawn line and point set is named in a legend
+            named = {t.get_text() for t in ax.get_legend().get_texts()} if ax.get_legend() else set(labels)
+            for artist in [*ax.lines, *ax.collections]:
+                assert not artist.get_label().startswith("_") and artist.get_label() in named, (ax.get_title(),
+                                                                                                artist.get_label())
+        metrics = [ax for ax in fig.axes if ax.get_title().startswith("test split")][0]
+        assert [t.get_text() for t in metrics.get_yticklabels()] == ["DeepTTE", "constant speed", "mean travel time"]
+        assert any("23.5 %   MAE 301 s   RMSE 456 s" in t.get_text() for t in metrics.texts)
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_no_accumulation_panel_when_k_did_not_move(tmp_path, windows):
+    import matplotlib.pyplot as plt
+
+    fig = _figure(_run_dir(tmp_path, windows=windows, slicer=False, k_moves=False))
+    try:
+        assert not [t for t in _titles(fig) if "accumulation" in t]
+        assert not [t for t in _titles(fig) if "rank" in t]  # one process: no slicer panels either
+    finally:
+        plt.close(fig)
+
+
+def test_a_run_without_test_predictions_gets_the_curves_and_the_metrics(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = _figure(_run_dir(tmp_path, windows=False, slicer=False, preds=False))
+    try:
+        titles = _titles(fig)
+        assert len(titles) == 3 and not [t for t in titles if "predicted" in t or " by " in t], titles
+    finally:
+        plt.close(fig)
+
+
+def test_html_shows_the_metrics_in_percent_beside_the_baselines(tmp_path):
+    _, page = render(_run_dir(tmp_path))
+    text = page.read_text()
+    for want in ("<td>DeepTTE (stfast)</td><td>23.46 %</td><td>301.2 s</td><td>455.5 s</td>",
+                 "<td>constant speed</td><td>28.85 %</td><td>364.4 s</td>", "<td>mean travel time</td><td>90.00 %</td>",
+                 "Test split (13 trips)", "21.00 %",
+                 "dropped 12 points (stay_point 12); dropped 2 trips (too_short 2)"):
+        assert want in text, want
+    assert "0.234568" not in text and "n_test" not in text and "test_mape" not in text  # no raw key/value table
+
+
+def test_a_run_writes_its_test_predictions_and_the_report_reads_them(tmp_path, capsys):
+    data = tmp_path / "trips.jsonl"
+    random_trips(90, seed=31, max_len=20).to_jsonl(data)
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--epochs", "1", "--batch-size", "32", "--out", str(out),
+                 "--no-progress", "--threads", "1"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    p = run_predictions.read(out)
+    assert len(p["true_time_s"]) == s["n_test"]
+    ape = np.abs(p["pred_time_s"] - p["true_time_s"]) / p["true_time_s"]
+    assert np.mean(ape) == pytest.approx(s["test_mape"], rel=1e-3)
+    const = np.abs(p["const_speed_s"] - p["true_time_s"]) / p["true_time_s"]
+    assert np.mean(const) == pytest.approx(s["baseline_const_speed_mape"], rel=1e-3)
+    assert {"test_predictions.csv", "report.png", "report.html"} <= {f.name for f in out.iterdir()}
+    assert "test_predictions.csv" in capsys.readouterr().out  # named among the files written
 
 
 def test_bad_metrics_name_file_and_line(tmp_path):

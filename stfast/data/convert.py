@@ -202,8 +202,7 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
             done = w.finish()
         finally:
             shutil.rmtree(spill, ignore_errors=True)
-    log.info("%s: %d trips, %d points → %s; dropped: %s", data, len(done), done.n_points, out,
-             ", ".join(f"{k} {v}" for k, v in sorted(done.dropped.items())) or "nothing")
+    log.debug("%s: %d trips, %d points → %s", data, len(done), done.n_points, out)  # the caller says the drops
     return done
 
 

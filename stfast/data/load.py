@@ -11,6 +11,7 @@ from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
 from .readers.porto import PORTO_TZ
 from .readers.tdrive import TDRIVE_TZ
+from .drops import describe
 from .synthetic import SyntheticCityConfig
 from .trips import DroppedTrips, Trajectories, Trips
 from .tz import TZ_FROM_TIMESTAMPS, check_tz
@@ -173,8 +174,8 @@ def require_trips(trips: Trips, source: str) -> Trips:
     """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
     of ``source``, with the counts of what was dropped and why."""
     if len(trips) == 0:
-        drops = ", ".join(f"{k} {v}" for k, v in sorted(trips.dropped.items())) or "nothing was dropped: no input trips"
-        raise ValueError(f"{source}: reading and preprocessing left no trip (dropped: {drops}); check --format, "
+        drops = describe(trips.dropped) if any(trips.dropped.values()) else "nothing was dropped: no input trips"
+        raise ValueError(f"{source}: reading and preprocessing left no trip: {drops}; check --format, "
                          "--modes, --min-spacing-km and --gap-min")
     return trips
 

@@ -29,7 +29,8 @@ stay_point, resampled, and ``points_of_dropped_trips`` (all points of trips drop
 Keys counted in trips: mode_filtered, too_short, too_short_time, too_short_dist, too_long, and
 empty_trajectory (input trajectories without any point). So
 ``trips.n_points + sum(point keys) == traj.n_points`` always holds. Counts of the input's own
-``dropped`` dict (reader skips) are added in.
+``dropped`` dict (reader skips) are added in. :mod:`stfast.data.drops` groups the keys by unit and
+writes them for people (what the commands print).
 
 Ids: every trip keeps the ``trip_id`` of its input trajectory and gets ``segment``, the 0-based number
 of its piece among the pieces step 4 cut the trajectory into (so a trajectory cut into three pieces
@@ -58,25 +59,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stfast.data.drops import POINT_KEYS, TRIP_KEYS  # noqa: F401  (re-exported: the keys by unit)
 from stfast.data.geo import haversine_km, path_km
 from stfast.data.resample import resample_mask
 from stfast.data.trips import DroppedTrips, Trajectories, Trips, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, check_tz, utc_offset_s
 
 log = logging.getLogger("stfast.data")
-
-#: dropped-dict keys that count points (the others count trips)
-POINT_KEYS = (
-    "nonfinite_point",
-    "duplicate_point",
-    "nonpositive_time_gap",
-    "speed_outlier",
-    "stay_point",
-    "resampled",
-    "points_of_dropped_trips",
-)
-#: dropped-dict keys that count trips
-TRIP_KEYS = ("mode_filtered", "too_short", "too_short_time", "too_short_dist", "too_long", "empty_trajectory")
 
 
 @dataclass
@@ -590,9 +579,7 @@ def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict, rows: Dr
     trips.dropped = merged
     trips.dropped_trips = DroppedTrips.concat([traj.dropped_trips, rows])
     trips.tz, trips.preprocess_config = cfg.tz, cfg
-    log.info(
-        "preprocess: %d trajectories (%d points) -> %d trips (%d points); dropped %s",
-        len(traj), n_in, len(trips), trips.n_points,
-        ", ".join(f"{k}={v}" for k, v in sorted(merged.items())) or "nothing",
-    )
+    # the drops are said once, by the command (stfast.data.drops.describe): here only the totals
+    log.info("preprocess: %d trajectories (%d points) -> %d trips (%d points)", len(traj), n_in, len(trips),
+             trips.n_points)
     return trips

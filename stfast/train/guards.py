@@ -161,7 +161,7 @@ def unlock_out_dir(key: str) -> None:
 
 #: what a training run writes into its folder (``check_out_dir`` clears these with ``--overwrite``)
 RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoint.pt", "last.pt", "last.prev.pt", "learning_curve.png",
-             "learning_curves.png", "report.png", "report.html")
+             "learning_curves.png", "report.png", "report.html", "test_predictions.csv")
 
 
 def check_out_dir(cfg) -> None:
@@ -186,7 +186,7 @@ def check_out_dir(cfg) -> None:
                          f"with --overwrite, or choose another --out")
     for p in out.iterdir():
         ours = (p.name in RUN_FILES or p.name.startswith((".summary.json.tmp", ".tmp_", ".last.pt.tmp",
-                                                          ".checkpoint.pt.tmp"))
+                                                          ".checkpoint.pt.tmp", ".test_predictions.csv.tmp"))
                 or (p.is_dir() and p.name.startswith("seed") and p.name[4:].isdigit()))
         if ours:
             shutil.rmtree(p) if p.is_dir() else p.unlink()

@@ -2,7 +2,7 @@
 of run logs (stfast.train.run_log: {type: rows}) and summaries:
 
 - :func:`learning_curve`: a run's validation MAPE and training loss per epoch (learning_curve.png);
-- :func:`report_png`: the panels of ``stfast report`` (report.png, embedded in report.html);
+- the figure of ``stfast report`` (report.png): stfast.train.report_figure;
 - :func:`ensemble_curves`: every ensemble member's validation MAPE per epoch (learning_curves.png);
 - :func:`bench_modes`: ``stfast bench modes``' throughput and validation curves per mode (modes.png);
 - :func:`accumulation_k`: k over time, simulated and live (benchmarks/accumulation.py).
@@ -11,13 +11,13 @@ PNG files are written atomically (a temporary file, then renamed).
 """
 from __future__ import annotations
 
-import io
 import os
 import statistics
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,14 +30,14 @@ def _save(fig, png: str | Path, dpi: int = 100) -> None:
     png = Path(png)
     tmp = png.with_name(".tmp_" + png.name)
     fig.savefig(tmp, format="png", dpi=dpi)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     os.replace(tmp, png)
 
 
 def learning_curve(epochs: list[dict], summary: dict, png: str | Path) -> None:
     """Validation MAPE and training loss per epoch (``epochs``: the run log's epoch rows), with both
     baselines' validation MAPE (``summary``'s baseline_*_val_mape) as lines."""
-    plt = _pyplot()
+    plt = pyplot()
     ep = [r["epoch"] for r in epochs]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].plot(ep, [100 * r["val_mape"] for r in epochs], "o-", label="DeepTTE validation")
@@ -54,7 +54,7 @@ def learning_curve(epochs: list[dict], summary: dict, png: str | Path) -> None:
 def ensemble_curves(members: dict[str, list[dict]], summary: dict, png: str | Path) -> None:
     """Validation MAPE per epoch of every member ({name: its epoch rows}), with the ensemble's
     (``summary["val_mape"]``) and constant speed's."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for name, rows in members.items():
         ax.plot([r["epoch"] for r in rows], [100 * r["val_mape"] for r in rows], alpha=0.6, label=name)
@@ -66,90 +66,10 @@ def ensemble_curves(members: dict[str, list[dict]], summary: dict, png: str | Pa
     _save(fig, png)
 
 
-def _report_panels(rows: dict[str, list[dict]]) -> list:
-    """(title, draw(ax)) for every panel of the report that has data."""
-    ep, win, sl = rows["epoch"], rows["window"], rows["step"]
-    out = []
-    if ep:
-        def loss_mape(ax, x):
-            ax.plot([r[x] for r in ep], [100 * r["val_mape"] for r in ep], "o-", label="validation MAPE (%)")
-            ax.set(xlabel="wall time (s)" if x == "wall_s" else "optimizer step", ylabel="MAPE (%)")
-            ax2 = ax.twinx()
-            ax2.plot([r[x] for r in ep], [r["train_loss"] for r in ep], "s--", color="tab:red", label="training loss")
-            ax2.set_ylabel("training loss")
-            ax.legend(loc="upper right", fontsize=7)
-        out.append(("validation MAPE and loss against wall time", lambda ax: loss_mape(ax, "wall_s")))
-        out.append(("validation MAPE and loss against steps", lambda ax: loss_mape(ax, "step")))
-        out.append(("throughput per epoch", lambda ax: (
-            ax.plot([r["epoch"] for r in ep], [r["samples_per_s"] for r in ep], "o-"),
-            ax.set(xlabel="epoch", ylabel="trips / s"))))
-    if win:
-        def ks(ax):
-            ax.step([r["wall_s"] for r in win], [r["k"] for r in win], where="post", label="k (accumulation steps)")
-            ax.set(xlabel="wall time (s)", ylabel="k", yscale="log", title=win[0].get("accumulation", ""))
-            if any(r.get("noise_scale") for r in win):
-                ax2 = ax.twinx()
-                ax2.plot([r["wall_s"] for r in win], [r.get("noise_scale") or float("nan") for r in win],
-                         ".", color="tab:green", label="gradient noise scale")
-                ax2.set(ylabel="noise scale (trips)", yscale="log")
-        out.append(("accumulation steps chosen per window", ks))
-    if sl:
-        def load(ax):
-            world = len(sl[0]["compute_s"])
-            steps = [r["step"] for r in sl]
-            for rank in range(world):
-                ax.plot(steps, [1000 * r["compute_s"][rank] for r in sl], lw=0.8, label=f"rank {rank} compute")
-                ax.plot(steps, [1000 * r["idle_s"][rank] for r in sl], lw=0.8, ls=":", label=f"rank {rank} idle")
-            ax.set(xlabel="optimizer step", ylabel="ms")
-            ax.legend(fontsize=6)
-        out.append(("per-rank compute and idle time", load))
-        out.append(("imbalance (max / mean compute time)", lambda ax: (
-            ax.plot([r["step"] for r in sl], [r["imbalance_measured"] or float("nan") for r in sl], lw=0.8,
-                    label="measured"),
-            ax.plot([r["step"] for r in sl], [r["imbalance_predicted"] or float("nan") for r in sl], lw=0.8,
-                    label="predicted"),
-            ax.set(xlabel="optimizer step", ylabel="max / mean"), ax.legend(fontsize=7))))
-        if any(r.get("cost_coef") for r in sl):
-            def coef(ax):
-                fitted = [r for r in sl if r.get("cost_coef")]
-                names = ("a (s)", "b (s/trip)", "c (s/point)", "d (s/(trip·L_max))", "e (s/step of L_max)")
-                for j, name in enumerate(names[:len(fitted[0]["cost_coef"])]):
-                    ax.plot([r["step"] for r in fitted], [r["cost_coef"][j] for r in fitted], label=name)
-                ax.set(xlabel="optimizer step", yscale="symlog", ylabel="coefficient")
-                ax.legend(fontsize=6)
-            out.append(("fitted cost model t = a + b·n + c·Σlen + d·n·L_max + e·L_max", coef))
-    return out
-
-
-def report_png(rows: dict[str, list[dict]], title: str) -> bytes | None:
-    """The report's figure as PNG bytes, two panels a row, one per kind of data the run log holds
-    (epochs: validation MAPE and loss against time and steps, throughput; windows: k and the noise scale;
-    slicer steps: per-rank compute and idle time, imbalance, the fitted cost model); None when no panel
-    has data."""
-    panels = _report_panels(rows)
-    if not panels:
-        return None
-    plt = _pyplot()
-    cols = 2
-    nrows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(11, 3.6 * nrows), squeeze=False)
-    for ax, (name, draw) in zip(axes.flat, panels):
-        draw(ax)
-        ax.set_title(name, fontsize=9)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def bench_modes(results: dict, target: float | None, png: str | Path) -> None:
     """Training throughput per mode (median over seeds) and the first seed's validation MAPE against wall
     time, with the target MAPE (fraction; None: no line). ``results``: stfast.bench.modes' per-mode dicts."""
-    plt = _pyplot()
+    plt = pyplot()
     ran = {n: r for n, r in results.items() if "runs" in r}
     fig, ax = plt.subplots(1, 2, figsize=(13, 4.8))
     names = list(ran)
@@ -175,7 +95,7 @@ def accumulation_k(sim: dict, live: dict | None, png: str | Path, choices, best_
     per live data set (``live``: {data set: {mode: [run, ...]}}, a run's "k" its (wall s, k) per window), the
     first seed's rl and goodput runs and the best fixed k (``best_fixed``: {data set: its mode});
     ``choices``: the k values marked on the axis."""
-    plt = _pyplot()
+    plt = pyplot()
     n = 1 + (len(live) if live else 0)
     fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
     ax = axes[0][0]

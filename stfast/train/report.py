@@ -1,9 +1,10 @@
 """One training run rendered for people: ``report.png`` (matplotlib) and a self-contained ``report.html``.
 
 Reads what the trainer writes in the run folder: the run log ``metrics.jsonl`` by row type
-(stfast.train.run_log: epoch, window and slicer step rows) and ``summary.json``; the figure is drawn by
-stfast.train.plots.report_png. Panels without data (for example no accumulation windows in a run with a
-fixed k) are left out.
+(stfast.train.run_log: epoch, window and slicer step rows), ``summary.json`` and ``test_predictions.csv``
+(stfast.train.run_predictions; a run from before it was written has no per-trip panels). The figure is
+stfast.train.report_figure's. The page holds the test split's MAPE (%), MAE and RMSE (s) of the model and
+both baselines, the run's facts in words and units, and the figure.
 """
 from __future__ import annotations
 
@@ -12,45 +13,85 @@ import html
 import json
 from pathlib import Path
 
-from .plots import report_png
+from ..data.drops import describe as describe_dropped
+from . import report_figure, run_predictions
+from .metrics import summary_rows
 from .run_log import FILE, read_rows
 
 
 def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """Write ``report.png`` and ``report.html`` (the PNG embedded, plus the run's summary) into ``out_dir``
-    (default: ``run_dir``); returns both paths. Raises FileNotFoundError/ValueError (see run_log.read_rows),
-    ValueError when the run log has no row to plot."""
+    """Write ``report.png`` and ``report.html`` (the test metrics beside the baselines, the run's facts, the PNG
+    embedded) into ``out_dir`` (default: ``run_dir``); returns both paths. Raises FileNotFoundError/ValueError
+    (see run_log.read_rows, run_predictions.read), ValueError when the run log has no row to plot."""
     run_dir = Path(run_dir)
     if run_dir.is_file():  # a checkpoint or log given for its run folder: name the folder to give instead
         raise ValueError(f"{run_dir} is a file; stfast report takes a run folder (the --out of stfast train), "
                          f"e.g. {run_dir.parent}")
     out_dir = Path(out_dir) if out_dir else run_dir
-    image = report_png(read_rows(run_dir), f"stfast run {run_dir.resolve().name}")
+    summary_path = run_dir / "summary.json"
+    rows = read_rows(run_dir)
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    preds = run_predictions.read(run_dir)
+    name = run_dir.resolve().name
+    image = report_figure.png(rows, summary, preds, _title(name, summary))
     if image is None:
         raise ValueError(f"{run_dir / FILE}: no rows to plot")
     out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     png = out_dir / "report.png"
     _write_atomic(png, image)
-    summary = run_dir / "summary.json"
-    table = ""
-    if summary.is_file():
-        s = json.loads(summary.read_text())
-        cells = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v))}</td></tr>"
-                        for k, v in s.items() if not isinstance(v, (dict, list)))
-        table = f"<h2>Summary</h2><table>{cells}</table>"
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>stfast run {html.escape(run_dir.name)}</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}td{padding:2px 12px}"
-            "tr:nth-child(even){background:#f3f3f3}</style></head><body>"
-            f"<h1>stfast run {html.escape(str(run_dir))}</h1>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>stfast run {html.escape(name)}</title>"
+            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}td,th{padding:2px 12px;text-align:right}"
+            "td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#f3f3f3}</style></head><body>"
+            f"<h1>stfast run {html.escape(name)}</h1><p>{html.escape(str(run_dir))}</p>"
+            f"{_metrics_table(summary)}{_facts(summary)}"
             f"<img alt='training report' style='width:100%' src='data:image/png;base64,"
-            f"{base64.b64encode(image).decode()}'>{table}</body></html>")
+            f"{base64.b64encode(image).decode()}'></body></html>")
     page_path = out_dir / "report.html"
     _write_atomic(page_path, page.encode())
     return png, page_path
 
 
-def _fmt(v) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+def _title(name: str, s: dict | None) -> str:
+    if not s or "test_mape" not in s:
+        return f"stfast run {name}"
+    const = s.get("baseline_const_speed_mape")
+    vs = f" (constant speed {100 * const:.1f} %)" if const is not None else ""
+    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {s.get('n_test', '?')} test trips"
+
+
+def _metrics_table(s: dict | None) -> str:
+    """The test split's MAPE / MAE / RMSE of the model and both baselines, MAPE in %."""
+    if not s or "test_mape" not in s:
+        return ""
+    cells = "".join(f"<tr><td>{html.escape(n)}</td><td>{100 * m:.2f} %</td><td>{mae:.1f} s</td>"
+                    f"<td>{rmse:.1f} s</td></tr>" for n, m, mae, rmse in summary_rows(s))
+    return (f"<h2>Test split ({s.get('n_test', '?')} trips)</h2><table><tr><th></th><th>MAPE</th><th>MAE</th>"
+            f"<th>RMSE</th></tr>{cells}</table>")
+
+
+def _facts(s: dict | None) -> str:
+    """The run in words: its length, splits, world size, best validation MAPE (%), what was dropped."""
+    if not s:
+        return ""
+    facts = []
+    if "epochs" in s:
+        facts.append(("trained", f"{s['epochs']} epochs, {s.get('steps', '?')} optimizer steps, world size "
+                                 f"{s.get('world_size', 1)}"))
+    if "n_train" in s:
+        facts.append(("trips", f"training {s['n_train']:,}, validation {s.get('n_val', 0):,}, "
+                               f"test {s.get('n_test', 0):,}"))
+    if s.get("best_val_mape") is not None:
+        facts.append(("validation MAPE of checkpoint.pt", f"{100 * s['best_val_mape']:.2f} %"))
+    for key, name in (("const_speed", "constant speed"), ("mean_time", "mean travel time")):
+        if f"baseline_{key}_val_mape" in s:
+            facts.append((f"validation MAPE of {name}", f"{100 * s[f'baseline_{key}_val_mape']:.2f} %"))
+    if "dropped" in s:
+        facts.append(("dropped in reading and preprocessing", describe_dropped(s["dropped"])))
+    if "stfast_version" in s:
+        facts.append(("stfast", s["stfast_version"]))
+    cells = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                    for k, v in facts)
+    return f"<h2>Run</h2><table>{cells}</table>" if facts else ""
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -17,6 +17,7 @@ from .. import __version__
 from ..data.batches import LENGTH_SORT_CHUNK, epoch_batches  # noqa: F401  (re-exported: stfast.train.trainer)
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.derived import split_views
+from ..data.drops import describe as describe_dropped
 from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
 from ..data.routes import RouteProfile
@@ -157,6 +158,7 @@ class RunData:
     # --subtrips-resample epoch: train_ds holds the recorded trips, then one set of pieces per epoch; these are
     # the sets' sizes (empty: every epoch trains on all of train_ds)
     piece_sets: tuple[int, ...] = ()
+    n_points: int = 0  # points of all trips (kept after preprocessing), to say "dropped P points of N"
 
     @classmethod
     def load(cls, cfg: TrainConfig, dtype: torch.dtype, world_size: int = 1, resume: dict | None = None,
@@ -186,7 +188,7 @@ class RunData:
         piece_sets = tuple(len(p["m"]) for p in sets) if draws > 1 else ()
         train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
-                   dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets)
+                   dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets, int(trips.n_points))
 
     def epoch_batches(self, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
         """The global batches of ``epoch`` (:func:`epoch_batches`) over train_ds: every trip of it, or under
@@ -208,8 +210,8 @@ class RunData:
         return f"{self.n_trips} trips → train {len(self.train)}{pieces}, val {len(self.val)}, test {len(self.test)}"
 
     def dropped_text(self) -> str:
-        """What preprocessing dropped, by reason ("" when nothing)."""
-        return ", ".join(f"{k} {v}" for k, v in sorted(self.dropped.items()))
+        """What reading and preprocessing dropped, points apart from trips (stfast.data.drops.describe)."""
+        return describe_dropped(self.dropped, self.n_points or None)
 
     def summary(self, test: dict, best_val_mape: float, epochs: int, steps: int, world_size: int) -> dict:
         """summary.json of a run: the ``test`` errors (stfast.train.metrics.errors), both baselines', the best

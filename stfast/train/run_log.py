@@ -1,6 +1,7 @@
 """The run's outputs: the run log ``metrics.jsonl`` in a run folder, one JSON object per line, written by its
 one owner (:class:`RunLog`, rank 0 of a run) and read by ``"type"`` (:func:`read_rows`); at the end of a run
-also summary.json, learning_curve.png and report.png / report.html (:meth:`RunLog.write_outputs`).
+also summary.json, learning_curve.png and report.png / report.html (:meth:`RunLog.write_outputs`; the trainer
+writes test_predictions.csv before, stfast.train.run_predictions).
 
 Row types and their keys (epochs are numbered from 1 in every row type: ``epoch`` N is the N-th):
 - ``epoch``: epoch, step, train_loss, val_mape (fraction), val_mae and val_rmse (s), samples_per_s, lr,
@@ -94,7 +95,8 @@ class RunLog:
                 render(out)
             except (ValueError, OSError, RuntimeError) as e:
                 log.warning("could not write the report in %s: %s", out, e)
-        names = ("summary.json", FILE, "learning_curve.png", "report.png", "report.html", "checkpoint.pt", "last.pt")
+        names = ("summary.json", FILE, "test_predictions.csv", "learning_curve.png", "report.png", "report.html",
+                 "checkpoint.pt", "last.pt", "last.prev.pt")
         return [n for n in names if (out / n).exists()]
 
 

@@ -9,6 +9,7 @@ is refused, naming both values.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data.dataset import DriverVocab, NormStats, TripDataset
+from ..data.drops import describe as describe_dropped
 from ..data.fingerprint import trips_fingerprint
 from ..data.routes import MAX_ROUTE_POINTS, RouteProfile, routes_to_trips
 from ..data.trips import Trips
@@ -23,6 +25,8 @@ from ..models import members
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig, flag, show
+
+log = logging.getLogger("stfast.data")  # what reading the data dropped, as training says it
 
 SPLITS = ("all", "train", "val", "test")
 _REQUIRED = ("model_config", "norm_stats", "drivers", "model_state")
@@ -109,7 +113,10 @@ class TrainedModel:
         else:
             cfg = replace(self.config, data=str(data), format=fmt or "auto", on_error=on_error or "raise")
         pre = None if self.preprocess is None else PreprocessConfig.from_dict(self.preprocess)
-        return load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre)
+        trips = load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre)
+        if any(trips.dropped.values()):  # said once (preprocessing logs only its totals)
+            log.info("%s", describe_dropped(trips.dropped, trips.n_points))
+        return trips
 
     def split(self, trips: Trips, which: str) -> Trips:
         """The training run's ``which`` split (``train``, ``val``, ``test``; ``all``: ``trips`` as they are)

@@ -28,11 +28,11 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import gemm_plan, guards, steps, swa
+from . import gemm_plan, guards, run_predictions, steps, swa
 from .config import TrainConfig
-from .metrics import format_summary
+from .metrics import errors, fit_baselines, format_summary
 from .resume import restore, resume_state, trainer_state
-from .run_data import RunData, epoch_batches, evaluate, preflight, progress_bar
+from .run_data import RunData, epoch_batches, evaluate, predict, preflight, progress_bar
 from .run_log import RunLog
 from .steps import StepLoss
 
@@ -115,8 +115,8 @@ class Trainer:
             restore(self, resume, resume_path)
         self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
                  f"world size {self.info.world_size}, device {self.device}, precision {cfg.precision}")
-        if self.data.dropped:
-            self.say("dropped: " + self.data.dropped_text())
+        if any(self.data.dropped.values()):  # said once per run (preprocessing logs only its totals)
+            self.say(self.data.dropped_text())
         if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
             self.say(line)
 
@@ -289,10 +289,12 @@ class Trainer:
             torch.distributed.barrier()
         if kept:
             self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
-        test = evaluate(self.model if kept else self.eval_model, d.test_ds, self.info, self.device, self.show,
-                        self.cfg.precision)
-        summary = d.summary(test, self.best, self.epoch, self.step, self.info.world_size)
-        if self.info.is_main:
+        pred = predict(self.model if kept else self.eval_model, d.test_ds, info=self.info, device=self.device,
+                       progress=self.show, precision=self.cfg.precision)
+        summary = d.summary(errors(pred, d.test.time), self.best, self.epoch, self.step, self.info.world_size)
+        if self.info.is_main:  # every trip of the test split beside both baselines: what the report plots
+            fitted = fit_baselines(d.train)
+            run_predictions.write(self.out, d.test, pred, {n: f.predict(d.test.dist) for n, f in fitted.items()})
             written = self.log.write_outputs(summary)
             self.say("\n" + format_summary(summary) + f"\nwrote {', '.join(written)} in {self.out}")
         return summary
