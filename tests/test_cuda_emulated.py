@@ -87,6 +87,29 @@ def test_divergent_barrier_is_an_error_naming_the_kernel(schedule):
         assert bool((EMU.selftest_barrier(8, 0) == 1).all())  # and the emulator is usable afterwards
 
 
+@pytest.mark.sanitize
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_a_device_functions_shared_array_is_one_copy_per_block(schedule):
+    """A device function that declares a shared array, called once to write it and 1,000 times to read it
+    back: every call is the same copy (as a GPU's static shared memory), not a fresh poisoned one, and
+    1,000 calls do not use up the block's 48 KiB."""
+    with emulated.schedule(schedule):
+        out = EMU.selftest_shared_site(1000)
+    torch.testing.assert_close(out, 1000.0 * ((torch.arange(64) + 1) % 64).float())
+
+
+@pytest.mark.sanitize
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_threads_at_different_barriers_are_an_error_naming_both(schedule):
+    """Half the threads wait at one __syncthreads(), half at another (undefined on a GPU; synccheck's
+    divergent barrier): an error naming the kernel and both call sites, and the emulator usable after."""
+    with emulated.schedule(schedule):
+        with pytest.raises(RuntimeError, match=r"kernel selftest_barrier_sites_kernel, block \(0, 0, 0\): threads "
+                                               r"met at different __syncthreads\(\) call sites \(emu_selftest\.cpp:\d+"):
+            EMU.selftest_barrier_sites(32)
+        assert bool((EMU.selftest_barrier_sites(0) == 1).all())
+
+
 def test_schedule_names_checked():
     with pytest.raises(ValueError, match="forward, reverse or parallel"):
         EMU.set_schedule("sideways")
@@ -404,7 +427,10 @@ def test_every_global_kernel_is_launched(tmp_path, monkeypatch):
     check_geo_conv_float64([150, 8, 40], 4, 16, 32, 3, 4, "forward")
     check_lstm_float64([9, 3, 12], 3, 8, 2, True, True, 0, "forward")
     EMU.selftest_shared_sum(torch.ones(64), True)
+    EMU.selftest_shared_site(2)
     with pytest.raises(RuntimeError):
         EMU.selftest_barrier(4, 1)
+    with pytest.raises(RuntimeError):
+        EMU.selftest_barrier_sites(1)
     launched = set(log.read_text().split())
     assert kernels <= launched, sorted(kernels - launched)

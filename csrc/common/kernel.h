@@ -9,8 +9,11 @@
 #define STFAST_SHARED(T, name, n) __shared__ T name[n]
 #else
 #include "../emu/cuda_emu.h"
-#define STFAST_SHARED(T, name, n) \
-  T* const name = static_cast<T*>(::stfast::emu::shared_array(sizeof(T) * (n), #name))
+// The static tag names the declaration (one per expansion and template instantiation): a block gets one
+// copy per declaration, however often a device function that declares it runs, as on a GPU.
+#define STFAST_SHARED(T, name, n)            \
+  static const char stfast_shared_##name = 0; \
+  T* const name = static_cast<T*>(::stfast::emu::shared_array(sizeof(T) * (n), #name, &stfast_shared_##name))
 
 // ---- device-code vocabulary, as the CUDA headers spell it ----
 #define __global__
@@ -22,7 +25,7 @@
 #define threadIdx (::stfast::emu::current().thread_idx)
 #define blockDim (::stfast::emu::current().block_dim)
 #define gridDim (::stfast::emu::current().grid_dim)
-#define __syncthreads() ::stfast::emu::syncthreads()
+#define __syncthreads() ::stfast::emu::syncthreads(__FILE__, __LINE__)
 using dim3 = ::stfast::emu::dim3;
 
 // Warp-level features are refused at compile time: the emulator has no warps (yet).

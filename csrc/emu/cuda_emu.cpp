@@ -57,7 +57,9 @@ struct Fiber {
   ucontext_t ctx;
   FiberState state = FiberState::kReady;
   uint3 tid;
-  std::size_t shared_used = 0;
+  SharedLayout shared;
+  const char* barrier_file = nullptr;  // the __syncthreads() it waits at
+  int barrier_line = 0;
 #ifdef STFAST_EMU_ASAN
   void* fake_stack = nullptr;
 #endif
@@ -80,6 +82,8 @@ struct Block {
   std::size_t arrived = 0, exited = 0;
   std::uint64_t generation = 0;
   bool broken = false;
+  const char* barrier_file = nullptr;  // the call site of the current generation's first arrival
+  int barrier_line = 0;
   // sequential schedule
   Fiber* running = nullptr;
   ucontext_t scheduler;
@@ -114,15 +118,30 @@ const char* schedule_name(Schedule s) {
 
 ThreadState& current() { return t_state; }
 
-void* shared_array(std::size_t bytes, const char* name) {
+// "file:line", the file without its folders.
+static std::string site(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash ? slash + 1 : file) + ":" + std::to_string(line);
+}
+
+void* shared_array(std::size_t bytes, const char* name, const void* tag) {
   Block* b = t_state.block;
   if (b == nullptr) throw LaunchError(std::string("stfast emu: shared array ") + name + " declared outside a kernel");
-  const std::size_t start = t_state.shared_used + kRedzone;
+  SharedLayout& layout = *t_state.shared;
+  for (const auto& [placed_tag, offset, size] : layout.placed)
+    if (placed_tag == tag) {
+      if (size != bytes)  // a GPU's static array has one size; here only a bug of the macro could differ
+        throw LaunchError("stfast emu: " + b->where() + ": shared array " + name + " declared again with " +
+                          std::to_string(bytes) + " bytes, first " + std::to_string(size));
+      return b->arena + offset;
+    }
+  const std::size_t start = layout.used + kRedzone;
   const std::size_t end = start + ((bytes + 15) / 16) * 16;
   if (end + kRedzone > kArenaBytes)
     throw LaunchError("stfast emu: " + b->where() + ": shared array " + name + " (" + std::to_string(bytes) +
                       " bytes) exceeds the " + std::to_string(kMaxStaticShared) + " bytes of shared memory per block");
-  t_state.shared_used = end;
+  layout.used = end;
+  layout.placed.emplace_back(tag, start, bytes);
   unsigned char* p = b->arena + start;
   STFAST_UNPOISON(p, bytes);
   return p;
@@ -220,7 +239,7 @@ void run_block_sequential(Block& b, const dim3& block, bool reverse, FiberStacks
       }
       f.state = FiberState::kReady;
       t_state.thread_idx = f.tid;
-      t_state.shared_used = f.shared_used;
+      t_state.shared = &f.shared;
       b.running = &f;
 #ifdef STFAST_EMU_ASAN
       asan_start_switch(&b.sched_fake_stack, static_cast<char*>(f.ctx.uc_stack.ss_sp), kFiberStack);
@@ -232,7 +251,6 @@ void run_block_sequential(Block& b, const dim3& block, bool reverse, FiberStacks
 #ifdef STFAST_EMU_ASAN
       asan_finish_switch(b.sched_fake_stack, nullptr, nullptr);
 #endif
-      f.shared_used = t_state.shared_used;
       if (f.state == FiberState::kAtBarrier) ++at_barrier;
       else ++done;
     }
@@ -242,6 +260,22 @@ void run_block_sequential(Block& b, const dim3& block, bool reverse, FiberStacks
       std::ostringstream s;
       s << "stfast emu: " << b.where() << ": __syncthreads() reached by " << at_barrier << " of " << b.nthreads
         << " threads (" << done << " returned without it; barrier " << phase + 1 << ")";
+      failure = s.str();
+      break;
+    }
+    std::vector<std::pair<std::string, std::size_t>> sites;  // call site -> threads waiting there
+    for (const Fiber& f : fibers) {
+      const std::string at = site(f.barrier_file, f.barrier_line);
+      auto it = std::find_if(sites.begin(), sites.end(), [&](const auto& e) { return e.first == at; });
+      if (it == sites.end()) sites.emplace_back(at, 1);
+      else ++it->second;
+    }
+    if (sites.size() > 1) {
+      std::ostringstream s;
+      s << "stfast emu: " << b.where() << ": threads met at different __syncthreads() call sites (";
+      for (std::size_t k = 0; k < sites.size(); ++k)
+        s << (k ? ", " : "") << sites[k].first << " by " << sites[k].second << " threads";
+      s << "; barrier " << phase + 1 << ")";
       failure = s.str();
       break;
     }
@@ -267,7 +301,8 @@ void run_block_parallel(Block& b, const dim3& block, const ThreadState& launch) 
     t_state = launch;
     t_state.block = &b;
     t_state.thread_idx = tid;
-    t_state.shared_used = 0;
+    SharedLayout layout;
+    t_state.shared = &layout;
     try {
       (*b.body)();
     } catch (const BarrierAbandoned&) {
@@ -299,17 +334,28 @@ std::mutex g_log_mu;
 
 }  // namespace
 
-void syncthreads() {
+void syncthreads(const char* file, int line) {
   Block* b = t_state.block;
   if (b == nullptr) throw LaunchError("stfast emu: __syncthreads() outside a kernel");
   if (b->sequential) {
     Fiber* f = b->running;
     f->state = FiberState::kAtBarrier;
+    f->barrier_file = file;
+    f->barrier_line = line;
     switch_to_scheduler(b, f, /*final=*/false);
     return;
   }
   std::unique_lock<std::mutex> lock(b->mu);
   if (b->broken) throw BarrierAbandoned{};
+  if (b->arrived == 0) {
+    b->barrier_file = file;
+    b->barrier_line = line;
+  } else if (b->barrier_line != line || std::strcmp(b->barrier_file, file) != 0) {
+    b->broken = true;  // the others wait at a barrier this thread will not complete
+    b->cv.notify_all();
+    throw LaunchError("stfast emu: " + b->where() + ": threads met at different __syncthreads() call sites (" +
+                      site(b->barrier_file, b->barrier_line) + " and " + site(file, line) + ")");
+  }
   const std::uint64_t gen = b->generation;
   if (++b->arrived + b->exited == b->nthreads) {
     if (b->exited > 0) {

@@ -14,8 +14,9 @@
 // Shared memory starts every block filled with 0xFF bytes (NaN for floating types, -1 for integers), so in
 // a sequential schedule a read of a value another thread has not written yet (a missing barrier) reads
 // that poison every time — in kForward when the writer has a higher thread index, in kReverse when lower.
-// A __syncthreads() that not every thread of the block reaches is an error naming the kernel and the
-// block (never a hang), in every schedule.
+// A __syncthreads() that not every thread of the block reaches, or threads of a block meeting at different
+// __syncthreads() call sites (undefined on a GPU; compute-sanitizer synccheck's "divergent" error), is an
+// error naming the kernel, the block and the call sites (never a hang), in every schedule.
 //
 // Only the host compiler sees this header: nvcc compiles the same kernel headers with the real runtime.
 #pragma once
@@ -63,24 +64,31 @@ struct LaunchError : std::runtime_error {
 // CUDA's per-thread built-in variables. One per OS thread: a sequential schedule runs one fiber at a time
 // on the launching thread and sets them before it resumes a fiber; the parallel schedule sets them in
 // each worker thread.
+struct SharedLayout {
+  std::size_t used = 0;  // bytes of the block's shared arena this thread's declarations have taken
+  // each declaration met so far (its tag) -> its offset and size in the arena
+  std::vector<std::tuple<const void*, std::size_t, std::size_t>> placed;
+};
 struct ThreadState {
   uint3 block_idx, thread_idx;
   dim3 block_dim, grid_dim;
   struct Block* block = nullptr;
-  std::size_t shared_used = 0;  // bytes of the block's shared arena this thread's declarations have passed
+  SharedLayout* shared = nullptr;  // this thread's, for the block it runs in
 };
 ThreadState& current();
 
-// Device code's __syncthreads().
-void syncthreads();
+// Device code's __syncthreads() at file:line (the call site all threads of a block must share).
+void syncthreads(const char* file, int line);
 
-// The next shared array a thread of the current block declares: its place in the block's shared arena
-// follows from the thread's own earlier declarations (no communication between threads, so nothing
-// here orders their accesses for ThreadSanitizer), which is the same place for every thread when, as in
-// CUDA, every thread passes the same declarations (declare at the top of a kernel or device function,
-// unconditionally). The arena is filled with 0xFF at every block's start, and under AddressSanitizer
-// everything outside the declared arrays is poisoned (a read one past an array is reported).
-void* shared_array(std::size_t bytes, const char* name);
+// The shared array declared at `tag` (STFAST_SHARED's static tag), for a thread of the current block: the
+// first time the thread meets the declaration it takes the next place in the block's shared arena after
+// the thread's own earlier declarations (no communication between threads, so nothing here orders their
+// accesses for ThreadSanitizer), which is the same place for every thread when, as in CUDA, every thread
+// passes the same declarations (declare at the top of a kernel or device function, unconditionally); every
+// later meeting in the block returns that place again (one copy per block, as a GPU's static shared
+// memory). The arena is filled with 0xFF at every block's start, and under AddressSanitizer everything
+// outside the declared arrays is poisoned (a read one past an array is reported).
+void* shared_array(std::size_t bytes, const char* name, const void* tag);
 
 // Maximum threads per block (as every CUDA device since compute capability 2.0).
 constexpr std::size_t kMaxThreadsPerBlock = 1024;

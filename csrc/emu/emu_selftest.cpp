@@ -5,6 +5,10 @@
 //     sequential schedule turns into a poisoned (NaN) sum every time.
 //   selftest_barrier(threads, returning): a block whose first `returning` threads return before a
 //     __syncthreads() the others reach: an error naming the kernel, never a hang.
+//   selftest_shared_site(calls): a device function that declares a shared array, called once to write it
+//     and `calls` times more to read it: one copy per block, so out[t] = calls * ((t + 1) % 64).
+//   selftest_barrier_sites(split): threads below `split` wait at one __syncthreads(), the rest at another:
+//     an error naming both call sites (split 0: all at one, no error).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -37,6 +41,28 @@ __global__ void selftest_barrier_kernel(float* out, int64_t returning) {
   out[threadIdx.x] = 1.0f;
 }
 
+__device__ float* selftest_scratch() {
+  STFAST_SHARED(float, scratch, kSelftestThreads);
+  return scratch;
+}
+
+__global__ void selftest_shared_site_kernel(float* out, int64_t calls) {
+  selftest_scratch()[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  float s = 0.0f;
+  for (int64_t c = 0; c < calls; ++c) s += selftest_scratch()[(threadIdx.x + 1) % kSelftestThreads];
+  out[threadIdx.x] = s;
+}
+
+__global__ void selftest_barrier_sites_kernel(float* out, int64_t split) {
+  if (static_cast<int64_t>(threadIdx.x) < split) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1.0f;
+}
+
 at::Tensor selftest_shared_sum(const at::Tensor& x, bool sync) {
   TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kFloat, "selftest_shared_sum: x must be 1-D float32");
   const auto xc = x.contiguous();
@@ -58,9 +84,28 @@ at::Tensor selftest_barrier(int64_t threads, int64_t returning) {
   return out;
 }
 
+at::Tensor selftest_shared_site(int64_t calls) {
+  TORCH_CHECK(calls >= 0, "selftest_shared_site: calls must be >= 0");
+  at::Tensor out = at::zeros({kSelftestThreads}, at::kFloat);
+  EmuLauncher L(out);
+  L.launch("selftest_shared_site_kernel", selftest_shared_site_kernel, dim3(1), dim3(kSelftestThreads), 0,
+           out.data_ptr<float>(), calls);
+  return out;
+}
+
+at::Tensor selftest_barrier_sites(int64_t split) {
+  at::Tensor out = at::zeros({kSelftestThreads}, at::kFloat);
+  EmuLauncher L(out);
+  L.launch("selftest_barrier_sites_kernel", selftest_barrier_sites_kernel, dim3(1), dim3(kSelftestThreads), 0,
+           out.data_ptr<float>(), split);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(stfast_emu, m) {
+  m.def("selftest_shared_site(int calls) -> Tensor", &selftest_shared_site);
+  m.def("selftest_barrier_sites(int split) -> Tensor", &selftest_barrier_sites);
   m.def("selftest_shared_sum(Tensor x, bool sync) -> Tensor", &selftest_shared_sum);
   m.def("selftest_barrier(int threads, int returning) -> Tensor", &selftest_barrier);
 }
