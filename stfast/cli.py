@@ -67,6 +67,9 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     e.add_argument("--split", default="all", choices=SPLITS,
                    help="all trips of --data, or the training run's train/val/test split of them (the data "
                         "must be the run's: same trips, checked by fingerprint)")
+    e.add_argument("--allow-outside", action="store_true",
+                   help="score the data even when most of its trips lie outside the model's training area (refused "
+                        "without it; a few outside trips are scored, counted and flagged in any case)")
     add_arguments(e, ["device", "precision"], {"precision": {
         "help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's --precision)"}})
     if predict:
@@ -261,8 +264,11 @@ def cmd_train(a) -> int:
 
 def _predict(a):
     """Trips of ``--data`` (read and preprocessed as the checkpoints' training run did; ``--split`` of
-    them) and their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
-    its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing)."""
+    them), their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
+    its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing), and
+    which of them lie outside the training area ([T] bool; mostly outside: refused without --allow-outside,
+    :func:`stfast.data.coverage.check_inside`)."""
+    from .data.coverage import check_inside
     from .train.config import data_options_from_args
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
@@ -281,7 +287,11 @@ def _predict(a):
     parts = [m.split(trips, a.split) for m in models]
     for m, part in zip(models[1:], parts[1:]):
         _same_split(a.split, models[0], parts[0], m, part)
-    return parts[0], predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty())
+    outside = models[0].outside(parts[0])  # members share their training data, hence their area
+    if not a.allow_outside:
+        check_inside(models[0].training_area(), outside, parts[0], str(models[0].path), "--allow-outside")
+    pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
+    return parts[0], pred, outside
 
 
 def _same_split(which: str, m0, part0, m, part) -> None:
@@ -300,11 +310,18 @@ def _same_split(which: str, m0, part0, m, part) -> None:
 def cmd_evaluate(a) -> int:
     from .train.metrics import errors
 
-    trips, pred = _predict(a)
+    trips, pred, outside = _predict(a)
     m = errors(pred, trips.time)
     what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
     split = "" if a.split == "all" else f" of the {a.split} split"
-    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
+    k = int(outside.sum())
+    out = ""
+    if k:  # counted, and the score without them beside it
+        inside = f"; MAPE {100 * errors(pred[~outside], trips.time[~outside])['mape']:.2f} % on the other " \
+                 f"{len(trips) - k}" if k < len(trips) else ""
+        out = f"  ({k} outside the training area, scored{inside})"
+    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
+          + out)
     return 0
 
 
@@ -321,20 +338,27 @@ def _write_csv(path: Path, header: list, rows) -> None:
         tmp.unlink(missing_ok=True)
 
 
+PREDICTIONS_HEADER = ("trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s")
+"""The first columns of ``stfast predict``'s CSV (then ``outside_area``, 1: a trip with a point outside the
+training area)."""
+
+
 def cmd_predict(a) -> int:
     out = Path(a.out)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
-    tr, pred = _predict(a)
-    _write_csv(out, ["trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s"],
+    tr, pred, outside = _predict(a)
+    _write_csv(out, [*PREDICTIONS_HEADER, "outside_area"],
                ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
-                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"] for i in range(len(tr))))
+                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}", int(outside[i])] for i in range(len(tr))))
     dropped = dropped_path(out)
     _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
-    print(f"wrote {len(tr)} predictions to {out}; {len(tr.dropped_trips)} trips (input trajectories or segments "
-          f"of them) dropped in preprocessing, with their reason, to {dropped}")
+    k = int(outside.sum())
+    flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
+    print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
+          f"segments of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
 
 

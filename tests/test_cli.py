@@ -2,12 +2,15 @@
 import csv
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
 
-from conftest import random_trips
-from stfast.cli import main
+from conftest import one_line_error, random_trips
+from stfast.cli import dropped_path, main
+from stfast.data.coverage import OutsideTrainingArea
+from stfast.train.trained import load_model
 from stfast.data.readers import read_deeptte_jsonl
 
 
@@ -207,3 +210,59 @@ def test_max_steps_within_the_first_epoch_keeps_the_checkpoint_it_scores(trained
     assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * test_mape, abs=0.006)
+
+
+def _moved(trips_path, to_path, n, d_lng=12.33, d_lat=9.24):
+    """The first ``n`` trips of ``trips_path`` moved by (d_lng, d_lat) degrees (Chengdu → Beijing), as JSON lines."""
+    recs = [json.loads(line) for line in open(trips_path).read().splitlines()[:n]]
+    for r in recs:
+        r["lngs"] = [x + d_lng for x in r["lngs"]]
+        r["lats"] = [y + d_lat for y in r["lats"]]
+    to_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return to_path
+
+
+def test_data_outside_the_training_area_is_refused_unless_allowed(trained, tmp_path, capsys):
+    """Issue 52, item 1: a model scored trips of a city it never saw (MAPE 108 %, exit 0). Now data whose
+    trips lie mostly outside the training area is refused in one line naming how many, the model's area, the
+    data's and --allow-outside; with it they are scored and counted; nothing is written by a refusal."""
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    far = _moved(data, tmp_path / "beijing.jsonl", 20)
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(far)]) == 2
+    err = one_line_error(capsys, 2)
+    assert "20 of 20 trips (100 %) lie outside the training area" in err and "--allow-outside" in err
+    assert re.search(r"its training points: lng 10[34]\.\d+\.\.104\.\d+, lat 30\.", err)  # the model's area
+    assert re.search(r"the data's points: lng 11[67]\.\d+\.\.116\.\d+, lat 39\.", err)  # and the data's
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(far), "--out", str(out)]) == 2
+    assert "--allow-outside" in one_line_error(capsys, 2) and not out.exists() and not dropped_path(out).exists()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(far), "--allow-outside"]) == 0
+    assert "20 trips  MAPE" in capsys.readouterr().out
+    model = load_model(ck)
+    far_trips = model.load_trips(far)
+    with pytest.raises(OutsideTrainingArea, match="allow_outside=True") as ei:
+        model.predict(far_trips)
+    assert (ei.value.n_outside, ei.value.n_trips) == (20, 20)
+    assert model.predict(far_trips, allow_outside=True).shape == (20,)
+
+
+def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, capsys):
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(open(data).read() + _moved(data, tmp_path / "far.jsonl", 3).read_text())
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(mixed)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(mixed), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    flags = [r["outside_area"] for r in rows]
+    # the 3 moved trips, and the few of the data's own scattered random points that no training point is near
+    k = flags.count("1")
+    assert flags[-3:] == ["1"] * 3 and 3 <= k < 20
+    assert line.startswith("93 trips  MAPE") and f"({k} outside the training area, scored; MAPE" in line
+    assert f"on the other {93 - k})" in line
+    assert f"93 predictions ({k} outside the training area: outside_area 1)" in capsys.readouterr().out
