@@ -349,6 +349,9 @@ def cmd_predict(a) -> int:
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
+    if out.exists() and not _is_predictions(out):  # a checkpoint or the input data would be lost
+        raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
+                         f"name, e.g. {out.with_name('predictions.csv')}")
     tr, pred, outside = _predict(a)
     _write_csv(out, [*PREDICTIONS_HEADER, "outside_area"],
                ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
@@ -360,6 +363,16 @@ def cmd_predict(a) -> int:
     print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
           f"segments of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
+
+
+def _is_predictions(path: Path) -> bool:
+    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its header), which a new run may replace."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(200).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return head.startswith(",".join(PREDICTIONS_HEADER))
 
 
 def dropped_path(predictions: Path) -> Path:
@@ -394,6 +407,12 @@ def cmd_bench(a) -> int:
     if a.seeds < 1 or a.budget_s <= 0 or a.nproc < 1:
         raise ValueError(f"--seeds and --nproc must be ≥ 1 and --budget-s > 0 (got {a.seeds}, {a.nproc}, {a.budget_s})")
     a.seeds_list = list(range(a.seeds))
+    if a.data is not None:  # every mode would fail on it, one after another: said once, before any runs
+        from .data.readers import detect_format
+        from .data.store import is_store
+
+        if not is_store(a.data):
+            detect_format(a.data) if a.format == "auto" else _require_path(a.data)
     try:
         run_modes(a)
     except RuntimeError as e:  # every mode failed: the table says so, the exit status too
@@ -402,10 +421,17 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def _require_path(path) -> None:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+
+
 def cmd_serve(a) -> int:
     if a.max_batch < 1 or a.max_wait_ms < 0 or a.max_body_kb < 1 or a.rate_limit < 0 or not 0 < a.port < 65536:
         raise ValueError(f"--max-batch and --max-body-kb must be ≥ 1, --max-wait-ms and --rate-limit ≥ 0, --port "
                          f"in 1..65535 (got {a.max_batch}, {a.max_body_kb}, {a.max_wait_ms}, {a.rate_limit}, {a.port})")
+    if a.token_file is not None:
+        _check_token_file(Path(a.token_file))
     try:
         from .serve.app import serve
     except ImportError as e:
@@ -426,8 +452,29 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def _check_token_file(path: Path) -> None:
+    """``--token-file`` must be a text file whose first line holds the token: said before anything loads or
+    binds. Raises ValueError / FileNotFoundError naming the file."""
+    if not path.exists():
+        raise FileNotFoundError(f"--token-file {path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"--token-file {path} is a folder: give the file whose first line is the token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            f.readline()
+    except UnicodeDecodeError:
+        raise ValueError(f"--token-file {path} is not a text file: give the file whose first line is the "
+                         "token") from None
+
+
 def cmd_report(a) -> int:
+    from .data.store import is_store
     from .train.report import render
+
+    if a.out is not None and Path(a.out).is_file():
+        raise ValueError(f"--out {a.out} is a file: give the folder to write report.png and report.html into")
+    if a.out is not None and is_store(a.out):
+        raise ValueError(f"--out {a.out} is a trips store: give another folder for report.png and report.html")
 
     png, page = render(a.run_dir, a.out)
     print(f"wrote {png} and {page}")
