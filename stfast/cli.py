@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import logging
 import os
 import sys
@@ -170,11 +171,51 @@ COMMANDS = {
 """Each command: its help and the function that adds its options (and subcommands)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """stfast's parsers (the subcommands' too: argparse makes them of the top-level parser's class): a flag is
+    taken only as spelled in full (``--epoch`` is not ``--epochs``), and an unknown one is refused under the usage
+    of the (sub)command it was given to, with the closest flag of that command."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    _argv: list = []  # the words being parsed (an error of a subcommand's parser names their misspelt flags)
+
+    def parse_args(self, args=None, namespace=None):
+        _Parser._argv = list(sys.argv[1:] if args is None else args)
+        a, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._chosen(a).error(f"unrecognized arguments: {' '.join(extras)}")
+        return a
+
+    def error(self, message):
+        """argparse's error (this parser's usage, exit 2), with the closest flag to each word given that is not
+        one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too)."""
+        flags = [s for act in self._actions for s in act.option_strings]
+        hints = []
+        for word in dict.fromkeys(w.split("=", 1)[0] for w in _Parser._argv if w.startswith("--")):
+            near = [] if word in flags else difflib.get_close_matches(word, flags, n=1)
+            if near:
+                hints.append(f"{word}: did you mean {near[0]}?")
+        super().error(message + ("; " + "; ".join(hints) if hints else ""))
+
+    def _chosen(self, a) -> argparse.ArgumentParser:
+        """The deepest (sub)command parser that ``a``'s values chose (``stfast data convert``: convert's)."""
+        p = self
+        while True:
+            sub = next((act for act in p._actions if isinstance(act, argparse._SubParsersAction)), None)
+            name = None if sub is None else getattr(a, sub.dest, None)
+            if name not in (sub.choices if sub is not None else {}):
+                return p
+            p = sub.choices[name]
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with ``command`` (the name of one) only that command's options are added, the
     others keep their name and help: a command imports only the layers it uses (``data convert``: no torch)."""
-    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
-                                 formatter_class=_HelpFormatter)
+    ap = _Parser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
+                 formatter_class=_HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (hlp, add) in COMMANDS.items():
         p = sub.add_parser(name, help=hlp, formatter_class=_HelpFormatter)
@@ -190,8 +231,9 @@ def _command(argv: list[str]) -> str | None:
 
 
 def given_dests(argv: list[str]) -> set[str]:
-    """The argparse destinations of the options given on the command line ``argv`` (abbreviated or as
-    ``--flag=value`` too), whatever their value: ``argv`` parsed again by a parser without defaults."""
+    """The argparse destinations of the options given on the command line ``argv`` (as ``--flag=value`` too;
+    flags are never abbreviated, :class:`_Parser`), whatever their value: ``argv`` parsed again by a parser
+    without defaults."""
     ap = build_parser(_command(argv))
     parsers = [ap]
     while parsers:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import one_line_error, random_trips
-from stfast.cli import dropped_path, main
+from stfast.cli import dropped_path, given_dests, main
 from stfast.data.coverage import OutsideTrainingArea
 from stfast.train.trained import load_model
 from stfast.data.readers import read_deeptte_jsonl
@@ -266,3 +266,36 @@ def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, c
     assert line.startswith("93 trips  MAPE") and f"({k} outside the training area, scored; MAPE" in line
     assert f"on the other {93 - k})" in line
     assert f"93 predictions ({k} outside the training area: outside_area 1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["train", "--epcohs", "2"], "usage: stfast train", "unrecognized arguments: --epcohs 2; --epcohs: did you mean --epochs?"),
+    (["train", "--epoch", "1"], "usage: stfast train", "--epoch: did you mean --epochs?"),  # no prefix matching
+    (["evaluate", "--checkpiont", "c.pt"], "usage: stfast evaluate",
+     "required: --checkpoint; --checkpiont: did you mean --checkpoint?"),
+    (["data", "convert", "--data", "x", "--out", "y", "--gap-mni", "3"], "usage: stfast data convert",
+     "--gap-mni: did you mean --gap-min?"),
+])
+def test_an_unknown_flag_is_refused_under_its_commands_usage_with_the_closest_flag(argv, usage, hint, tmp_path,
+                                                                                   capsys, monkeypatch):
+    """Issue 52: `--epcohs 2` was refused under the top-level usage without a suggestion, and `--epoch 1` was taken
+    as --epochs (argparse's prefix matching); abbreviations are off in every parser."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.startswith(usage) and hint in err, err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        given_dests(["train", "--batch", "32"])  # --batch is not --batch-size
+    assert given_dests(["train", "--batch-size=32", "--epochs", "2"]) == {"command", "batch_size", "epochs"}
+
+
+def test_a_split_days_refusal_lists_the_datas_days(trained, tmp_path, capsys):
+    _, data = trained
+    out = tmp_path / "r"
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--split-days", "1-5/6/7", "--out", str(out)]) == 2
+    err = one_line_error(capsys, 2)
+    assert "no trip falls on day(s) [1, 2, 3, 4, 5]" in err and "the data's days of month: [24, 25, 26, 27, 28, 29, 30]" in err
+    assert not out.exists()
