@@ -220,7 +220,8 @@ class TrainedModel:
             TypeError: departures/drivers/states not one per route.
         """
         trips = self.route_trips(routes, departures, drivers, states, densify)
-        return self.predict(trips) if len(trips) else np.zeros(0)
+        # every point of every route is inside the training area already (route_trips refuses one outside)
+        return self.predict(trips, allow_outside=True) if len(trips) else np.zeros(0)
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | None = None) -> TrainedModel:
