@@ -309,7 +309,7 @@ def _predict(a):
     them), their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
     its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing), and
     which of them lie outside the training area ([T] bool; mostly outside: refused without --allow-outside,
-    :func:`stfast.data.coverage.check_inside`)."""
+    :func:`stfast.data.coverage.check_inside`) and which have a driver the model did not train on ([T] bool)."""
     from .data.coverage import check_inside
     from .train.config import data_options_from_args
     from .train.ensemble import predict_ensemble
@@ -333,7 +333,7 @@ def _predict(a):
     if not a.allow_outside:
         check_inside(models[0].training_area(), outside, parts[0], str(models[0].path), "--allow-outside")
     pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
-    return parts[0], pred, outside
+    return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
 
 
 def _same_split(which: str, m0, part0, m, part) -> None:
@@ -352,18 +352,21 @@ def _same_split(which: str, m0, part0, m, part) -> None:
 def cmd_evaluate(a) -> int:
     from .train.metrics import errors
 
-    trips, pred, outside = _predict(a)
+    trips, pred, outside, unseen_drivers = _predict(a)
     m = errors(pred, trips.time)
     what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
     split = "" if a.split == "all" else f" of the {a.split} split"
     k = int(outside.sum())
-    out = ""
+    notes = []
     if k:  # counted, and the score without them beside it
         inside = f"; MAPE {100 * errors(pred[~outside], trips.time[~outside])['mape']:.2f} % on the other " \
                  f"{len(trips) - k}" if k < len(trips) else ""
-        out = f"  ({k} outside the training area, scored{inside})"
+        notes.append(f"{k} outside the training area, scored{inside}")
+    unseen = int(unseen_drivers.sum())
+    if unseen:
+        notes.append(f"{unseen} of drivers the model did not train on")
     print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
-          + out)
+          + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0
 
 
@@ -394,7 +397,7 @@ def cmd_predict(a) -> int:
     if out.exists() and not _is_predictions(out):  # a checkpoint or the input data would be lost
         raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
                          f"name, e.g. {out.with_name('predictions.csv')}")
-    tr, pred, outside = _predict(a)
+    tr, pred, outside, _ = _predict(a)
     _write_csv(out, [*PREDICTIONS_HEADER, "outside_area"],
                ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
                  f"{tr.time[i]:.1f}", f"{pred[i]:.1f}", int(outside[i])] for i in range(len(tr))))

@@ -299,3 +299,22 @@ def test_a_split_days_refusal_lists_the_datas_days(trained, tmp_path, capsys):
     err = one_line_error(capsys, 2)
     assert "no trip falls on day(s) [1, 2, 3, 4, 5]" in err and "the data's days of month: [24, 25, 26, 27, 28, 29, 30]" in err
     assert not out.exists()
+
+
+def test_trips_of_drivers_the_model_never_saw_are_counted(trained, tmp_path, capsys):
+    """The model's world includes its drivers: trips of a driver the training split did not hold get the row
+    reserved for unseen drivers; evaluate says how many (the data are scored: that row is the model's answer)."""
+    d, data = trained
+    recs = [json.loads(line) for line in open(data).read().splitlines()]
+    for r in recs[:4]:
+        r["driverID"] = "a driver no training trip had"
+    other = tmp_path / "other_drivers.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["train", "--data", str(data), "--driver-dim", "4", "--max-steps", "1", "--batch-size", "32",
+                 "--out", str(tmp_path / "drv"), "--no-progress", "--threads", "1"]) == 0
+    capsys.readouterr()
+    for ck, data_, said in ((d / "run" / "checkpoint.pt", other, False),  # its run reads no driver (--driver-dim 0)
+                            (tmp_path / "drv" / "checkpoint.pt", data, False),
+                            (tmp_path / "drv" / "checkpoint.pt", other, True)):
+        assert main(["evaluate", "--checkpoint", str(ck), "--data", str(data_)]) == 0
+        assert ("4 of drivers the model did not train on" in capsys.readouterr().out) == said

@@ -13,7 +13,10 @@ One rule for data outside a model's world, here beside the area: the service ref
 point outside (:func:`stfast.data.routes.routes_to_trips`); a recorded trip with such a point is *outside*
 (:func:`trips_outside`), and data whose trips lie mostly outside is refused (:func:`check_inside`:
 ``stfast evaluate`` / ``predict`` and :meth:`stfast.TrainedModel.predict`) unless the caller asks to score
-them anyway. A few outside trips (a test split's strays) are scored, counted and flagged.
+them anyway. A few outside trips (a test split's strays) are scored, counted and flagged. The model's other
+inputs have no such outside: every weekday and minute of day is one of its calendar rows (the day of month is
+not an input), and a driver it did not train on has a row of its own, the unseen driver's
+(:meth:`stfast.TrainedModel.unseen_drivers` counts those trips; evaluate says how many).
 """
 from __future__ import annotations
 

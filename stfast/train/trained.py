@@ -149,6 +149,14 @@ class TrainedModel:
         checkpoint records it); None for checkpoints that predate it."""
         return None if self.route_profile is None else self.route_defaults().area
 
+    def unseen_drivers(self, trips: Trips) -> np.ndarray:
+        """[T] bool: the trips whose driver the training split did not hold, when the model reads a driver id (they
+        get the embedding row reserved for unseen drivers, which training never updates); all False for a model
+        without a driver input (``--driver-dim 0``)."""
+        if not getattr(self.model.cfg, "driver_dim", 0):
+            return np.zeros(len(trips), dtype=bool)
+        return self.drivers.encode(trips.driver) == DriverVocab.UNKNOWN
+
     def outside(self, trips: Trips) -> np.ndarray:
         """[T] bool: the trips of ``trips`` with a point outside :meth:`training_area`
         (:func:`stfast.data.coverage.trips_outside`; all False when the checkpoint records no area)."""
