@@ -6,6 +6,7 @@ import csv
 import difflib
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -192,12 +193,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         """argparse's error (this parser's usage, exit 2), with the closest flag to each word given that is not
         one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too)."""
-        flags = [s for act in self._actions for s in act.option_strings]
+        flags = [s for act in self._actions for s in act.option_strings if s not in ("-h", "--help")]
         hints = []
         for word in dict.fromkeys(w.split("=", 1)[0] for w in _Parser._argv if w.startswith("--")):
             near = [] if word in flags else difflib.get_close_matches(word, flags, n=1)
             if near:
                 hints.append(f"{word}: did you mean {near[0]}?")
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)  # a misspelt command or value
+        if bad:
+            near = difflib.get_close_matches(bad[1], re.findall(r"'([^']*)'", bad[2]), n=1)
+            hints += [f"did you mean {near[0]}?"] if near else []
         super().error(message + ("; " + "; ".join(hints) if hints else ""))
 
     def _chosen(self, a) -> argparse.ArgumentParser:

@@ -275,6 +275,9 @@ def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, c
      "required: --checkpoint; --checkpiont: did you mean --checkpoint?"),
     (["data", "convert", "--data", "x", "--out", "y", "--gap-mni", "3"], "usage: stfast data convert",
      "--gap-mni: did you mean --gap-min?"),
+    (["trian", "--epochs", "1"], "usage: stfast ", "invalid choice: 'trian' (choose from 'train', "),
+    (["trian", "--epochs", "1"], "usage: stfast ", "; did you mean train?"),
+    (["evaluate", "--checkpoint", "c.pt", "--split", "tset"], "usage: stfast evaluate", "; did you mean test?"),
 ])
 def test_an_unknown_flag_is_refused_under_its_commands_usage_with_the_closest_flag(argv, usage, hint, tmp_path,
                                                                                    capsys, monkeypatch):
