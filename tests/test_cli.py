@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
+import stfast
 from conftest import one_line_error, random_trips
 from stfast.cli import dropped_path, given_dests, main
 from stfast.data.coverage import OutsideTrainingArea
-from stfast.train.trained import load_model
 from stfast.data.readers import read_deeptte_jsonl
+from stfast.train.trained import load_model
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +243,7 @@ def test_data_outside_the_training_area_is_refused_unless_allowed(trained, tmp_p
     assert "20 trips  MAPE" in capsys.readouterr().out
     model = load_model(ck)
     far_trips = model.load_trips(far)
+    assert stfast.OutsideTrainingArea is OutsideTrainingArea  # public, beside load_model
     with pytest.raises(OutsideTrainingArea, match="allow_outside=True") as ei:
         model.predict(far_trips)
     assert (ei.value.n_outside, ei.value.n_trips) == (20, 20)
