@@ -461,19 +461,16 @@ def cmd_bench(a) -> int:
         from .data.readers import detect_format
         from .data.store import is_store
 
-        if not is_store(a.data):
-            detect_format(a.data) if a.format == "auto" else _require_path(a.data)
+        if a.format == "auto" and not is_store(a.data):
+            detect_format(a.data)  # names the path, or what the data is not
+        elif not Path(a.data).exists():
+            raise FileNotFoundError(f"--data {a.data}: no such file or folder")
     try:
         run_modes(a)
     except RuntimeError as e:  # every mode failed: the table says so, the exit status too
         print(f"stfast bench: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-def _require_path(path) -> None:
-    if not Path(path).exists():
-        raise FileNotFoundError(f"{path}: no such file or folder")
 
 
 def cmd_serve(a) -> int:
