@@ -111,3 +111,20 @@ def test_the_refusals_name_the_kind_of_path_given(paths, capsys):
     assert f"e.g. {kinds['run']}/checkpoint.pt" in one_line_error(capsys, 2)  # that one exists: named
     assert main(["evaluate", "--checkpoint", kinds["folder"], "--data", data]) == 2
     assert "empty/checkpoint.pt" not in one_line_error(capsys, 2)  # none there: not suggested
+
+
+def test_refusals_in_a_fresh_process_end_in_one_error_line(paths):
+    """The same, as a user runs it (`python -m stfast.cli`, the log on stderr): no traceback, one error line, the
+    only other lines the log's own (``stfast: <file>: reading as ...``)."""
+    import subprocess
+    import sys
+
+    d, kinds, data, ck = paths
+    for argv in (["evaluate", "--checkpoint", kinds["store"], "--data", data],
+                 ["predict", "--checkpoint", ck, "--data", data, "--out", kinds["checkpoint"]],
+                 ["serve", "--checkpoint", ck, "--token-file", kinds["folder"], "--port", "1"]):
+        got = subprocess.run([sys.executable, "-m", "stfast.cli", *argv], capture_output=True, text=True, timeout=120)
+        lines = got.stderr.strip().splitlines()
+        assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+        assert [x for x in lines if x.startswith("stfast: error: ")] == lines[-1:], got.stderr
+        assert all(x.startswith("stfast: ") for x in lines), got.stderr
