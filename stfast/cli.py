@@ -550,12 +550,22 @@ def main(argv: list[str] | None = None) -> int:
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 2
+    except (NotADirectoryError, IsADirectoryError, PermissionError) as e:  # a path given: under a file, not ours
+        print(f"stfast: error: {_os_error(e)}", file=sys.stderr)
+        rc = 2
     except failed as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 1
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
         _exit_rank(rc)
     return rc
+
+
+def _os_error(e: OSError) -> str:
+    """A path error in one line: what, where, and for a path under a file, which file is in the way."""
+    path = Path(str(e.filename))
+    in_way = next((p for p in path.parents if p.is_file()), None)
+    return f"{e.strerror}: {e.filename}" + (f" ({in_way} is a file, not a folder)" if in_way is not None else "")
 
 
 def _exit_rank(rc: int) -> None:

@@ -1,5 +1,5 @@
 """Issue 52, item 2: every subcommand against each wrong kind of path (a file where a folder is wanted, a folder
-where a file is wanted, a trips store, a checkpoint, a run folder, a missing path) refuses in one line on stderr,
+where a file is wanted, a trips store, a checkpoint, a run folder, a missing path, a path under a file) refuses in one line on stderr,
 exit 2, no traceback, and writes nothing: no file changed, no folder created, no lock file left behind.
 
 In-process (one interpreter: the model layers are imported once); `serve` never binds (uvicorn's run fails the
@@ -9,7 +9,7 @@ import pytest
 from conftest import one_line_error, random_trips
 from stfast.cli import main
 
-KINDS = ("file", "folder", "store", "checkpoint", "run", "missing")
+KINDS = ("file", "folder", "store", "checkpoint", "run", "missing", "under_file")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def paths(tmp_path_factory):
     (d / "notes.txt").write_text("hello\n")
     (d / "empty").mkdir()
     kinds = {"file": d / "notes.txt", "folder": d / "empty", "store": d / "store", "checkpoint": d / "run" / "checkpoint.pt",
-             "run": d / "run", "missing": d / "nowhere" / "x"}
+             "run": d / "run", "missing": d / "nowhere" / "x", "under_file": d / "notes.txt" / "x"}
     return d, {k: str(v) for k, v in kinds.items()}, str(data), str(d / "run" / "checkpoint.pt")
 
 
@@ -37,27 +37,31 @@ def _cases(d, data, ck):
     ck_kinds = ("file", "folder", "store", "run", "missing")
     return {
         ("train", "--data"): (lambda p: ["train", "--data", p, "--out", new, *fast], data_kinds),
-        ("train", "--out"): (lambda p: ["train", "--data", data, "--out", p, *fast], ("file", "store", "checkpoint", "run")),
+        ("train", "--out"): (lambda p: ["train", "--data", data, "--out", p, *fast],
+                             ("file", "store", "checkpoint", "run", "under_file")),
         ("evaluate", "--checkpoint"): (lambda p: ["evaluate", "--checkpoint", p, "--data", data], ck_kinds),
         ("evaluate", "--data"): (lambda p: ["evaluate", "--checkpoint", ck, "--data", p], data_kinds),
         ("predict", "--checkpoint"): (lambda p: ["predict", "--checkpoint", p, "--data", data, "--out", new + ".csv"],
                                       ck_kinds),
         ("predict", "--data"): (lambda p: ["predict", "--checkpoint", ck, "--data", p, "--out", new + ".csv"], data_kinds),
         ("predict", "--out"): (lambda p: ["predict", "--checkpoint", ck, "--data", data, "--out", p],
-                               ("file", "folder", "store", "checkpoint", "run", "missing")),
+                               ("file", "folder", "store", "checkpoint", "run", "missing", "under_file")),
         ("serve", "--checkpoint"): (lambda p: ["serve", "--checkpoint", p, "--port", "1"], ck_kinds),
         ("serve", "--token-file"): (lambda p: ["serve", "--checkpoint", ck, "--token-file", p, "--port", "1"],
                                     ("folder", "store", "checkpoint", "run", "missing")),
         ("report", "RUN_DIR"): (lambda p: ["report", p, "--out", new], ("file", "folder", "store", "checkpoint", "missing")),
         ("report", "RUN_DIR alone"): (lambda p: ["report", p], ("file", "folder", "store", "checkpoint", "missing")),
-        ("report", "--out"): (lambda p: ["report", str(d / "run"), "--out", p], ("file", "store", "checkpoint")),
+        ("report", "--out"): (lambda p: ["report", str(d / "run"), "--out", p],
+                              ("file", "store", "checkpoint", "under_file")),
         ("data convert", "--data"): (lambda p: ["data", "convert", "--data", p, "--out", new], data_kinds),
         ("data convert", "--out"): (lambda p: ["data", "convert", "--data", data, "--out", p],
-                                    ("file", "folder", "checkpoint", "run")),
+                                    ("file", "folder", "checkpoint", "run", "under_file")),
+        ("data convert", "--out .jsonl"): (lambda p: ["data", "convert", "--data", data, "--out", p + ".jsonl"],
+                                           ("under_file",)),
         ("bench modes", "--data"): (lambda p: ["bench", "modes", "--data", p, "--out", new, "--budget-s", "1"],
                                     data_kinds),
         ("bench modes", "--out"): (lambda p: ["bench", "modes", "--out", p, "--budget-s", "1"],
-                                   ("file", "store", "checkpoint", "run")),
+                                   ("file", "store", "checkpoint", "run", "under_file")),
     }
 
 
@@ -90,7 +94,7 @@ def test_every_subcommand_refuses_every_wrong_path_in_one_line_writing_nothing(p
             changed = sorted(set(before) ^ set(after)) + sorted(k for k in before if k in after and before[k] != after[k])
             if rc != 2 or len(err.splitlines()) != 1 or not err.startswith("stfast: error: ") or changed:
                 failures.append(f"{command} {slot}={kind}: rc {rc}, stderr {err[-300:]!r}, changed {changed[:3]}")
-    assert n == 76 and not failures, "\n".join(failures)
+    assert n == 82 and not failures, "\n".join(failures)
 
 
 def test_the_refusals_name_the_kind_of_path_given(paths, capsys):
