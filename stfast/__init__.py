@@ -33,10 +33,12 @@ def _load_extension():
 from . import _lazy  # noqa: E402
 
 # stfast.nn, stfast.accum and stfast.parallel without an import of their own, each imported on first use, and
-# stfast.load_model / TrainedModel (the public way to load a trained model) from stfast.train.trained: import
+# stfast.load_model / TrainedModel (the public way to load a trained model) from stfast.train.trained (and the
+# error its predict raises on data outside the training area, stfast.OutsideTrainingArea): import
 # stfast stays cheap, and the layers below train (which import the root for _C) do not import train through it
 _lazy_getattr, __dir__ = _lazy.lazy_exports(__name__, {"nn": (), "accum": (), "parallel": (),
-                                                       "train.trained": ("TrainedModel", "load_model")})[1:]
+                                                       "train.trained": ("TrainedModel", "load_model"),
+                                                       "data.coverage": ("OutsideTrainingArea",)})[1:]
 
 
 def __getattr__(name: str):

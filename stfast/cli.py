@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -67,6 +69,9 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     e.add_argument("--split", default="all", choices=SPLITS,
                    help="all trips of --data, or the training run's train/val/test split of them (the data "
                         "must be the run's: same trips, checked by fingerprint)")
+    e.add_argument("--allow-outside", action="store_true",
+                   help="score the data even when most of its trips lie outside the model's training area (refused "
+                        "without it; a few outside trips are scored, counted and flagged in any case)")
     add_arguments(e, ["device", "precision"], {"precision": {
         "help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's --precision)"}})
     if predict:
@@ -167,11 +172,55 @@ COMMANDS = {
 """Each command: its help and the function that adds its options (and subcommands)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """stfast's parsers (the subcommands' too: argparse makes them of the top-level parser's class): a flag is
+    taken only as spelled in full (``--epoch`` is not ``--epochs``), and an unknown one is refused under the usage
+    of the (sub)command it was given to, with the closest flag of that command."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    _argv: list = []  # the words being parsed (an error of a subcommand's parser names their misspelt flags)
+
+    def parse_args(self, args=None, namespace=None):
+        _Parser._argv = list(sys.argv[1:] if args is None else args)
+        a, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._chosen(a).error(f"unrecognized arguments: {' '.join(extras)}")
+        return a
+
+    def error(self, message):
+        """argparse's error (this parser's usage, exit 2), with the closest flag to each word given that is not
+        one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too)."""
+        flags = [s for act in self._actions for s in act.option_strings if s not in ("-h", "--help")]
+        hints = []
+        for word in dict.fromkeys(w.split("=", 1)[0] for w in _Parser._argv if w.startswith("--")):
+            near = [] if word in flags else difflib.get_close_matches(word, flags, n=1)
+            if near:
+                hints.append(f"{word}: did you mean {near[0]}?")
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)  # a misspelt command or value
+        if bad:
+            near = difflib.get_close_matches(bad[1], re.findall(r"'([^']*)'", bad[2]), n=1)
+            hints += [f"did you mean {near[0]}?"] if near else []
+        super().error(message + ("; " + "; ".join(hints) if hints else ""))
+
+    def _chosen(self, a) -> argparse.ArgumentParser:
+        """The deepest (sub)command parser that ``a``'s values chose (``stfast data convert``: convert's)."""
+        p = self
+        while True:
+            sub = next((act for act in p._actions if isinstance(act, argparse._SubParsersAction)), None)
+            name = None if sub is None else getattr(a, sub.dest, None)
+            if name not in (sub.choices if sub is not None else {}):
+                return p
+            p = sub.choices[name]
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; with ``command`` (the name of one) only that command's options are added, the
     others keep their name and help: a command imports only the layers it uses (``data convert``: no torch)."""
-    ap = argparse.ArgumentParser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
-                                 formatter_class=_HelpFormatter)
+    ap = _Parser(prog="stfast", description="Fast training of DeepTTE travel-time models.",
+                 formatter_class=_HelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, (hlp, add) in COMMANDS.items():
         p = sub.add_parser(name, help=hlp, formatter_class=_HelpFormatter)
@@ -187,8 +236,9 @@ def _command(argv: list[str]) -> str | None:
 
 
 def given_dests(argv: list[str]) -> set[str]:
-    """The argparse destinations of the options given on the command line ``argv`` (abbreviated or as
-    ``--flag=value`` too), whatever their value: ``argv`` parsed again by a parser without defaults."""
+    """The argparse destinations of the options given on the command line ``argv`` (as ``--flag=value`` too;
+    flags are never abbreviated, :class:`_Parser`), whatever their value: ``argv`` parsed again by a parser
+    without defaults."""
     ap = build_parser(_command(argv))
     parsers = [ap]
     while parsers:
@@ -261,8 +311,11 @@ def cmd_train(a) -> int:
 
 def _predict(a):
     """Trips of ``--data`` (read and preprocessed as the checkpoints' training run did; ``--split`` of
-    them) and their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
-    its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing)."""
+    them), their predicted travel times [T] (s): the mean over the ``--checkpoint``s (one checkpoint:
+    its model; several, e.g. seeds of one configuration: an ensemble, which must agree on preprocessing), and
+    which of them lie outside the training area ([T] bool; mostly outside: refused without --allow-outside,
+    :func:`stfast.data.coverage.check_inside`) and which have a driver the model did not train on ([T] bool)."""
+    from .data.coverage import check_inside
     from .train.config import data_options_from_args
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
@@ -281,7 +334,11 @@ def _predict(a):
     parts = [m.split(trips, a.split) for m in models]
     for m, part in zip(models[1:], parts[1:]):
         _same_split(a.split, models[0], parts[0], m, part)
-    return parts[0], predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty())
+    outside = models[0].outside(parts[0])  # members share their training data, hence their area
+    if not a.allow_outside:
+        check_inside(models[0].training_area(), outside, parts[0], str(models[0].path), "--allow-outside")
+    pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
+    return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
 
 
 def _same_split(which: str, m0, part0, m, part) -> None:
@@ -300,11 +357,21 @@ def _same_split(which: str, m0, part0, m, part) -> None:
 def cmd_evaluate(a) -> int:
     from .train.metrics import errors
 
-    trips, pred = _predict(a)
+    trips, pred, outside, unseen_drivers = _predict(a)
     m = errors(pred, trips.time)
     what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
     split = "" if a.split == "all" else f" of the {a.split} split"
-    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s")
+    k = int(outside.sum())
+    notes = []
+    if k:  # counted, and the score without them beside it
+        inside = f"; MAPE {100 * errors(pred[~outside], trips.time[~outside])['mape']:.2f} % on the other " \
+                 f"{len(trips) - k}" if k < len(trips) else ""
+        notes.append(f"{k} outside the training area, scored{inside}")
+    unseen = int(unseen_drivers.sum())
+    if unseen:
+        notes.append(f"{unseen} of drivers the model did not train on")
+    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
+          + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0
 
 
@@ -321,21 +388,41 @@ def _write_csv(path: Path, header: list, rows) -> None:
         tmp.unlink(missing_ok=True)
 
 
+PREDICTIONS_HEADER = ("trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s")
+"""The first columns of ``stfast predict``'s CSV (then ``outside_area``, 1: a trip with a point outside the
+training area)."""
+
+
 def cmd_predict(a) -> int:
     out = Path(a.out)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
-    tr, pred = _predict(a)
-    _write_csv(out, ["trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s"],
+    if out.exists() and not _is_predictions(out):  # a checkpoint or the input data would be lost
+        raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
+                         f"name, e.g. {out.with_name('predictions.csv')}")
+    tr, pred, outside, _ = _predict(a)
+    _write_csv(out, [*PREDICTIONS_HEADER, "outside_area"],
                ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
-                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}"] for i in range(len(tr))))
+                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}", int(outside[i])] for i in range(len(tr))))
     dropped = dropped_path(out)
     _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
-    print(f"wrote {len(tr)} predictions to {out}; {len(tr.dropped_trips)} trips (input trajectories or segments "
-          f"of them) dropped in preprocessing, with their reason, to {dropped}")
+    k = int(outside.sum())
+    flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
+    print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
+          f"segments of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
+
+
+def _is_predictions(path: Path) -> bool:
+    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its header), which a new run may replace."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(200).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return head.startswith(",".join(PREDICTIONS_HEADER))
 
 
 def dropped_path(predictions: Path) -> Path:
@@ -372,6 +459,14 @@ def cmd_bench(a) -> int:
     if a.seeds < 1 or a.budget_s <= 0 or a.nproc < 1:
         raise ValueError(f"--seeds and --nproc must be ≥ 1 and --budget-s > 0 (got {a.seeds}, {a.nproc}, {a.budget_s})")
     a.seeds_list = list(range(a.seeds))
+    if a.data is not None:  # every mode would fail on it, one after another: said once, before any runs
+        from .data.readers import detect_format
+        from .data.store import is_store
+
+        if a.format == "auto" and not is_store(a.data):
+            detect_format(a.data)  # names the path, or what the data is not
+        elif not Path(a.data).exists():
+            raise FileNotFoundError(f"--data {a.data}: no such file or folder")
     try:
         run_modes(a)
     except RuntimeError as e:  # every mode failed: the table says so, the exit status too
@@ -384,6 +479,8 @@ def cmd_serve(a) -> int:
     if a.max_batch < 1 or a.max_wait_ms < 0 or a.max_body_kb < 1 or a.rate_limit < 0 or not 0 < a.port < 65536:
         raise ValueError(f"--max-batch and --max-body-kb must be ≥ 1, --max-wait-ms and --rate-limit ≥ 0, --port "
                          f"in 1..65535 (got {a.max_batch}, {a.max_body_kb}, {a.max_wait_ms}, {a.rate_limit}, {a.port})")
+    if a.token_file is not None:
+        _check_token_file(Path(a.token_file))
     try:
         from .serve.app import serve
     except ImportError as e:
@@ -404,8 +501,29 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def _check_token_file(path: Path) -> None:
+    """``--token-file`` must be a text file whose first line holds the token: said before anything loads or
+    binds. Raises ValueError / FileNotFoundError naming the file."""
+    if not path.exists():
+        raise FileNotFoundError(f"--token-file {path}: no such file")
+    if not path.is_file():
+        raise ValueError(f"--token-file {path} is a folder: give the file whose first line is the token")
+    try:
+        with open(path, encoding="utf-8") as f:
+            f.readline()
+    except UnicodeDecodeError:
+        raise ValueError(f"--token-file {path} is not a text file: give the file whose first line is the "
+                         "token") from None
+
+
 def cmd_report(a) -> int:
+    from .data.store import is_store
     from .train.report import render
+
+    if a.out is not None and Path(a.out).is_file():
+        raise ValueError(f"--out {a.out} is a file: give the folder to write report.png and report.html into")
+    if a.out is not None and is_store(a.out):
+        raise ValueError(f"--out {a.out} is a trips store: give another folder for report.png and report.html")
 
     png, page = render(a.run_dir, a.out)
     print(f"wrote {png} and {page}")
@@ -434,12 +552,22 @@ def main(argv: list[str] | None = None) -> int:
     except (TrajectoryFormatError, ValueError, FileNotFoundError) as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 2
+    except (NotADirectoryError, IsADirectoryError, PermissionError) as e:  # a path given: under a file, not ours
+        print(f"stfast: error: {_os_error(e)}", file=sys.stderr)
+        rc = 2
     except failed as e:
         print(f"stfast: error: {e}", file=sys.stderr)
         rc = 1
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
         _exit_rank(rc)
     return rc
+
+
+def _os_error(e: OSError) -> str:
+    """A path error in one line: what, where, and for a path under a file, which file is in the way."""
+    path = Path(str(e.filename))
+    in_way = next((p for p in path.parents if p.is_file()), None)
+    return f"{e.strerror}: {e.filename}" + (f" ({in_way} is a file, not a folder)" if in_way is not None else "")
 
 
 def _exit_rank(rc: int) -> None:

@@ -2,13 +2,17 @@
 import csv
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
 
-from conftest import random_trips
-from stfast.cli import main
+import stfast
+from conftest import one_line_error, random_trips
+from stfast.cli import dropped_path, given_dests, main
+from stfast.data.coverage import OutsideTrainingArea
 from stfast.data.readers import read_deeptte_jsonl
+from stfast.train.trained import load_model
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +211,115 @@ def test_max_steps_within_the_first_epoch_keeps_the_checkpoint_it_scores(trained
     assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * test_mape, abs=0.006)
+
+
+def _moved(trips_path, to_path, n, d_lng=12.33, d_lat=9.24):
+    """The first ``n`` trips of ``trips_path`` moved by (d_lng, d_lat) degrees (Chengdu → Beijing), as JSON lines."""
+    recs = [json.loads(line) for line in open(trips_path).read().splitlines()[:n]]
+    for r in recs:
+        r["lngs"] = [x + d_lng for x in r["lngs"]]
+        r["lats"] = [y + d_lat for y in r["lats"]]
+    to_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return to_path
+
+
+def test_data_outside_the_training_area_is_refused_unless_allowed(trained, tmp_path, capsys):
+    """Issue 52, item 1: a model scored trips of a city it never saw (MAPE 108 %, exit 0). Now data whose
+    trips lie mostly outside the training area is refused in one line naming how many, the model's area, the
+    data's and --allow-outside; with it they are scored and counted; nothing is written by a refusal."""
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    far = _moved(data, tmp_path / "beijing.jsonl", 20)
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(far)]) == 2
+    err = one_line_error(capsys, 2)
+    assert "20 of 20 trips (100 %) lie outside the training area" in err and "--allow-outside" in err
+    assert re.search(r"its training points: lng 10[34]\.\d+\.\.104\.\d+, lat 30\.", err)  # the model's area
+    assert re.search(r"the data's points: lng 11[67]\.\d+\.\.116\.\d+, lat 39\.", err)  # and the data's
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(far), "--out", str(out)]) == 2
+    assert "--allow-outside" in one_line_error(capsys, 2) and not out.exists() and not dropped_path(out).exists()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(far), "--allow-outside"]) == 0
+    assert "20 trips  MAPE" in capsys.readouterr().out
+    model = load_model(ck)
+    far_trips = model.load_trips(far)
+    assert stfast.OutsideTrainingArea is OutsideTrainingArea  # public, beside load_model
+    with pytest.raises(OutsideTrainingArea, match="allow_outside=True") as ei:
+        model.predict(far_trips)
+    assert (ei.value.n_outside, ei.value.n_trips) == (20, 20)
+    assert model.predict(far_trips, allow_outside=True).shape == (20,)
+
+
+def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, capsys):
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(open(data).read() + _moved(data, tmp_path / "far.jsonl", 3).read_text())
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(mixed)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(mixed), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    flags = [r["outside_area"] for r in rows]
+    # the 3 moved trips, and the few of the data's own scattered random points that no training point is near
+    k = flags.count("1")
+    assert flags[-3:] == ["1"] * 3 and 3 <= k < 20
+    assert line.startswith("93 trips  MAPE") and f"({k} outside the training area, scored; MAPE" in line
+    assert f"on the other {93 - k})" in line
+    assert f"93 predictions ({k} outside the training area: outside_area 1)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["train", "--epcohs", "2"], "usage: stfast train", "unrecognized arguments: --epcohs 2; --epcohs: did you mean --epochs?"),
+    (["train", "--epoch", "1"], "usage: stfast train", "--epoch: did you mean --epochs?"),  # no prefix matching
+    (["evaluate", "--checkpiont", "c.pt"], "usage: stfast evaluate",
+     "required: --checkpoint; --checkpiont: did you mean --checkpoint?"),
+    (["data", "convert", "--data", "x", "--out", "y", "--gap-mni", "3"], "usage: stfast data convert",
+     "--gap-mni: did you mean --gap-min?"),
+    (["trian", "--epochs", "1"], "usage: stfast ", "invalid choice: 'trian' (choose from 'train', "),
+    (["trian", "--epochs", "1"], "usage: stfast ", "; did you mean train?"),
+    (["evaluate", "--checkpoint", "c.pt", "--split", "tset"], "usage: stfast evaluate", "; did you mean test?"),
+])
+def test_an_unknown_flag_is_refused_under_its_commands_usage_with_the_closest_flag(argv, usage, hint, tmp_path,
+                                                                                   capsys, monkeypatch):
+    """Issue 52: `--epcohs 2` was refused under the top-level usage without a suggestion, and `--epoch 1` was taken
+    as --epochs (argparse's prefix matching); abbreviations are off in every parser."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.startswith(usage) and hint in err, err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        given_dests(["train", "--batch", "32"])  # --batch is not --batch-size
+    assert given_dests(["train", "--batch-size=32", "--epochs", "2"]) == {"command", "batch_size", "epochs"}
+
+
+def test_a_split_days_refusal_lists_the_datas_days(trained, tmp_path, capsys):
+    _, data = trained
+    out = tmp_path / "r"
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--split-days", "1-5/6/7", "--out", str(out)]) == 2
+    err = one_line_error(capsys, 2)
+    assert "no trip falls on day(s) [1, 2, 3, 4, 5]" in err and "the data's days of month: [24, 25, 26, 27, 28, 29, 30]" in err
+    assert not out.exists()
+
+
+def test_trips_of_drivers_the_model_never_saw_are_counted(trained, tmp_path, capsys):
+    """The model's world includes its drivers: trips of a driver the training split did not hold get the row
+    reserved for unseen drivers; evaluate says how many (the data are scored: that row is the model's answer)."""
+    d, data = trained
+    recs = [json.loads(line) for line in open(data).read().splitlines()]
+    for r in recs[:4]:
+        r["driverID"] = "a driver no training trip had"
+    other = tmp_path / "other_drivers.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert main(["train", "--data", str(data), "--driver-dim", "4", "--max-steps", "1", "--batch-size", "32",
+                 "--out", str(tmp_path / "drv"), "--no-progress", "--threads", "1"]) == 0
+    capsys.readouterr()
+    for ck, data_, said in ((d / "run" / "checkpoint.pt", other, False),  # its run reads no driver (--driver-dim 0)
+                            (tmp_path / "drv" / "checkpoint.pt", data, False),
+                            (tmp_path / "drv" / "checkpoint.pt", other, True)):
+        assert main(["evaluate", "--checkpoint", str(ck), "--data", str(data_)]) == 0
+        assert ("4 of drivers the model did not train on" in capsys.readouterr().out) == said

@@ -94,6 +94,8 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'gap_min': (('--gap-min',), None, None, 'float', 'StoreAction', False, None),
         'tz': (('--tz',), None, None, None, 'StoreAction', False, None),
         'split': (('--split',), 'all', ('all', 'train', 'val', 'test'), None, 'StoreAction', False, None),
+        # issue 52: data mostly outside the training area is refused without it
+        'allow_outside': (('--allow-outside',), False, None, None, 'StoreTrueAction', False, 0),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
         'precision': (('--precision',), None, ('32', '64', 'bf16-mixed'), None, 'StoreAction', False, None),
     },

@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers import FORMATS, detect_format, read_any
+from stfast.data.readers import FORMATS, detect_format, read_any, read_csv_points
 from stfast.data.trips import Trajectories, Trips
 
 
@@ -102,3 +102,40 @@ def test_read_any_explicit_format_and_options(tmp_path):
         read_any(p, "parquet")
     with pytest.raises(ValueError, match="on_error"):
         read_any(p, on_error="warn")
+
+
+@pytest.mark.parametrize("header, lacks", [
+    ("trip_id,timestamp,lng,driver_id", "lacks column 'lat'"),
+    ("trip_id,timestamp,lng,latitude", "lacks column 'lat' (has 'latitude': rename it)"),
+    ("TRIP_ID,TAXI_ID,TIMESTAMP,POLYLINE", "closest: porto (a Porto taxi CSV), whose header lacks column 'MISSING_DATA'"),
+])
+def test_an_unrecognized_header_names_the_closest_format_and_what_it_lacks(tmp_path, header, lacks):
+    """Issue 52: a point CSV without its lat column said only 'could not recognize the format'."""
+    p = tmp_path / "points.csv"
+    p.write_text(header + "\nA,1477955400,104.07,x\n")
+    with pytest.raises(TrajectoryFormatError, match="could not recognize") as ei:
+        detect_format(p)
+    assert lacks in str(ei.value) and ("closest: csv (a point CSV)" in str(ei.value) or "porto" in lacks)
+
+
+def test_a_wrong_format_on_a_recognizable_file_names_the_format_it_is(shared_data, tmp_path):
+    """Issue 52: --format csv on DeepTTE JSON lines printed the 2.5 KB first line as a CSV header, without a word
+    about what the file is. Now: which format it looks like and the flag to give, the line cut to ~80 characters,
+    from read_any and from the streamed conversion to a store alike."""
+    from stfast.data.convert import convert_to_store
+
+    data = shared_data / "chengdu_deeptte_sample" / "test"
+    for read in (lambda: read_any(data, "csv"), lambda: convert_to_store(data, tmp_path / "store", "csv")):
+        with pytest.raises(TrajectoryFormatError) as ei:
+            read()
+        msg = str(ei.value)
+        assert "--format csv (a point CSV) does not fit: it looks like DeepTTE JSON lines; give --format deeptte" in msg
+        assert len(msg) < 400, msg
+    assert not (tmp_path / "store").exists()
+    with pytest.raises(TrajectoryFormatError) as ei:  # the CSV reader itself quotes the header cut short
+        read_csv_points(data)
+    assert len(str(ei.value)) < 250 and str(ei.value).endswith("...)")
+    p = tmp_path / "p.csv"
+    p.write_text("trip_id,timestamp,lng,lat\nA,1477955400,104.07,30.6\nA,1477955460,104.08,30.61\n")
+    with pytest.raises(TrajectoryFormatError, match="looks like a point CSV; give --format csv"):
+        read_any(p, "deeptte")

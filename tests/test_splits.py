@@ -33,3 +33,14 @@ def test_bad_fractions_rejected(spec):
 def test_bad_days_rejected(spec):
     with pytest.raises(ValueError, match="--split-days"):
         parse_days(spec)
+
+
+def test_every_day_split_refusal_lists_the_datas_days():
+    """Issue 52: `--split-days 1-5/6/7` said "no trips fall on the training days [1, 2, 3, 4, 5]" without the
+    days the data has (the test-split message listed them)."""
+    date = np.array([24, 25, 30, 24])
+    with pytest.raises(ValueError, match=r"no trip falls on day\(s\) \[1, 2\] \(the data's days of month: "
+                                         r"\[24, 25, 30\]\); change --split-days"):
+        split_by_days(date, parse_days("1-2/6/7"))
+    with pytest.raises(ValueError, match=r"has 2 \(the data's days of month: \[24, 25\]\); give --split-days"):
+        default_date_split(np.array([24, 25, 25]))

@@ -66,9 +66,9 @@ def test_split_by_date_sees_one_lisbon_day_where_utc8_saw_two(tmp_path):
     lis = load_trips(str(p), tz="Europe/Lisbon", min_spacing_km=0)
     sh = load_trips(str(p), tz="Asia/Shanghai", min_spacing_km=0)
     assert len(lis) == len(sh) == 16
-    with pytest.raises(ValueError, match="the data has 1$"):
+    with pytest.raises(ValueError, match=r"the data has 1 \(the data's days of month: \[\d+\]\)"):
         default_date_split(lis.date_id)
-    with pytest.raises(ValueError, match="the data has 2$"):
+    with pytest.raises(ValueError, match=r"the data has 2 \(the data's days of month: \[15, 16\]\)"):
         default_date_split(sh.date_id)
     train, val, test = split_by_days(lis.date_id, ({15}, set(), set()))
     assert len(train) == 16 and len(val) == len(test) == 0

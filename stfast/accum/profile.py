@@ -105,7 +105,7 @@ def measure(sizes=(4, 16, 64), repeats: int = 5, n_trips: int = 2000, seed: int 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--out", default=str(DEFAULT_PATH))
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args(argv)

@@ -119,7 +119,7 @@ def configuration(mode: Mode, a):
     from ..accum.schedulers import parse_spec
     from ..train.config import TrainConfig, add_arguments
 
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)  # flags as `stfast train` takes them: spelled in full
     add_arguments(parser)  # `stfast train`'s flags
     cfg = TrainConfig.from_args(parser.parse_args(_train_args(mode, 0, a, Path("-"))))
     return replace(cfg, accumulation=parse_spec(cfg.accumulation, cfg.nproc), slicer=cfg.slicer_method)

@@ -133,6 +133,15 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         ValueError: ``out`` exists and is not a store; no trip survived reading and preprocessing; bad
             settings (see load_trips).
     """
+    from .readers import given_format
+
+    with given_format(data, fmt):  # a wrong --format on a file of another format: named
+        return _convert_to_store(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km,
+                                 gap_s=gap_s, tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
+
+
+def _convert_to_store(data, out, fmt, *, on_error, modes, min_spacing_km, gap_s, tz, n_synthetic, seed,
+                      **options) -> Trips:
     from .preprocess import PreprocessConfig, _clean, _cut
     from .readers import detect_format
 

@@ -8,6 +8,15 @@ point fell in, and admits a point when a cell within ``margin_cells`` (1) of its
 is covered when a training point lies within about ``cell_km`` to ``(1 + margin_cells) × cell_km × √2`` of it.
 The Chengdu sample's thousands of trips occupy a few hundred cells, so the area costs a few kB in a
 checkpoint and a membership test is a binary search.
+
+One rule for data outside a model's world, here beside the area: the service refuses a planned route with a
+point outside (:func:`stfast.data.routes.routes_to_trips`); a recorded trip with such a point is *outside*
+(:func:`trips_outside`), and data whose trips lie mostly outside is refused (:func:`check_inside`:
+``stfast evaluate`` / ``predict`` and :meth:`stfast.TrainedModel.predict`) unless the caller asks to score
+them anyway. A few outside trips (a test split's strays) are scored, counted and flagged. The model's other
+inputs have no such outside: every weekday and minute of day is one of its calendar rows (the day of month is
+not an input), and a driver it did not train on has a row of its own, the unseen driver's
+(:meth:`stfast.TrainedModel.unseen_drivers` counts those trips; evaluate says how many).
 """
 from __future__ import annotations
 
@@ -17,8 +26,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from .geo import EARTH_RADIUS_KM
+from .trip_view import iter_chunks
 
 KM_PER_DEG_LAT = EARTH_RADIUS_KM * math.pi / 180.0  # 111.19 km
+MOST = 0.5
+"""Data with more than this share of its trips outside the training area is refused (:func:`check_inside`)."""
+
+
+class OutsideTrainingArea(ValueError):
+    """Most trips of the data lie outside the model's training area (:func:`check_inside`).
+
+    Attributes:
+        n_outside, n_trips: trips outside, trips given.
+    """
+
+    def __init__(self, message: str, n_outside: int, n_trips: int):
+        super().__init__(message)
+        self.n_outside, self.n_trips = n_outside, n_trips
 
 
 @dataclass
@@ -107,3 +131,43 @@ class TrainingArea:
         return cls(d["lng0"], d["lat0"], d["cell_lng"], d["cell_lat"],
                    np.asarray(d["cells"], dtype=np.int64).reshape(-1, 2), tuple(d["bbox"]), d["cell_km"],
                    d["margin_cells"])
+
+
+def trips_outside(area: TrainingArea | None, trips) -> np.ndarray:
+    """[T] bool: the trips of ``trips`` (Trips or a TripsView, read in pieces) with at least one point outside
+    ``area`` (the service's rule for a planned route). ``area`` None (a checkpoint that records none): all False."""
+    out = np.zeros(len(trips), dtype=bool)
+    if area is None or len(trips) == 0:
+        return out
+    at = 0
+    for part in iter_chunks(trips, point_fields=("lng", "lat")):
+        n = len(part)
+        covered = area.covers(np.asarray(part.lng), np.asarray(part.lat))
+        trip_of_point = np.repeat(np.arange(n), np.diff(np.asarray(part.offsets)))
+        out[at:at + n] = np.bincount(trip_of_point[~covered], minlength=n) > 0
+        at += n
+    return out
+
+
+def check_inside(area: TrainingArea | None, outside: np.ndarray, trips, whose: str, fix: str) -> None:
+    """Refuse data whose trips lie mostly outside ``area`` (more than :data:`MOST` of them; ``outside`` is
+    :func:`trips_outside`'s [T] mask of ``trips``): a model's travel times where it saw no trip have no support.
+    ``whose``: the model, as the message names it; ``fix``: how the caller scores them anyway (a flag, an
+    argument). Raises OutsideTrainingArea, one line naming how many, the model's area and the data's."""
+    n, k = len(outside), int(np.count_nonzero(outside))
+    if area is None or n == 0 or k <= MOST * n:
+        return
+    box = [np.inf, np.inf, -np.inf, -np.inf]
+    for part in iter_chunks(trips, point_fields=("lng", "lat")):
+        lng, lat = np.asarray(part.lng), np.asarray(part.lat)
+        if len(lng):
+            box = [min(box[0], lng.min()), min(box[1], lat.min()), max(box[2], lng.max()), max(box[3], lat.max())]
+    raise OutsideTrainingArea(
+        f"{k} of {n} trips ({100 * k / n:.0f} %) lie outside the training area of {whose} (its training points: "
+        f"{box_text(area.bbox)}, {len(area.cells)} cells of {area.cell_km:g} km; the data's points: {box_text(box)}): "
+        f"its travel times there have no support; give data of its area, or {fix} to score them anyway", k, n)
+
+
+def box_text(b) -> str:
+    """A bounding box (min lng, min lat, max lng, max lat) in words."""
+    return f"lng {b[0]:.4f}..{b[2]:.4f}, lat {b[1]:.4f}..{b[3]:.4f}"

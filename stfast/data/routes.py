@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .coverage import TrainingArea
+from .coverage import TrainingArea, box_text
 from .geo import haversine_km
 from .resample import resample_mask  # the training run's resampling rule (step 5), applied as is
 from .trip_view import CHUNK_POINTS, iter_chunks
@@ -264,7 +264,7 @@ def routes_to_trips(routes, departures, drivers=None, states=None, *, tz: str, p
             j = int(np.argmin(inside))
             raise RouteError(i, "route", f"point ({lng[j]:.6f}, {lat[j]:.6f}) lies outside the training area (no "
                                          f"training point within about {profile.area.cell_km:g} km of it; the "
-                                         f"training points' bounding box is {_box(profile.area.bbox)})")
+                                         f"training points' bounding box is {box_text(profile.area.bbox)})")
         pts.append((lng, lat))
         sts.append(np.full(len(lng), profile.state, np.float32) if st is None else st.astype(np.float32))
     _, week, minute, day = departure_ids(list(departures), tz)
@@ -292,7 +292,3 @@ def _check_states(states, n: int, index: int) -> np.ndarray:
     if bad.size:
         raise RouteError(index, "states", f"value {s[bad[0]]!r} at point {bad[0]}: states are 0 or 1")
     return s
-
-
-def _box(b) -> str:
-    return f"lng {b[0]:.4f}..{b[2]:.4f}, lat {b[1]:.4f}..{b[3]:.4f}"

@@ -53,8 +53,14 @@ def split_by_days(date_id: np.ndarray, days: tuple[set[int], set[int], set[int]]
     """Indices of trips whose ``date_id`` falls in each day set. Raises ValueError if train is empty."""
     out = tuple(np.flatnonzero(np.isin(date_id, sorted(d))) for d in days)
     if len(out[0]) == 0:
-        raise ValueError(f"no trips fall on the training days {sorted(days[0])}")
+        raise ValueError(f"the training split is empty: no trip falls on day(s) {sorted(days[0])} "
+                         f"({data_days(date_id)}); change --split-days")
     return out
+
+
+def data_days(date_id: np.ndarray) -> str:
+    """The days of month the trips fall on (``date_id`` [T]), as a refusal of a day split names them."""
+    return f"the data's days of month: {sorted(set(int(d) for d in date_id))}"
 
 
 def default_date_split(date_id: np.ndarray) -> tuple[set[int], set[int], set[int]]:
@@ -62,5 +68,6 @@ def default_date_split(date_id: np.ndarray) -> tuple[set[int], set[int], set[int
     the rest training. Raises ValueError with fewer than three distinct days."""
     uniq = sorted(set(int(d) for d in date_id))
     if len(uniq) < 3:
-        raise ValueError(f"--split-by date needs at least 3 distinct days, the data has {len(uniq)}")
+        raise ValueError(f"--split-by date needs at least 3 distinct days, the data has {len(uniq)} "
+                         f"({data_days(date_id)}); give --split-days TRAIN/VAL/TEST, or a random --split")
     return set(uniq[:-2]), {uniq[-2]}, {uniq[-1]}

@@ -87,13 +87,28 @@ def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
             tmp.unlink()
 
 
+def _folder_given(path: Path) -> str:
+    """The refusal of a folder given for a checkpoint file: a run folder's checkpoint named, a trips store named as
+    data, else the file to look for (none suggested that is not there)."""
+    from ..data.store import is_store
+
+    if is_store(path):
+        return (f"{path} is a trips store (data), not a checkpoint: give it as --data, and as --checkpoint the "
+                "checkpoint.pt of a stfast train run")
+    have = [path / n for n in ("checkpoint.pt", "last.pt") if (path / n).is_file()]
+    if have:
+        return f"{path} is a folder: give the checkpoint file, e.g. {have[0]}"
+    return (f"{path} is a folder with no checkpoint.pt in it: give the checkpoint file of a stfast train run (its "
+            "--out folder's checkpoint.pt)")
+
+
 def load(path: str | os.PathLike, map_location="cpu") -> dict:
     """Load a checkpoint and check its SHA-256 (files without a hash, from before stfast wrote one,
     load unchecked). Raises FileNotFoundError naming the path, or ValueError if the file is truncated,
     corrupt (hash mismatch) or not a checkpoint."""
     path = Path(path)
     if path.is_dir():
-        raise FileNotFoundError(f"{path} is a folder: give the checkpoint file, e.g. {path / 'checkpoint.pt'}")
+        raise FileNotFoundError(_folder_given(path))
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:

@@ -325,6 +325,8 @@ def agree_out_dir(cfg, info) -> str | None:
     err, key = None, None
     if info.is_main:
         try:
+            if not cfg.overwrite:  # refused before the lock: a refusal leaves no lock file in the folder
+                check_out_dir(cfg)
             key = lock_out_dir(cfg.out)
             check_out_dir(cfg)
         except ValueError as e:

@@ -22,6 +22,7 @@ from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
 from ..data.routes import RouteProfile
 from ..data.splits import (
+    data_days,
     default_date_split,
     parse_days,
     parse_fractions,
@@ -70,9 +71,8 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, T
                                 "seed": cfg.split_seed}, compute)  # kept with a store (stfast.data.derived)
     for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
         if len(p) == 0 and by_days:
-            have = sorted(set(int(d) for d in trips.date_id))
-            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days()[i])} (the data's days "
-                             f"of month: {have}); change --split-days")
+            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days()[i])} "
+                             f"({data_days(trips.date_id)}); change --split-days")
         if len(p) == 0:
             raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
         if len(p) < MIN_SPLIT_WARN:

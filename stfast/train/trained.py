@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.coverage import TrainingArea, check_inside, trips_outside
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.drops import describe as describe_dropped
 from ..data.fingerprint import trips_fingerprint
@@ -134,13 +135,39 @@ class TrainedModel:
                              "splits do not apply; use --split all")
         return dict(zip(("train", "val", "test"), split_trips(trips, self.config)))[which]
 
-    def predict(self, trips: Trips, batch_size: int = 256, progress: bool = False) -> np.ndarray:
-        """Predicted travel times [T] (s, float64) of ``trips`` (preprocessed as :meth:`load_trips` does)."""
+    def predict(self, trips: Trips, batch_size: int = 256, progress: bool = False,
+                allow_outside: bool = False) -> np.ndarray:
+        """Predicted travel times [T] (s, float64) of ``trips`` (preprocessed as :meth:`load_trips` does).
+
+        Trips with a point outside the training area (:meth:`outside`) are predicted too, unless most of them lie
+        outside: then the model never saw that part of the world and its numbers would have no support, and
+        OutsideTrainingArea (a ValueError naming how many, the model's area and the data's) is raised, unless
+        ``allow_outside``. Checkpoints that record no training area are not checked."""
         from .run_data import predict
 
+        if not allow_outside:
+            check_inside(self.training_area(), self.outside(trips), trips, str(self.path), "allow_outside=True")
         ds = TripDataset(trips, self.drivers, self.dtype)
         return predict(self.model, ds, batch_size=batch_size, device=self.device, progress=progress,
                        precision=self.precision)
+
+    def training_area(self) -> TrainingArea | None:
+        """Where the model saw trips (:class:`~stfast.data.coverage.TrainingArea` of its training split, as the
+        checkpoint records it); None for checkpoints that predate it."""
+        return None if self.route_profile is None else self.route_defaults().area
+
+    def unseen_drivers(self, trips: Trips) -> np.ndarray:
+        """[T] bool: the trips whose driver the training split did not hold, when the model reads a driver id (they
+        get the embedding row reserved for unseen drivers, which training never updates); all False for a model
+        without a driver input (``--driver-dim 0``)."""
+        if not getattr(self.model.cfg, "driver_dim", 0):
+            return np.zeros(len(trips), dtype=bool)
+        return self.drivers.encode(trips.driver) == DriverVocab.UNKNOWN
+
+    def outside(self, trips: Trips) -> np.ndarray:
+        """[T] bool: the trips of ``trips`` with a point outside :meth:`training_area`
+        (:func:`stfast.data.coverage.trips_outside`; all False when the checkpoint records no area)."""
+        return trips_outside(self.training_area(), trips)
 
     def route_defaults(self) -> RouteProfile:
         """The training split's :class:`~stfast.data.routes.RouteProfile` (training area, default state,
@@ -208,7 +235,8 @@ class TrainedModel:
             TypeError: departures/drivers/states not one per route.
         """
         trips = self.route_trips(routes, departures, drivers, states, densify)
-        return self.predict(trips) if len(trips) else np.zeros(0)
+        # every point of every route is inside the training area already (route_trips refuses one outside)
+        return self.predict(trips, allow_outside=True) if len(trips) else np.zeros(0)
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | None = None) -> TrainedModel:

@@ -26,14 +26,17 @@ carry, else UTC, or a Parquet timestamp column's zone).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import difflib
 import logging
 import os
 import re
+import zipfile
 from pathlib import Path
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import _check_on_error, _is_didi_data_file, _require_file
+from stfast.data.readers._common import _check_on_error, _is_didi_data_file, _require_file, shown
 from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points
 from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, deeptte_files, read_deeptte_jsonl
 from stfast.data.readers.didi_gaia import read_didi_gaia
@@ -65,10 +68,51 @@ def _first_nonblank_line(path: Path, limit: int = 1 << 16) -> str | None:
     return None
 
 
+NAMES = {"deeptte": "DeepTTE JSON lines", "geolife": "GeoLife .plt", "didi": "DiDi GAIA gps_*", "csv": "a point CSV",
+         "porto": "a Porto taxi CSV", "tdrive": "T-Drive taxi .txt", "parquet": "Parquet / Arrow points"}
+"""Each format in words, as messages name it."""
+_RUN_FILES = ("checkpoint.pt", "last.pt", "metrics.jsonl", "summary.json")  # what marks a training run's folder
+
+
 def _unrecognized(path, detail: str) -> TrajectoryFormatError:
     return TrajectoryFormatError(
         path, None, None, f"could not recognize the format ({detail}); known formats: {', '.join(FORMATS)}"
     )
+
+
+def _not_trajectories(path: Path) -> TrajectoryFormatError | None:
+    """A stfast output given as data (a checkpoint, a training run's folder): the error that names it, else None."""
+    if path.is_dir():
+        held = [n for n in _RUN_FILES if (path / n).is_file()]
+        if held:
+            return TrajectoryFormatError(path, None, None, f"is the folder of a training run ({', '.join(held)}), not "
+                                         "trajectories: give its checkpoint.pt as --checkpoint and the trips as --data")
+        return None
+    try:
+        names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
+    except (OSError, zipfile.BadZipFile):
+        names = []
+    if any(n.endswith("/data.pkl") for n in names):  # torch.save's archive
+        return TrajectoryFormatError(path, None, None, "is a stfast checkpoint (a model), not trajectories: give it "
+                                     "as --checkpoint and the trips as --data")
+    return None
+
+
+def _closest_header(names: list[str]) -> str:
+    """What a header line (``names``, as written) lacks of the header format it is closest to: ``; closest: csv
+    (a point CSV), which needs column 'lat' (has 'latitude')``; empty when it shares fewer than 2 names with each."""
+    have = {n.strip().lower() for n in names}
+    best = max((("csv", CSV_REQUIRED), ("porto", PORTO_REQUIRED)), key=lambda f: len(have & {c.lower() for c in f[1]}))
+    fmt, need = best
+    if len(have & {c.lower() for c in need}) < 2:
+        return ""
+    missing = [c for c in need if c.lower() not in have]
+    parts = []
+    for c in missing:
+        other = sorted(have - {n.lower() for n in need})
+        near = [n for n in other if n.startswith(c.lower())] or difflib.get_close_matches(c.lower(), other, n=1)
+        parts.append(f"'{c}'" + (f" (has '{near[0]}': rename it)" if near else ""))
+    return f"; closest: {fmt} ({NAMES[fmt]}), whose header lacks column {', '.join(parts)}"
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -90,6 +134,9 @@ def detect_format(path: str | os.PathLike) -> str:
         the known formats).
     """
     p = _require_file(path)
+    own = _not_trajectories(p)
+    if own is not None:
+        raise own
     if p.is_dir():
         if next(iter(p.rglob("*.plt")), None) is not None:
             return "geolife"
@@ -118,9 +165,10 @@ def detect_format(path: str | os.PathLike) -> str:
     if first.lower() == "geolife trajectory":
         return "geolife"
     try:
-        names = {c.strip().lower() for c in next(csv.reader([first]))}
+        row = next(csv.reader([first]))
     except (csv.Error, StopIteration):
-        names = set()
+        row = []
+    names = {c.strip().lower() for c in row}
     if set(CSV_REQUIRED) <= names:
         return "csv"
     if {n.upper() for n in names} >= set(PORTO_REQUIRED):
@@ -129,8 +177,7 @@ def detect_format(path: str | os.PathLike) -> str:
         return "tdrive"
     if _DIDI_LINE.fullmatch(first):
         return "didi"
-    shown = first if len(first) <= 80 else first[:77] + "..."
-    raise _unrecognized(path, f"first line {shown!r}")
+    raise _unrecognized(path, f"first line {shown(first)!r}{_closest_header(row)}")
 
 
 _READERS = {
@@ -160,7 +207,29 @@ def read_any(path: str | os.PathLike, format: str = "auto", *, on_error: str = "
     _require_file(path)
     fmt = detect_format(path) if format == "auto" else format
     log.info("%s: reading as %s%s", path, fmt, " (detected)" if format == "auto" else "")
-    return _READERS[fmt](path, on_error=on_error)
+    with given_format(path, format):
+        return _READERS[fmt](path, on_error=on_error)
+
+
+@contextlib.contextmanager
+def given_format(path, format: str):
+    """Reading ``path`` as ``format``, a format the user gave (``auto``: none): a TrajectoryFormatError of a file
+    that detection recognizes as another format is raised as one that names it (``--format csv (a point CSV) does
+    not fit: it looks like DeepTTE JSON lines; give --format deeptte``), the reader's own reason cut short."""
+    try:
+        yield
+    except TrajectoryFormatError as e:
+        if format in ("auto", "synthetic") or path is None:
+            raise
+        try:
+            actual = detect_format(path)
+        except TrajectoryFormatError:
+            raise e from None
+        if actual == format:
+            raise
+        raise TrajectoryFormatError(path, None, None, f"--format {format} ({NAMES[format]}) does not fit: it looks "
+                                    f"like {NAMES[actual]}; give --format {actual} or --format auto "
+                                    f"(as {format}: {shown(e.reason, 100)})") from None
 
 
 __all__ = [
@@ -170,6 +239,7 @@ __all__ = [
     "GEOLIFE_EPOCH",
     "GEOLIFE_HEADER_LINES",
     "detect_format",
+    "given_format",
     "read_any",
     "read_csv_points",
     "read_deeptte_jsonl",

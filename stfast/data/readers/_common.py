@@ -100,6 +100,12 @@ def _lng_lat(lng_text: str, lat_text: str) -> tuple[float, float]:
     return x, y
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters (``...`` at the end when cut): a line of the input quoted in a
+    message (a DeepTTE record is kilobytes)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _require_file(path) -> Path:
     p = Path(path)
     if not p.exists():

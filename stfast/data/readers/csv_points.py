@@ -28,7 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _finite, _iter_blocks, _lng_lat, _Problems,
+from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _finite, _iter_blocks, _lng_lat, _Problems, shown,
                                          _read_ahead, _require_file, _TripCodes)
 from stfast.data.trips import Trajectories, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS
@@ -144,7 +144,7 @@ class _Header:
         for name in CSV_REQUIRED:
             if name not in idx:
                 raise TrajectoryFormatError(
-                    path, no, name, f"missing required column '{name}' (header: {','.join(self.names)})")
+                    path, no, name, f"missing required column '{name}' (header: {shown(','.join(self.names))})")
         self.idx = idx
         self.i_trip, self.i_ts, self.i_lng, self.i_lat = (idx[k] for k in CSV_REQUIRED)
         self.i_drv, self.i_state = idx.get("driver_id"), idx.get("state")

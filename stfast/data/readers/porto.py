@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from stfast.data.errors import TrajectoryFormatError
-from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _collect_points, _iter_blocks, _Problems,
+from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _collect_points, _iter_blocks, _Problems, shown,
                                          _read_ahead, _require_file, _TripCodes)
 from stfast.data.trips import Trajectories
 
@@ -47,7 +47,7 @@ class _PortoHeader:
         for name in PORTO_REQUIRED:
             if name not in self.names:
                 raise TrajectoryFormatError(path, no, name, f"missing required column '{name}' (header: "
-                                                            f"{','.join(self.raw)})")
+                                                            f"{shown(','.join(self.raw))})")
         self.i = {name: self.names.index(name) for name in PORTO_REQUIRED}
 
 
