@@ -177,9 +177,12 @@ def test_offsets_match_datetime_around_dst_transitions(zone, year, seed):
     got = utc_offset_s(t, zone)
     want = [dt.datetime.fromtimestamp(math.floor(x), ZoneInfo(zone)).utcoffset().total_seconds() for x in t]
     assert got.dtype == np.float64 and got.tolist() == want
-    # local wall time back to UTC: exact away from the ambiguous/skipped hour of a change
+    # local wall time back to UTC: exact away from the ambiguous/skipped hour of a change, up to the
+    # float64 rounding of t + offset - offset (a t just below 2**29 s, early January 1987, loses its last
+    # bit when the offset lifts it past 2**29: hypothesis found that in Australia/Lord_Howe)
     far = t[np.all(np.abs(t[:, None] - np.asarray(edges + [-1e18])[None, :]) > 2 * 3600, axis=1)]
-    assert np.array_equal(local_to_utc(far + utc_offset_s(far, zone), zone), far)
+    back = local_to_utc(far + utc_offset_s(far, zone), zone)
+    assert np.abs(back - far).max(initial=0.0) <= 2 * np.spacing(np.abs(far).max(initial=1.0) + 86400.0)
 
 
 def test_offsets_empty_and_timestamps_value_needs_offsets():
