@@ -303,6 +303,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
                              max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, pool=pool)
     app.state.batcher, app.state.large_batcher = batcher, large
+    stats = app.state.stats = {"abandoned": 0}  # requests whose client left before its answer
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):  # 404, 405: the documented {"error": ...}
@@ -370,11 +371,11 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         try:
             await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not job.done():  # the client went away: its request leaves the queue before its pass
-                job.cancel()
             gone.cancel()
-        if job.cancelled():
-            raise _Gone
+            if not job.done():  # the client went away: its request leaves the queue before its pass
+                job.cancel()  # (cancelled() stays False until the loop has run the cancellation)
+        if not job.done() or (gone.done() and not gone.cancelled()):
+            raise _Gone  # its answer, if any, is discarded
         rows = job.result()
         out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
@@ -387,7 +388,9 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             response = error_response(e)
         except QueueFull as e:
             response = error_response(ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}))
-        except _Gone:
+        except _Gone:  # nothing to answer: counted, and (in the access log) one line with status 499
+            stats["abandoned"] += 1
+            scope.setdefault("stfast", {})["status"] = 499
             return
         except Exception:
             log.exception("error answering POST /eta")
@@ -424,6 +427,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                              "batch_wait_s": round(batcher.waited_s + large.waited_s, 3),
                              "build_busy_s": round(builder.busy_s, 3),
                              "queued_points": batcher.queued_points + large.queued_points},
+                "requests": {"abandoned": stats["abandoned"]},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
                            "max_route_points": max_route_points, "max_request_points": max_request_points,
                            "max_batch_points": max_batch_points, "max_queue_points": max_queue_points,

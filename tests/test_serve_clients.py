@@ -1,0 +1,146 @@
+"""stfast serve and its clients (issue 54; issue 52 item 4): a client that leaves costs nothing, the service says
+where it listens and logs one line per request, one Host and a case-blind bearer scheme, shutdown that answers,
+admission before work, and limits per connection and per client.
+
+Every test runs uvicorn on loopback with the service's own configuration (:func:`stfast.serve.app.server_config`)
+in a thread; loops are bounded in count and time, and nothing asserts a speed."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+from _eta_run import CENTER, KM_PER_DEG, train_run
+from _serve_run import serving
+
+pytest.importorskip("fastapi")
+import httpx  # noqa: E402
+
+from stfast.serve.app import create_app  # noqa: E402
+from stfast.train.trained import load_model  # noqa: E402
+
+DEP = "2016-11-02T08:30:00+08:00"
+
+
+def _route(n=12, km=0.25):
+    return [[CENTER[0], CENTER[1] + i * km / KM_PER_DEG] for i in range(n)]
+
+
+def _good(k=0):
+    return {"route": _route(10 + k % 7), "departure": DEP}
+
+
+def _post(body: dict | bytes, host: str = "127.0.0.1", extra: bytes = b"") -> bytes:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return (b"POST /eta HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json\r\n" + extra
+            + b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    _, ck = train_run(tmp_path_factory.mktemp("serve_clients"))
+    return ck
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    return load_model(trained)
+
+
+class Records(logging.Handler):
+    """Every record of the service's and uvicorn's loggers while attached."""
+
+    NAMES = ("stfast.serve", "uvicorn.error", "uvicorn")
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def attach(self):
+        for n in self.NAMES:
+            logging.getLogger(n).addHandler(self)
+        return self
+
+    def detach(self):
+        for n in self.NAMES:
+            logging.getLogger(n).removeHandler(self)
+
+    def bad(self) -> list[str]:
+        """Warnings, errors and tracebacks."""
+        return [f"{r.name}: {r.getMessage()}" for r in self.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+@contextlib.contextmanager
+def running(app, **limits):
+    """:func:`serving` ``app``; yields (URL, port, server, records of the loggers while it ran)."""
+    rec = Records()
+    try:
+        with serving(app, **limits) as (url, port, server):
+            rec.attach()  # after the Config: its logging setup resets uvicorn's loggers
+            yield url, port, server, rec
+    finally:
+        rec.detach()
+
+
+def _gate(batcher) -> threading.Event:
+    """Holds ``batcher``'s passes until the returned event is set."""
+    gate, forward = threading.Event(), batcher.forward
+    batcher.forward = lambda items: (gate.wait(20), forward(items))[1]
+    return gate
+
+
+def _wait(cond, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _read_all(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sends until it closes ``sock`` or ``seconds`` pass."""
+    sock.settimeout(seconds)
+    got = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+# -- 1. a client that leaves costs nothing -------------------------------------------------------------------------
+
+def test_clients_that_leave_while_waiting_cost_nothing(model):
+    """30 clients send a valid POST /eta and leave while it waits behind a held pass: no InvalidStateError, no
+    traceback, no 500, no warning; their work never reaches a pass; /healthz counts 30 abandoned. (Before:
+    ``answer()`` cancelled the job and then read its result: one "error answering POST /eta" traceback each.)"""
+    app = create_app(model, max_batch=64, max_wait_ms=0)
+    b = app.state.batcher
+    gate = _gate(b)
+    with running(app) as (url, port, _, rec):
+        first = socket.create_connection(("127.0.0.1", port))
+        first.sendall(_post(_good()))
+        assert _wait(lambda: b._task is not None and not b.queued_points and b.forward_passes == 0)
+        leaving = [socket.create_connection(("127.0.0.1", port)) for _ in range(30)]
+        for k, s in enumerate(leaving):
+            s.sendall(_post(_good(k)))
+        assert _wait(lambda: len(b._pending) == 30), len(b._pending)  # all 30 wait behind the held pass
+        for s in leaving:
+            s.close()
+        with httpx.Client(base_url=url, timeout=30) as c:
+            assert _wait(lambda: c.get("/healthz").json().get("requests", {}).get("abandoned") == 30)
+            gate.set()
+            first.settimeout(20)
+            assert first.recv(65536).startswith(b"HTTP/1.1 200")
+            assert c.post("/eta", json=_good()).status_code == 200
+        first.close()
+        assert b.routes == 2  # the first request's and the last one's: the 30 left the queue before any pass
+    assert rec.bad() == [], rec.bad()[:3]
