@@ -109,6 +109,11 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--max-connections", type=int, default=1000, help="open connections (more: 503)")
     v.add_argument("--drain-s", type=float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to be answered")
+    v.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the service's log on stderr (the ready line and the access log are info)")
+    v.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no access log (by default one line per request: client address, method, path, status, "
+                        "latency, batch size)")
     add_arguments(v, ["device", "threads", "precision"], {
         "threads": {"help": "torch threads of the forward passes (default: torch's, one per core)"},
         "precision": {"help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its "
@@ -398,7 +403,8 @@ def cmd_serve(a) -> int:
           max_route_points=a.max_route_points, max_request_points=a.max_request_points,
           max_batch_points=a.max_batch_points, header_timeout_s=a.header_timeout_s, body_timeout_s=a.body_timeout_s,
           idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s,
-          precision=a.precision, allowed_hosts=tuple(a.allowed_host))
+          precision=a.precision, allowed_hosts=tuple(a.allowed_host), log_level=a.log_level,
+          access_log=a.access_log)
     return 0
 
 

@@ -144,3 +144,70 @@ def test_clients_that_leave_while_waiting_cost_nothing(model):
         first.close()
         assert b.routes == 2  # the first request's and the last one's: the 30 left the queue before any pass
     assert rec.bad() == [], rec.bad()[:3]
+
+
+# -- issue 52 item 4: a ready line, --log-level, an access log -----------------------------------------------------
+
+def test_serve_says_where_it_listens_and_logs_one_line_per_request(trained, tmp_path):
+    """``stfast serve`` prints a ready line on stderr with its URL and the model, then one access-log line per request
+    (status, latency, batch size) that never holds the route, the token, the query or a file system path."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from _serve_run import free_port
+
+    token = "tok-" + "s3cr3t" * 4
+    (tmp_path / "token").write_text(token + "\n")
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "stfast.cli", "serve", "--checkpoint", str(trained), "--port",
+                             str(port), "--token-file", str(tmp_path / "token")], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    try:
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
+        assert _wait(lambda: any("ready on" in ln for ln in lines) or proc.poll() is not None, 120), lines
+        ready = next(ln for ln in lines if "ready on" in ln)
+        assert f"http://127.0.0.1:{port}" in ready and "DeepTTE" in ready and "hidden" in ready
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            assert c.post("/eta", json=_good(), headers=auth).status_code == 200
+            assert c.post("/eta", json={"routes": [_good(1), _good(2)]}, headers=auth).status_code == 200
+            assert c.get("/healthz").status_code == 200
+            assert c.get(f"/nowhere/{trained.parent}?token={token}", headers=auth).status_code == 404
+            assert c.post("/eta", json=_good()).status_code == 401
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        reader.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logged = [ln for ln in lines if " batch " in ln]
+    assert len(logged) == 5, lines
+    for ln, want in zip(logged, (" POST /eta 200 ", " POST /eta 200 ", " GET /healthz 200 ", " GET ? 404 ",
+                                 " POST /eta 401 ")):
+        assert want in ln and " ms batch " in ln, (want, ln)
+    assert logged[0].rstrip().endswith("batch 1") and logged[1].rstrip().endswith("batch 2")
+    text = "".join(lines)
+    for secret in (token, str(trained), trained.parent.name, str(tmp_path), f"{CENTER[0]}"):
+        assert secret not in text, secret
+    assert "Traceback" not in text
+
+
+def test_no_access_log_and_log_level(model):
+    from stfast.cli import build_parser
+
+    a = build_parser().parse_args(["serve", "--checkpoint", "c.pt"])
+    assert (a.log_level, a.access_log) == ("info", True)
+    a = build_parser().parse_args(["serve", "--checkpoint", "c.pt", "--no-access-log", "--log-level", "warning"])
+    assert (a.log_level, a.access_log) == ("warning", False)
+    for access_log, want in ((True, 2), (False, 0)):
+        logging.getLogger("stfast.serve").setLevel(logging.INFO)
+        with running(create_app(model, access_log=access_log)) as (url, _, _, rec):
+            with httpx.Client(base_url=url, timeout=30) as c:
+                assert c.get("/healthz").status_code == 200 and c.post("/eta", json=_good()).status_code == 200
+        assert sum(r.name == "stfast.serve.access" for r in rec.records) == want

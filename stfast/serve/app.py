@@ -31,11 +31,14 @@ import asyncio
 import hmac
 import logging
 import math
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
 import orjson
+import uvicorn
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' annotations here
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -50,6 +53,7 @@ from .ratelimit import POINTS_PER_UNIT, RateLimit
 from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
 
 log = logging.getLogger("stfast.serve")
+access = logging.getLogger("stfast.serve.access")
 SMALL_REQUEST_POINTS = 2000
 """Requests of up to this many points (after densification) are built together (one densification for all of
 them) and batched together; a larger one is built on its own and runs in its own forward thread, so that a short
@@ -57,6 +61,7 @@ request never waits behind a heavy one's building or pass (the two passes then s
 LARGE_BODY_BYTES = 64 * 1024
 """Bodies larger than this (room for more than about 2,700 points) are parsed and checked in the thread that builds
 large requests (``stfast-build-large``), so that a burst of them does not hold up small requests' checks."""
+KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/")  # the access log names these; any other path is "?"
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -202,8 +207,8 @@ class Service:
     alone. ``state`` is the FastAPI app's (``state.batcher``)."""
 
     def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...],
-                 allowed_hosts: tuple[str, ...] | None = None):
-        self.app, self.eta, self.state = app, eta, app.state
+                 allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
+        self.app, self.eta, self.state, self.access_log = app, eta, app.state, access_log
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.token = None if token is None else f"Bearer {token}".encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
@@ -211,19 +216,25 @@ class Service:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        info = scope["stfast"] = {}  # what the access log shows: "status" (499: the client left), "batch"
         started = False
 
         async def tracked_send(message):
             nonlocal started
+            if not started:
+                info["status"] = message.get("status")
             started = True
             await send(message)
 
         try:
             await self._route(scope, receive, tracked_send)
         except Exception:
-            log.exception("error answering %s %s", scope.get("method"), scope.get("path"))
+            log.exception("error answering %s %s", scope.get("method"), _path_name(scope))
             if not started:
-                await error_response(ApiError(500, "internal error; it was logged"))(scope, receive, send)
+                await error_response(ApiError(500, "internal error; it was logged"))(scope, receive, tracked_send)
+        if self.access_log and access.isEnabledFor(logging.INFO):
+            access_line(scope, info, time.perf_counter() - t0)
 
     async def _route(self, scope, receive, send):
         headers = dict(scope["headers"])
@@ -263,11 +274,39 @@ class Service:
         await self.app(scope, receive, send)
 
 
+def _path_name(scope) -> str:
+    """The request's path as logs may show it: one of :data:`KNOWN_PATHS`, else ``?`` (a path may carry anything
+    the client put in it, a token included)."""
+    path = scope.get("path")
+    return path if path in KNOWN_PATHS else "?"
+
+
+def access_line(scope, info: dict, seconds: float) -> None:
+    """One access-log line (logger ``stfast.serve.access``, INFO): client address, method, path name, status, latency,
+    and the routes of the forward pass that carried the request (``-``: none). Never the body, the query, a header
+    or a file name."""
+    client = scope.get("client")
+    access.info("%s %s %s %s %.1f ms batch %s", str(client[0])[:64] if client else "-", scope.get("method", "-"),
+                _path_name(scope), info.get("status", "-"), seconds * 1000.0, info.get("batch", "-"))
+
+
+def describe(model: TrainedModel) -> str:
+    """The model in one line, as the ready line gives it (no file name): kind, size, dtype, device, its data."""
+    mc = model.model
+    inner = getattr(mc, "members", None)
+    first = inner[0] if inner is not None else mc
+    cfg = model.config
+    fp = (model.data_fingerprint or "")[:12]
+    return (f"DeepTTE ({len(inner) if inner else 1} member{'s' if inner and len(inner) > 1 else ''}, hidden "
+            f"{first.cfg.hidden_size}, {str(model.dtype).replace('torch.', '')}, {model.device}), trained on "
+            f"{cfg.format if cfg.data else 'synthetic'} data" + (f" {fp}" if fp else ""))
+
+
 def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.0, max_body_bytes: int = 1 << 20,
                rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
-               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None):
+               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
     """The ASGI app serving ``model`` (module docstring).
 
     Args:
@@ -282,6 +321,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
         cors_origins: browser origins allowed to call the API from another site (others: 403).
         allowed_hosts: the names (or addresses) the ``Host`` header may give, ports aside (others: 421); None: any.
+        access_log: one line per request on the ``stfast.serve.access`` logger (:func:`access_line`).
         build_threads: worker threads that parse and check requests and build those of up to
             :data:`SMALL_REQUEST_POINTS` points (together, one batch at a time); larger ones are built in a thread of
             their own. One by default: these steps are Python under the GIL, and every extra thread taking turns
@@ -366,7 +406,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                 raise built
             trips, pos = built
         lengths = trips.lengths[pos]
-        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
+        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max()),
+                                                scope.get("stfast")))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -442,7 +483,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return Service(app, eta, token, tuple(cors_origins), allowed_hosts)
+    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log)
 
 
 class _Gone(Exception):
@@ -462,7 +503,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
           max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None,
-          allowed_hosts: tuple[str, ...] = ()) -> None:
+          allowed_hosts: tuple[str, ...] = (), log_level: str = "info", access_log: bool = True) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
 
     uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
@@ -471,10 +512,12 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
     ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs.
     ``precision``: what the forward passes compute in (32, 64 or bf16-mixed; None: the checkpoint's).
-    ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`."""
-    import uvicorn
-
+    ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`.
+    ``log_level``: debug, info, warning or error, of the service's log on stderr (the ready line and the access log
+    are info); ``access_log``: one line per request (:func:`access_line`)."""
     from ..train.trained import load_model
+
+    setup_logging(log_level)
 
     token = None
     if token_file is not None:
@@ -485,22 +528,59 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     model = load_model(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
-                     cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts))
-    uvicorn.Server(server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips,
-                                 header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-                                 idle_timeout_s=idle_timeout_s, max_connections=max_connections,
-                                 drain_s=drain_s)).run()
+                     cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts),
+                     access_log=access_log)
+    config = server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips, header_timeout_s=header_timeout_s,
+                           body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
+                           max_connections=max_connections, drain_s=drain_s, log_level=log_level)
+    ReadyServer(config, describe(model)).run()
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def setup_logging(level: str) -> None:
+    """The service's log (logger ``stfast.serve`` and below) on stderr at ``level``: one line per record with its
+    time and level."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: choose one of {', '.join(LOG_LEVELS)}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    root = logging.getLogger("stfast.serve")
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False  # the CLI's "stfast" handler would print each line twice
+
+
+class ReadyServer(uvicorn.Server):
+    """uvicorn's server, saying where it listens and what it serves once it does (the ready line, logged on
+    ``stfast.serve`` at info)."""
+
+    def __init__(self, config: uvicorn.Config, model_line: str):
+        super().__init__(config)
+        self.model_line = model_line
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        cfg = self.config
+        port = self.servers[0].sockets[0].getsockname()[1] if self.servers and self.servers[0].sockets else cfg.port
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        log.info("stfast serve: ready on http://%s:%d, model %s (Ctrl+C stops; SIGTERM drains up to %g s)", host,
+                 port, self.model_line, cfg.timeout_graceful_shutdown)
 
 
 def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_allow_ips: str | None = None,
                   header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
-                  max_connections: int = 1000, drain_s: float = 30.0):
-    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does)."""
-    import uvicorn
-
+                  max_connections: int = 1000, drain_s: float = 30.0, log_level: str = "info"):
+    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does). uvicorn's
+    own log stays at warning unless ``log_level`` is debug or above warning (the ready line and the access log are
+    the service's own); its access log is off."""
     from .protocol import protocol_class
 
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level if log_level in ("debug", "error") else "warning",
+                          access_log=False,
                           http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
                           timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
                           proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
