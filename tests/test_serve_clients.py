@@ -211,3 +211,44 @@ def test_no_access_log_and_log_level(model):
             with httpx.Client(base_url=url, timeout=30) as c:
                 assert c.get("/healthz").status_code == 200 and c.post("/eta", json=_good()).status_code == 200
         assert sum(r.name == "stfast.serve.access" for r in rec.records) == want
+
+
+# -- 5. one Host, one meaning; the bearer scheme without case -----------------------------------------------------
+
+def _one_answer(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(request)
+        s.settimeout(20)
+        got = b""
+        while b"\r\n\r\n" not in got and (chunk := s.recv(65536)):
+            got += chunk
+        return got
+
+
+def test_two_host_headers_or_a_malformed_host_get_a_400_and_the_bearer_scheme_is_case_blind(model):
+    token = "s3cret-token-0123456789"
+    app = create_app(model, token=token, allowed_hosts=("localhost", "127.0.0.1", "::1"))
+    auth = b"Authorization: Bearer " + token.encode() + b"\r\n"
+    with running(app) as (_, port, _, rec):
+        def status(host_lines: bytes, extra: bytes = auth) -> bytes:
+            head = b"GET /coverage HTTP/1.1\r\n" + host_lines + extra + b"\r\n"
+            return _one_answer(port, head)[:12]
+
+        assert status(b"Host: 127.0.0.1\r\n") == b"HTTP/1.1 200"
+        assert status(b"Host: [::1]:8000\r\n") == b"HTTP/1.1 200"
+        assert status(b"Host: evil.example\r\nHost: 127.0.0.1\r\n") == b"HTTP/1.1 400"  # before: the last counted
+        assert status(b"Host: 127.0.0.1\r\nHost: 127.0.0.1\r\n") == b"HTTP/1.1 400"
+        for bad in (b"[localhost]evil.example", b"[::1]evil.example", b"[localhost]", b"127.0.0.1:80:80",
+                    b"local host", b"127.0.0.1/x"):
+            assert status(b"Host: " + bad + b"\r\n") == b"HTTP/1.1 400", bad
+        assert status(b"Host: evil.example\r\n") == b"HTTP/1.1 421"
+        for scheme in (b"bearer", b"BEARER", b"BeArEr"):  # RFC 9110: the scheme is case-insensitive
+            assert status(b"Host: 127.0.0.1\r\n", b"Authorization: " + scheme + b" " + token.encode() + b"\r\n") \
+                == b"HTTP/1.1 200", scheme
+        for wrong in (b"Basic " + token.encode(), b"Bearer " + token.encode()[:-1], b"Bearer" + token.encode(),
+                      token.encode(), b""):
+            assert status(b"Host: 127.0.0.1\r\n", b"Authorization: " + wrong + b"\r\n") == b"HTTP/1.1 401", wrong
+        assert status(b"Host: 127.0.0.1\r\n", auth + auth) == b"HTTP/1.1 400"  # two Authorization headers
+        r = _one_answer(port, b"GET /coverage HTTP/1.1\r\nHost: [localhost]evil.example\r\n" + auth + b"\r\n")
+        assert b"application/json" in r
+    assert rec.bad() == []

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import math
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -184,13 +186,32 @@ def host_name(host: bytes) -> str:
     return text.rpartition(":")[0] if text.count(":") == 1 else text
 
 
+_HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(:[0-9]{0,5})?")
+
+
+def host_error(values: list[bytes]) -> str | None:
+    """Why the ``Host`` header values of a request are refused (400), or None: more than one (proxies and the
+    service could each read a different one), or one that is not ``host[:port]`` of RFC 3986 (a reg-name, an IPv4
+    address, or an IPv6 address in brackets: ``[localhost]evil.example`` is none of them)."""
+    if len(values) > 1:
+        return f"{len(values)} Host headers: a request has one"
+    if values:
+        m = _HOST_RE.fullmatch(values[0])
+        if m is None:
+            return "the Host header is not host[:port]"
+        if m.group(1).startswith(b"["):
+            try:
+                ipaddress.IPv6Address(m.group(1)[1:-1].decode("ascii"))
+            except ValueError:
+                return "the Host header's [...] is not an IPv6 address"
+    return None
+
+
 def default_hosts(bind: str, extra: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """The Host names a service bound to ``bind`` answers for: on a loopback address, the loopback names (a
     browser's page elsewhere cannot reach it by rebinding its own domain to 127.0.0.1), plus ``extra``
     (``--allowed-host``); on any other address ``extra``, or any name when none is given (behind a reverse proxy,
     name the public host)."""
-    import ipaddress
-
     try:
         loopback = bind == "localhost" or ipaddress.ip_address(bind).is_loopback
     except ValueError:
@@ -210,7 +231,7 @@ class Service:
                  allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
         self.app, self.eta, self.state, self.access_log = app, eta, app.state, access_log
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
-        self.token = None if token is None else f"Bearer {token}".encode()
+        self.token = None if token is None else token.encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
 
     async def __call__(self, scope, receive, send):
@@ -238,6 +259,11 @@ class Service:
 
     async def _route(self, scope, receive, send):
         headers = dict(scope["headers"])
+        problem = host_error([v for k, v in scope["headers"] if k == b"host"])
+        if problem is None and sum(k == b"authorization" for k, _ in scope["headers"]) > 1:
+            problem = "more than one Authorization header"
+        if problem is not None:
+            return await error_response(ApiError(400, problem))(scope, receive, send)
         if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
             # DNS rebinding: a page of evil.example resolved to this address is same-origin by its Host header
             return await error_response(ApiError(421, "this service does not answer for that Host header (allow a "
@@ -266,7 +292,9 @@ class Service:
                 await inner(message)
         path = scope["path"]
         if self.token is not None and path not in OPEN_PATHS:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.token):
+            scheme, _, credentials = headers.get(b"authorization", b"").partition(b" ")
+            # the scheme is case-insensitive (RFC 9110 11.1); the token is compared in constant time
+            if not (hmac.compare_digest(credentials.strip(b" "), self.token) and scheme.lower() == b"bearer"):
                 return await error_response(ApiError(401, "a bearer token is required: Authorization: Bearer <token>",
                                                      headers={"WWW-Authenticate": "Bearer"}))(scope, receive, send)
         if path == "/eta" and scope["method"] == "POST":
