@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -252,3 +253,60 @@ def test_two_host_headers_or_a_malformed_host_get_a_400_and_the_bearer_scheme_is
         r = _one_answer(port, b"GET /coverage HTTP/1.1\r\nHost: [localhost]evil.example\r\n" + auth + b"\r\n")
         assert b"application/json" in r
     assert rec.bad() == []
+
+
+# -- 4. shutdown that answers; a pipeline answered before its malformed request -----------------------------------
+
+def _statuses(raw: bytes) -> list[bytes]:
+    return re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)
+
+
+def test_requests_in_flight_when_the_drain_ends_get_a_json_503(model):
+    """The drain (1 s) ends with requests waiting behind a held pass, one mid-upload and a pipeline of three: each
+    gets a JSON 503 "shutting down" with Connection: close (before: a plain-text 500 and a CancelledError
+    traceback each, and nothing for the pipelined ones), and nothing is logged with a traceback."""
+    app = create_app(model, max_batch=64, max_wait_ms=0)
+    b = app.state.batcher
+    gate = _gate(b)
+    try:
+        with running(app, drain_s=1.0) as (url, port, server, rec):
+            waiting = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+            for k, s in enumerate(waiting):
+                s.sendall(_post(_good(k)))
+            piped = socket.create_connection(("127.0.0.1", port))
+            piped.sendall(_post(_good(7)) * 3)
+            assert _wait(lambda: len(b._pending) >= 6)
+            upload = socket.create_connection(("127.0.0.1", port))
+            body = json.dumps(_good()).encode()
+            upload.sendall(_post(body)[:-10])  # headers and most of the body
+            time.sleep(0.3)
+            server.should_exit = True
+            answers = [_read_all(s, 20.0) for s in (*waiting, upload, piped)]
+            for raw in answers:
+                assert raw.startswith(b"HTTP/1.1 503"), raw[:200]
+                assert b'{"error":"shutting down"}' in raw and b"connection: close" in raw.lower(), raw
+            assert _statuses(answers[-1]) == [b"503"] * 3, answers[-1]
+            for s in (*waiting, upload, piped):
+                s.close()
+    finally:
+        gate.set()
+    assert not [r for r in rec.records if r.exc_info], [r.getMessage() for r in rec.records if r.exc_info][:2]
+    assert not any("Internal Server Error" in a.decode("latin-1") for a in answers)
+
+
+def test_the_valid_requests_of_a_pipeline_are_answered_before_its_malformed_one(model):
+    """10 valid POSTs, a malformed line and 10 more POSTs in one write: the 10 are answered, then a JSON 400, then
+    the connection closes (before: only the 400 came back)."""
+    app = create_app(model)
+    with running(app) as (_, port, _, rec):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"".join(_post(_good(k)) for k in range(10)) + b"NOT HTTP AT ALL\r\n\r\n"
+                      + b"".join(_post(_good(k)) for k in range(10)))
+            raw = _read_all(s, 30.0)
+        assert _statuses(raw) == [b"200"] * 10 + [b"400"], _statuses(raw)
+        assert raw.endswith(b'{"error":"invalid HTTP request"}')
+        # a malformed request alone: its JSON 400 at once
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert _statuses(_read_all(s, 10.0)) == [b"400"]
+    assert not [r for r in rec.records if r.exc_info]

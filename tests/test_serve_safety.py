@@ -306,7 +306,8 @@ def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
 
 def test_finding4_slow_and_silent_sockets_time_out_and_connections_are_capped(model):
     app = create_app(model)
-    with running(app, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8) as (url, port):
+    with running(app, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8,
+                 max_connections_per_client=8) as (url, port):
         silent = socket.create_connection(("127.0.0.1", port))
         trickle_head = socket.create_connection(("127.0.0.1", port))
         trickle_body = socket.create_connection(("127.0.0.1", port))

@@ -601,7 +601,8 @@ class ReadyServer(uvicorn.Server):
 
 def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_allow_ips: str | None = None,
                   header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
-                  max_connections: int = 1000, drain_s: float = 30.0, log_level: str = "info"):
+                  max_connections: int = 1000, drain_s: float = 30.0, log_level: str = "info",
+                  max_connections_per_client: int | None = None, write_timeout_s: float = 30.0):
     """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does). uvicorn's
     own log stays at warning unless ``log_level`` is debug or above warning (the ready line and the access log are
     the service's own); its access log is off."""
@@ -609,7 +610,9 @@ def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_a
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level if log_level in ("debug", "error") else "warning",
                           access_log=False,
-                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
+                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections,
+                                              max_per_client=max_connections_per_client,
+                                              write_timeout_s=write_timeout_s, forwarded_allow_ips=forwarded_allow_ips),
                           timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
                           proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
                           server_header=False)
