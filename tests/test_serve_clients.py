@@ -310,3 +310,93 @@ def test_the_valid_requests_of_a_pipeline_are_answered_before_its_malformed_one(
             s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             assert _statuses(_read_all(s, 10.0)) == [b"400"]
     assert not [r for r in rec.records if r.exc_info]
+
+
+# -- 2. bounded per connection and per client ----------------------------------------------------------------------
+
+def test_pipelined_requests_are_read_only_as_fast_as_they_are_answered(model):
+    """3,000 pipelined GET /healthz sent while the client reads nothing: at most a few requests are parsed and
+    queued at any time (before: every read chunk was parsed whole, a thousand and more requests queued per
+    chunk, and memory grew with what the client sent); all 3,000 are answered once it reads."""
+    app = create_app(model)
+    req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    n = 3000
+    with running(app) as (_, port, server, rec):
+        s = socket.create_connection(("127.0.0.1", port))
+        sender = threading.Thread(target=lambda: s.sendall(req * n), daemon=True)
+        sender.start()
+        conns = server.server_state.connections
+        assert _wait(lambda: server.server_state.total_requests > 0)  # answering has begun
+        queued = []
+        for _ in range(20):  # the client reads nothing for 1 s: the queue stays small
+            queued.append(max((len(c.pipeline) for c in conns), default=0))
+            time.sleep(0.05)
+        assert max(queued) <= 8 + 1024 // len(req) + 1, queued  # 8 waiting, and what one 1 KiB slice holds
+        got, count = b"", 0
+        s.settimeout(30)
+        deadline = time.monotonic() + 60
+        while count < n and time.monotonic() < deadline:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+            count += got.count(b"HTTP/1.1 200")
+            got = got[got.rfind(b"HTTP/1.1 200") + 1:] if b"HTTP/1.1 200" in got else got
+        sender.join(10)
+        s.close()
+        assert count == n
+    assert rec.bad() == []
+
+
+@pytest.mark.parametrize("head, words", [
+    (b"X:\r\n" * 2000, b"more than 100 header fields"),  # 8 KB: under 16 KiB of names and values
+    (b"X-A:" + b" " * 20000 + b"a\r\n", b"over the limit of 16384 bytes"),  # whitespace is bytes too
+])
+def test_header_floods_get_a_431(model, head, words):
+    """Before, the 16 KiB cap counted only names and values, and any number of fields passed: 16,000 empty ones
+    per request made 4 connections slow every other client 100-fold."""
+    app = create_app(model)
+    with running(app) as (url, port, _, _):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + head + b"\r\n")
+            got = _read_all(s, 10.0)
+        assert got.startswith(b"HTTP/1.1 431") and words in got, got[:300]
+        ok = _one_answer(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-B: b\r\n" * 90 + b"\r\n")
+        assert ok.startswith(b"HTTP/1.1 200")  # 90 fields pass
+
+
+def test_connections_per_client_address_are_capped_but_not_a_trusted_proxys(model):
+    app = create_app(model)
+    for allow, cap in ((None, 5), ("127.0.0.1", None)):
+        with running(app, max_connections=50, max_connections_per_client=5, forwarded_allow_ips=allow) as \
+                (url, port, server, _):
+            held = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+            extra = socket.create_connection(("127.0.0.1", port))
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            got = _read_all(extra, 5.0) if cap else _one_answer(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            if cap:
+                assert got.startswith(b"HTTP/1.1 503") and b"this address holds its limit of 5 connections" in got
+            else:  # a reverse proxy carries many clients: only the global cap counts its connections
+                assert got.startswith(b"HTTP/1.1 200"), got[:200]
+            for s in (*held, extra):
+                s.close()
+
+
+def test_a_client_that_does_not_read_is_dropped_after_the_write_timeout(model):
+    """A client pipelines 6,000 GET /healthz (about 9 MB of answers) through a 4 KiB receive window and reads
+    nothing: once the server's write buffer is full it has write_timeout_s (1 s) to read, then the connection is
+    aborted (before: it stayed open as long as the client liked)."""
+    app = create_app(model)
+    req = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with running(app, write_timeout_s=1.0, idle_timeout_s=120.0) as (_, port, server, _):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        def send():
+            with contextlib.suppress(OSError):
+                s.sendall(req * 6000)
+
+        threading.Thread(target=send, daemon=True).start()
+        assert _wait(lambda: len(server.server_state.connections) == 1)
+        assert _wait(lambda: len(server.server_state.connections) == 0, 40.0)
+        s.close()

@@ -531,10 +531,12 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
           max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None,
-          allowed_hosts: tuple[str, ...] = (), log_level: str = "info", access_log: bool = True) -> None:
+          allowed_hosts: tuple[str, ...] = (), log_level: str = "info", access_log: bool = True,
+          max_connections_per_client: int | None = None, write_timeout_s: float = 30.0) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
 
-    uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
+    uvicorn runs it with :mod:`.protocol`'s connection (header / body / write timeouts, connection caps in all and
+    per client address, header limits, pipelining backpressure, JSON 503s when the drain ends), keep-alive
     connections idle longer than ``idle_timeout_s`` closed, ``X-Forwarded-For`` / ``-Proto`` honoured only from
     the addresses ``forwarded_allow_ips`` lists (None: from nowhere), and on SIGTERM / SIGINT a graceful drain:
     the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
@@ -560,7 +562,8 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
                      access_log=access_log)
     config = server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips, header_timeout_s=header_timeout_s,
                            body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
-                           max_connections=max_connections, drain_s=drain_s, log_level=log_level)
+                           max_connections=max_connections, drain_s=drain_s, log_level=log_level,
+                           max_connections_per_client=max_connections_per_client, write_timeout_s=write_timeout_s)
     ReadyServer(config, describe(model)).run()
 
 
