@@ -279,7 +279,8 @@ def test_requests_in_flight_when_the_drain_ends_get_a_json_503(model):
             upload = socket.create_connection(("127.0.0.1", port))
             body = json.dumps(_good()).encode()
             upload.sendall(_post(body)[:-10])  # headers and most of the body
-            time.sleep(0.3)
+            # in flight: the 6, the upload and the pipeline's first (its other two wait behind it)
+            assert _wait(lambda: len(server.server_state.tasks) == 8), len(server.server_state.tasks)
             server.should_exit = True
             answers = [_read_all(s, 20.0) for s in (*waiting, upload, piped)]
             for raw in answers:
@@ -400,3 +401,30 @@ def test_a_client_that_does_not_read_is_dropped_after_the_write_timeout(model):
         assert _wait(lambda: len(server.server_state.connections) == 1)
         assert _wait(lambda: len(server.server_state.connections) == 0, 40.0)
         s.close()
+
+
+# -- 3. admission before work ------------------------------------------------------------------------------------
+
+def test_every_path_is_metered_and_a_body_is_charged_before_it_is_parsed(model, monkeypatch):
+    """--rate-limit 2: /healthz costs a tenth of a unit (before: nothing, 3,883 requests/s from 4 connections), and
+    a 200 KB body is charged ~6 units from its Content-Length before it is read: after one such request the next
+    ones are refused unparsed (before: each was parsed, then charged by its points)."""
+    import stfast.serve.app as app_mod
+
+    parsed = []
+    check_body = app_mod.check_body
+    monkeypatch.setattr(app_mod, "check_body", lambda *a, **k: (parsed.append(1), check_body(*a, **k))[1])
+    app = create_app(model, rate_limit=2.0)
+    big = json.dumps(_good()).encode()[:-1] + b" " * 200_000 + b"}"  # valid JSON, 200 KB of it whitespace
+    with running(app) as (url, port, _, rec):
+        with httpx.Client(base_url=url, timeout=30) as c:
+            codes = [c.post("/eta", content=big, headers={"Content-Type": "application/json"}).status_code
+                     for _ in range(3)]
+            assert codes == [200, 429, 429] and len(parsed) == 1, (codes, parsed)
+        app2 = create_app(model, rate_limit=1.0)
+        with running(app2) as (url2, _, _, _), httpx.Client(base_url=url2, timeout=30) as c:
+            health = [c.get("/healthz") for _ in range(30)]
+            codes = [r.status_code for r in health]
+            assert 5 <= codes.count(200) <= 15 and codes.count(429) >= 15, codes  # a burst of 1 unit: ~10 pass
+            refused = next(r for r in health if r.status_code == 429)
+            assert "rate limit" in refused.json()["error"] and int(refused.headers["Retry-After"]) >= 1

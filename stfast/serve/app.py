@@ -19,9 +19,10 @@ route and field), 429 over the client's rate limit or a full queue (with ``Retry
 (that request's alone), 503 over the connection limit. A request names no file: the service reads the checkpoint
 once at start and nothing a request sends reaches the file system.
 
-The path of a request (docs/serve.md): its body is read with a size cap (:mod:`.protocol` times it), parsed and
+The path of a request (docs/serve.md): charged to its client's rate limit on arrival (a body by its
+``Content-Length``, before it is read), its body is read with a size cap (:mod:`.protocol` times it), parsed and
 checked in a worker thread (:mod:`.request`: depth, types, point counts after densification, before any costly
-step), charged to its client's rate limit by points, built into trips in that worker (densification, distances,
+step), its charge topped up by points, built into trips in that worker (densification, distances,
 calendar ids), and only then joins a batch (:mod:`.batcher`), so a request in a batch holds nothing that can fail
 its batch-mates. A request whose client has gone leaves the queue before its pass.
 """
@@ -51,7 +52,7 @@ from ..data.trips import Trips
 from ..train.trained import TrainedModel
 from .batcher import DynamicBatcher, QueueFull
 from .densify import densify_many
-from .ratelimit import POINTS_PER_UNIT, RateLimit
+from .ratelimit import BODY_BYTES_PER_UNIT, LIGHT_UNITS, POINTS_PER_UNIT, RateLimit
 from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
 
 log = logging.getLogger("stfast.serve")
@@ -228,8 +229,9 @@ class Service:
     alone. ``state`` is the FastAPI app's (``state.batcher``)."""
 
     def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...],
-                 allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
-        self.app, self.eta, self.state, self.access_log = app, eta, app.state, access_log
+                 allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True,
+                 limit: RateLimit | None = None):
+        self.app, self.eta, self.state, self.access_log, self.limit = app, eta, app.state, access_log, limit
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.token = None if token is None else token.encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
@@ -268,6 +270,11 @@ class Service:
             # DNS rebinding: a page of evil.example resolved to this address is same-origin by its Host header
             return await error_response(ApiError(421, "this service does not answer for that Host header (allow a "
                                                       "name with --allowed-host)"))(scope, receive, send)
+        if self.limit is not None:  # admission before any work, a token check included
+            cost = admission_units(scope, headers)
+            if (wait := self.limit.spend(client_of(scope), cost)) > 0:
+                return await error_response(rate_error(self.limit, wait))(scope, receive, send)
+            scope["stfast"]["paid"] = cost
         origin = headers.get(b"origin")
         cors = origin is not None and origin in self.cors_origins
         if origin is not None and not cors and origin.partition(b"://")[2] != headers.get(b"host"):
@@ -300,6 +307,29 @@ class Service:
         if path == "/eta" and scope["method"] == "POST":
             return await self.eta(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def client_of(scope) -> str:
+    c = scope.get("client")
+    return c[0] if c else "?"
+
+
+def admission_units(scope, headers: dict) -> float:
+    """What a request is charged to its client's rate limit on arrival, before anything is read or checked:
+    ``POST /eta`` its body's ``Content-Length`` in units of :data:`BODY_BYTES_PER_UNIT` (at least 1; its points
+    top it up once known), ``GET /coverage`` and the page 1, anything else :data:`LIGHT_UNITS`."""
+    path = scope.get("path")
+    if path == "/eta" and scope.get("method") == "POST":
+        size = headers.get(b"content-length", b"")
+        return max(1.0, int(size) / BODY_BYTES_PER_UNIT) if size.isdigit() and len(size) < 16 else 1.0
+    return 1.0 if path in ("/coverage", "/") else LIGHT_UNITS
+
+
+def rate_error(limit: RateLimit, wait: float) -> ApiError:
+    """The 429 of a client over ``limit``, ``wait`` seconds until it would pass."""
+    return ApiError(429, f"rate limit: at most {limit.rate:g} units of work/s per client (a unit: a request of up to "
+                         f"{POINTS_PER_UNIT} points or {BODY_BYTES_PER_UNIT // 1024} KiB of body; other paths "
+                         f"{LIGHT_UNITS:g})", headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
 
 def _path_name(scope) -> str:
@@ -342,7 +372,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             still being read and checked.
         max_body_bytes: larger bodies are refused (413).
         rate_limit: > 0: units of work per second per client address, a unit a request of up to 1,000 points
-            (after densification; a larger one costs points / 1,000), past it 429; 0: no limit.
+            (after densification; a larger one costs points / 1,000; charged on arrival by
+            :func:`admission_units`, every path metered), past it 429; 0: no limit.
         max_queue_points: points that may wait for a pass (past it 429).
         max_route_points / max_request_points: points (after densification) per route / per request (413).
         max_batch_points: points per forward pass (a request of more goes alone); at least max_request_points.
@@ -380,14 +411,6 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         return json_response({"error": words.get(exc.status_code, str(exc.detail))}, exc.status_code,
                              getattr(exc, "headers", None))
 
-    def client_of(scope) -> str:
-        c = scope.get("client")
-        return c[0] if c else "?"
-
-    def refuse_rate(wait: float):
-        raise ApiError(429, f"rate limit: at most {rate_limit:g} units of work/s per client (a unit: a request of up "
-                            f"to {POINTS_PER_UNIT} points)", headers={"Retry-After": str(max(1, math.ceil(wait)))})
-
     async def read_body(scope, receive) -> bytes:
         size = dict(scope["headers"]).get(b"content-length")
         if size is not None and size.isdigit() and int(size) > max_body_bytes:
@@ -409,21 +432,14 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
 
     async def answer(scope, receive) -> Response:
         loop = asyncio.get_running_loop()
-        client = client_of(scope)
-        if limit is not None and (wait := limit.check(client)) > 0:
-            refuse_rate(wait)
-        body = await read_body(scope, receive)
+        body = await read_body(scope, receive)  # admitted: Service charged it from its Content-Length
         with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
-            try:
-                # a body that can hold a large request is parsed beside the small ones, not before them
-                reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
-            except ApiError:
-                if limit is not None:  # a refused body costs its client a unit too: parsing it was work
-                    limit.spend(client, 1.0)
-                raise
+            # a body that can hold a large request is parsed beside the small ones, not before them
+            reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
             points = sum(r.points for r in reqs)
-            if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
-                refuse_rate(wait)
+            if limit is not None and (wait := limit.top_up(client_of(scope), scope.get("stfast", {}).get("paid", 0.0),
+                                                           max(1.0, points / POINTS_PER_UNIT))) > 0:
+                raise rate_error(limit, wait)
             lane = batcher if points <= SMALL_REQUEST_POINTS else large
             lane.reserve(points)
             if points <= SMALL_REQUEST_POINTS:
@@ -511,7 +527,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log)
+    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log, limit)
 
 
 class _Gone(Exception):
