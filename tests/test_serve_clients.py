@@ -6,7 +6,6 @@ Every test runs uvicorn on loopback with the service's own configuration (:func:
 in a thread; loops are bounded in count and time, and nothing asserts a speed."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
