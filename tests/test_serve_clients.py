@@ -205,6 +205,20 @@ def test_no_access_log_and_log_level(model):
     assert (a.log_level, a.access_log) == ("info", True)
     a = build_parser().parse_args(["serve", "--checkpoint", "c.pt", "--no-access-log", "--log-level", "warning"])
     assert (a.log_level, a.access_log) == ("warning", False)
+    from stfast.serve.app import setup_logging
+
+    root = logging.getLogger("stfast.serve")
+    saved = root.handlers, root.level, root.propagate
+    try:
+        setup_logging("warning")  # --log-level warning: no ready line, no access log
+        assert not logging.getLogger("stfast.serve.access").isEnabledFor(logging.INFO)
+        setup_logging("info")
+        assert logging.getLogger("stfast.serve.access").isEnabledFor(logging.INFO) and len(root.handlers) == 1
+        with pytest.raises(ValueError, match="debug, info, warning, error"):
+            setup_logging("loud")
+    finally:
+        root.handlers, root.propagate = saved[0], saved[2]
+        root.setLevel(saved[1])
     for access_log, want in ((True, 2), (False, 0)):
         logging.getLogger("stfast.serve").setLevel(logging.INFO)
         with running(create_app(model, access_log=access_log)) as (url, _, _, rec):
