@@ -441,3 +441,16 @@ def test_every_path_is_metered_and_a_body_is_charged_before_it_is_parsed(model, 
             assert 5 <= codes.count(200) <= 15 and codes.count(429) >= 15, codes  # a burst of 1 unit: ~10 pass
             refused = next(r for r in health if r.status_code == 429)
             assert "rate limit" in refused.json()["error"] and int(refused.headers["Retry-After"]) >= 1
+
+
+def test_admission_units():
+    from stfast.serve.app import admission_units
+
+    def units(path, method="POST", size=None):
+        return admission_units({"path": path, "method": method},
+                               {} if size is None else {b"content-length": str(size).encode()}, 1 << 20)
+
+    assert units("/eta", size=100) == 1.0 and units("/eta") == 1.0  # at least a unit; chunked: a unit
+    assert units("/eta", size=320 * 1024) == 10.0
+    assert units("/eta", size=50 << 20) == 32.0  # a body over the limit is refused unread: charged up to it
+    assert units("/healthz", "GET") == 0.1 and units("/nowhere", "GET") == 0.1 and units("/coverage", "GET") == 1.0

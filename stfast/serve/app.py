@@ -230,8 +230,9 @@ class Service:
 
     def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...],
                  allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True,
-                 limit: RateLimit | None = None):
+                 limit: RateLimit | None = None, max_body_bytes: int = 1 << 20):
         self.app, self.eta, self.state, self.access_log, self.limit = app, eta, app.state, access_log, limit
+        self.max_body_bytes = max_body_bytes
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
         self.token = None if token is None else token.encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
@@ -271,7 +272,7 @@ class Service:
             return await error_response(ApiError(421, "this service does not answer for that Host header (allow a "
                                                       "name with --allowed-host)"))(scope, receive, send)
         if self.limit is not None:  # admission before any work, a token check included
-            cost = admission_units(scope, headers)
+            cost = admission_units(scope, headers, self.max_body_bytes)
             if (wait := self.limit.spend(client_of(scope), cost)) > 0:
                 return await error_response(rate_error(self.limit, wait))(scope, receive, send)
             scope["stfast"]["paid"] = cost
@@ -314,14 +315,17 @@ def client_of(scope) -> str:
     return c[0] if c else "?"
 
 
-def admission_units(scope, headers: dict) -> float:
+def admission_units(scope, headers: dict, max_body_bytes: int = 1 << 20) -> float:
     """What a request is charged to its client's rate limit on arrival, before anything is read or checked:
-    ``POST /eta`` its body's ``Content-Length`` in units of :data:`BODY_BYTES_PER_UNIT` (at least 1; its points
-    top it up once known), ``GET /coverage`` and the page 1, anything else :data:`LIGHT_UNITS`."""
+    ``POST /eta`` its body's ``Content-Length`` (up to ``max_body_bytes``: a larger body is refused unread) in units
+    of :data:`BODY_BYTES_PER_UNIT` (at least 1; its points top it up once known), ``GET /coverage`` and the page
+    1, anything else :data:`LIGHT_UNITS`."""
     path = scope.get("path")
     if path == "/eta" and scope.get("method") == "POST":
         size = headers.get(b"content-length", b"")
-        return max(1.0, int(size) / BODY_BYTES_PER_UNIT) if size.isdigit() and len(size) < 16 else 1.0
+        if not (size.isdigit() and len(size) < 16):
+            return 1.0
+        return max(1.0, min(int(size), max_body_bytes) / BODY_BYTES_PER_UNIT)
     return 1.0 if path in ("/coverage", "/") else LIGHT_UNITS
 
 
@@ -527,7 +531,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log, limit)
+    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log, limit, max_body_bytes)
 
 
 class _Gone(Exception):
