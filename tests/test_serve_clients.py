@@ -16,10 +16,10 @@ import time
 
 import pytest
 from _eta_run import CENTER, KM_PER_DEG, train_run
-from _serve_run import serving
 
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
+from _serve_run import serving  # noqa: E402
 
 from stfast.serve.app import create_app  # noqa: E402
 from stfast.train.trained import load_model  # noqa: E402

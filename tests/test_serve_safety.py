@@ -22,11 +22,11 @@ import time
 import numpy as np
 import pytest
 from _eta_run import CENTER, KM_PER_DEG, train_run
-from _serve_run import free_port as _free_port
-from _serve_run import serving
 
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
+from _serve_run import free_port as _free_port  # noqa: E402
+from _serve_run import serving  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
