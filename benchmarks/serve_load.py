@@ -53,7 +53,8 @@ def start_server(checkpoint: str, max_batch: int, max_wait_ms: float, threads: i
     port = _free_port()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen([sys.executable, "-m", "stfast.cli", "serve", "--checkpoint", checkpoint, "--port",
-                             str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
+                             str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms),
+                             "--no-access-log"]  # stderr is a pipe read only on failure: a line per request fills it
                             + (["--threads", str(threads)] if threads else []),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"

@@ -112,8 +112,19 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
     v.add_argument("--body-timeout-s", type=float, default=30.0, help="a request body must arrive within (408)")
     v.add_argument("--idle-timeout-s", type=float, default=30.0, help="idle keep-alive connections close after")
     v.add_argument("--max-connections", type=int, default=1000, help="open connections (more: 503)")
+    v.add_argument("--max-connections-per-client", type=int, default=None,
+                   help="open connections from one client address (more: 503; default: a quarter of "
+                        "--max-connections); the --forwarded-allow-ips proxies are not capped")
+    v.add_argument("--write-timeout-s", type=float, default=30.0,
+                   help="a client that does not read its answers is dropped after its socket's buffer stayed full "
+                        "this long")
     v.add_argument("--drain-s", type=float, default=30.0,
                    help="on SIGTERM, how long requests in flight may take to be answered")
+    v.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the service's log on stderr (the ready line and the access log are info)")
+    v.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no access log (by default one line per request: client address, method, path, status, "
+                        "latency, batch size)")
     add_arguments(v, ["device", "threads", "precision"], {
         "threads": {"help": "torch threads of the forward passes (default: torch's, one per core)"},
         "precision": {"help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its "
@@ -489,15 +500,18 @@ def cmd_serve(a) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    if min(a.max_route_points, a.max_connections) < 1 or min(a.header_timeout_s, a.body_timeout_s,
-                                                              a.idle_timeout_s, a.drain_s) <= 0:
-        raise ValueError("--max-route-points and --max-connections must be ≥ 1, the timeouts and --drain-s > 0")
+    if min(a.max_route_points, a.max_connections, a.max_connections_per_client or 1) < 1 or min(
+            a.header_timeout_s, a.body_timeout_s, a.idle_timeout_s, a.write_timeout_s, a.drain_s) <= 0:
+        raise ValueError("--max-route-points, --max-connections and --max-connections-per-client must be ≥ 1, the "
+                         "timeouts and --drain-s > 0")
     serve(a.checkpoint, a.host, a.port, a.max_batch, a.max_wait_ms, a.max_body_kb * 1024, a.rate_limit, a.device,
           forwarded_allow_ips=a.forwarded_allow_ips, token_file=a.token_file, cors_origins=tuple(a.cors_origin),
           max_route_points=a.max_route_points, max_request_points=a.max_request_points,
           max_batch_points=a.max_batch_points, header_timeout_s=a.header_timeout_s, body_timeout_s=a.body_timeout_s,
-          idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections, drain_s=a.drain_s,
-          precision=a.precision, allowed_hosts=tuple(a.allowed_host))
+          idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections,
+          max_connections_per_client=a.max_connections_per_client, write_timeout_s=a.write_timeout_s, drain_s=a.drain_s,
+          precision=a.precision, allowed_hosts=tuple(a.allowed_host), log_level=a.log_level,
+          access_log=a.access_log)
     return 0
 
 

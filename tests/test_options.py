@@ -139,6 +139,13 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'idle_timeout_s': (('--idle-timeout-s',), 30.0, None, 'float', 'StoreAction', False, None),
         'max_connections': (('--max-connections',), 1000, None, 'int', 'StoreAction', False, None),
         'drain_s': (('--drain-s',), 30.0, None, 'float', 'StoreAction', False, None),
+        # issue 52 (a ready line, an access log) and 54 (limits per client, clients that do not read)
+        'log_level': (('--log-level',), 'info', ('debug', 'info', 'warning', 'error'), None, 'StoreAction', False,
+                      None),
+        'access_log': (('--no-access-log',), True, None, None, 'StoreFalseAction', False, 0),
+        'max_connections_per_client': (('--max-connections-per-client',), None, None, 'int', 'StoreAction', False,
+                                       None),
+        'write_timeout_s': (('--write-timeout-s',), 30.0, None, 'float', 'StoreAction', False, None),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
         'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
         'precision': (('--precision',), None, ('32', '64', 'bf16-mixed'), None, 'StoreAction', False, None),

@@ -303,14 +303,14 @@ def test_serve_precision_override(model, monkeypatch):
 
     seen = {}
 
-    class _Server:  # stands in for uvicorn.Server: capture the app instead of listening
-        def __init__(self, config):
+    class _Server:  # stands in for the uvicorn server: capture the app instead of listening
+        def __init__(self, config, model_line):
             seen["app"] = config.app
 
         def run(self):
             pass
 
-    monkeypatch.setattr("uvicorn.Server", _Server)
+    monkeypatch.setattr(app_mod, "ReadyServer", _Server)
     argv = ["serve", "--checkpoint", str(model.path), "--precision", "bf16-mixed"]
     a = build_parser().parse_args(argv)
     assert a.precision == "bf16-mixed"

@@ -51,7 +51,7 @@ def server(tmp_path_factory):
     _, ck = train_run(d)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "stfast.cli", "serve", "--checkpoint", str(ck), "--port", str(port),
-                             "--max-wait-ms", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--max-wait-ms", "2", "--no-access-log"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(240):

@@ -25,12 +25,13 @@ from _eta_run import CENTER, KM_PER_DEG, train_run
 
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
+from _serve_run import free_port as _free_port  # noqa: E402
+from _serve_run import serving  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from stfast.data.geo import haversine_km  # noqa: E402
-from stfast.serve.app import create_app, server_config  # noqa: E402
+from stfast.serve.app import create_app  # noqa: E402
 from stfast.serve.request import ApiError  # noqa: E402
 from stfast.serve.batcher import DynamicBatcher  # noqa: E402
 from stfast.train.trained import load_model  # noqa: E402
@@ -70,27 +71,11 @@ def _is_json_error(r) -> bool:
     return r.headers["content-type"] == "application/json" and isinstance(r.json().get("error"), str)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running(app, **limits):
     """``app`` served by uvicorn with :func:`server_config` (``limits`` its keywords) in a thread; yields its URL."""
-    port = _free_port()
-    server = uvicorn.Server(server_config(app, "127.0.0.1", port, **limits))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        server.should_exit = True
-        th.join(30)
+    with serving(app, **limits) as (url, port, _):
+        yield url, port
 
 
 # -- finding 1: one bad request fails its whole batch --------------------------------------------------------------
@@ -321,7 +306,8 @@ def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
 
 def test_finding4_slow_and_silent_sockets_time_out_and_connections_are_capped(model):
     app = create_app(model)
-    with running(app, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8) as (url, port):
+    with running(app, header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8,
+                 max_connections_per_client=8) as (url, port):
         silent = socket.create_connection(("127.0.0.1", port))
         trickle_head = socket.create_connection(("127.0.0.1", port))
         trickle_body = socket.create_connection(("127.0.0.1", port))

@@ -19,9 +19,10 @@ route and field), 429 over the client's rate limit or a full queue (with ``Retry
 (that request's alone), 503 over the connection limit. A request names no file: the service reads the checkpoint
 once at start and nothing a request sends reaches the file system.
 
-The path of a request (docs/serve.md): its body is read with a size cap (:mod:`.protocol` times it), parsed and
+The path of a request (docs/serve.md): charged to its client's rate limit on arrival (a body by its
+``Content-Length``, before it is read), its body is read with a size cap (:mod:`.protocol` times it), parsed and
 checked in a worker thread (:mod:`.request`: depth, types, point counts after densification, before any costly
-step), charged to its client's rate limit by points, built into trips in that worker (densification, distances,
+step), its charge topped up by points, built into trips in that worker (densification, distances,
 calendar ids), and only then joins a batch (:mod:`.batcher`), so a request in a batch holds nothing that can fail
 its batch-mates. A request whose client has gone leaves the queue before its pass.
 """
@@ -29,13 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 import math
+import re
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
 import orjson
+import uvicorn
 from fastapi import FastAPI, Request  # module level: FastAPI resolves the handlers' annotations here
 from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,10 +52,11 @@ from ..data.trips import Trips
 from ..train.trained import TrainedModel
 from .batcher import DynamicBatcher, QueueFull
 from .densify import densify_many
-from .ratelimit import POINTS_PER_UNIT, RateLimit
+from .ratelimit import BODY_BYTES_PER_UNIT, LIGHT_UNITS, POINTS_PER_UNIT, RateLimit
 from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
 
 log = logging.getLogger("stfast.serve")
+access = logging.getLogger("stfast.serve.access")
 SMALL_REQUEST_POINTS = 2000
 """Requests of up to this many points (after densification) are built together (one densification for all of
 them) and batched together; a larger one is built on its own and runs in its own forward thread, so that a short
@@ -57,6 +64,7 @@ request never waits behind a heavy one's building or pass (the two passes then s
 LARGE_BODY_BYTES = 64 * 1024
 """Bodies larger than this (room for more than about 2,700 points) are parsed and checked in the thread that builds
 large requests (``stfast-build-large``), so that a burst of them does not hold up small requests' checks."""
+KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/")  # the access log names these; any other path is "?"
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -179,13 +187,32 @@ def host_name(host: bytes) -> str:
     return text.rpartition(":")[0] if text.count(":") == 1 else text
 
 
+_HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(:[0-9]{0,5})?")
+
+
+def host_error(values: list[bytes]) -> str | None:
+    """Why the ``Host`` header values of a request are refused (400), or None: more than one (proxies and the
+    service could each read a different one), or one that is not ``host[:port]`` of RFC 3986 (a reg-name, an IPv4
+    address, or an IPv6 address in brackets: ``[localhost]evil.example`` is none of them)."""
+    if len(values) > 1:
+        return f"{len(values)} Host headers: a request has one"
+    if values:
+        m = _HOST_RE.fullmatch(values[0])
+        if m is None:
+            return "the Host header is not host[:port]"
+        if m.group(1).startswith(b"["):
+            try:
+                ipaddress.IPv6Address(m.group(1)[1:-1].decode("ascii"))
+            except ValueError:
+                return "the Host header's [...] is not an IPv6 address"
+    return None
+
+
 def default_hosts(bind: str, extra: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """The Host names a service bound to ``bind`` answers for: on a loopback address, the loopback names (a
     browser's page elsewhere cannot reach it by rebinding its own domain to 127.0.0.1), plus ``extra``
     (``--allowed-host``); on any other address ``extra``, or any name when none is given (behind a reverse proxy,
     name the public host)."""
-    import ipaddress
-
     try:
         loopback = bind == "localhost" or ipaddress.ip_address(bind).is_loopback
     except ValueError:
@@ -202,35 +229,53 @@ class Service:
     alone. ``state`` is the FastAPI app's (``state.batcher``)."""
 
     def __init__(self, app: FastAPI, eta, token: str | None, cors_origins: tuple[str, ...],
-                 allowed_hosts: tuple[str, ...] | None = None):
-        self.app, self.eta, self.state = app, eta, app.state
+                 allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True,
+                 limit: RateLimit | None = None, max_body_bytes: int = 1 << 20):
+        self.app, self.eta, self.state, self.access_log, self.limit = app, eta, app.state, access_log, limit
+        self.max_body_bytes = max_body_bytes
         self.allowed_hosts = None if allowed_hosts is None else {h.lower() for h in allowed_hosts}
-        self.token = None if token is None else f"Bearer {token}".encode()
+        self.token = None if token is None else token.encode()
         self.cors_origins = {o.rstrip("/").encode() for o in cors_origins}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        info = scope["stfast"] = {}  # what the access log shows: "status" (499: the client left), "batch"
         started = False
 
         async def tracked_send(message):
             nonlocal started
+            if not started:
+                info["status"] = message.get("status")
             started = True
             await send(message)
 
         try:
             await self._route(scope, receive, tracked_send)
         except Exception:
-            log.exception("error answering %s %s", scope.get("method"), scope.get("path"))
+            log.exception("error answering %s %s", scope.get("method"), _path_name(scope))
             if not started:
-                await error_response(ApiError(500, "internal error; it was logged"))(scope, receive, send)
+                await error_response(ApiError(500, "internal error; it was logged"))(scope, receive, tracked_send)
+        if self.access_log and access.isEnabledFor(logging.INFO):
+            access_line(scope, info, time.perf_counter() - t0)
 
     async def _route(self, scope, receive, send):
         headers = dict(scope["headers"])
+        problem = host_error([v for k, v in scope["headers"] if k == b"host"])
+        if problem is None and sum(k == b"authorization" for k, _ in scope["headers"]) > 1:
+            problem = "more than one Authorization header"
+        if problem is not None:
+            return await error_response(ApiError(400, problem))(scope, receive, send)
         if self.allowed_hosts is not None and host_name(headers.get(b"host", b"")) not in self.allowed_hosts:
             # DNS rebinding: a page of evil.example resolved to this address is same-origin by its Host header
             return await error_response(ApiError(421, "this service does not answer for that Host header (allow a "
                                                       "name with --allowed-host)"))(scope, receive, send)
+        if self.limit is not None:  # admission before any work, a token check included
+            cost = admission_units(scope, headers, self.max_body_bytes)
+            if (wait := self.limit.spend(client_of(scope), cost)) > 0:
+                return await error_response(rate_error(self.limit, wait))(scope, receive, send)
+            scope["stfast"]["paid"] = cost
         origin = headers.get(b"origin")
         cors = origin is not None and origin in self.cors_origins
         if origin is not None and not cors and origin.partition(b"://")[2] != headers.get(b"host"):
@@ -255,7 +300,9 @@ class Service:
                 await inner(message)
         path = scope["path"]
         if self.token is not None and path not in OPEN_PATHS:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.token):
+            scheme, _, credentials = headers.get(b"authorization", b"").partition(b" ")
+            # the scheme is case-insensitive (RFC 9110 11.1); the token is compared in constant time
+            if not (hmac.compare_digest(credentials.strip(b" "), self.token) and scheme.lower() == b"bearer"):
                 return await error_response(ApiError(401, "a bearer token is required: Authorization: Bearer <token>",
                                                      headers={"WWW-Authenticate": "Bearer"}))(scope, receive, send)
         if path == "/eta" and scope["method"] == "POST":
@@ -263,11 +310,65 @@ class Service:
         await self.app(scope, receive, send)
 
 
+def client_of(scope) -> str:
+    c = scope.get("client")
+    return c[0] if c else "?"
+
+
+def admission_units(scope, headers: dict, max_body_bytes: int = 1 << 20) -> float:
+    """What a request is charged to its client's rate limit on arrival, before anything is read or checked:
+    ``POST /eta`` its body's ``Content-Length`` (up to ``max_body_bytes``: a larger body is refused unread) in units
+    of :data:`BODY_BYTES_PER_UNIT` (at least 1; its points top it up once known), ``GET /coverage`` and the page
+    1, anything else :data:`LIGHT_UNITS`."""
+    path = scope.get("path")
+    if path == "/eta" and scope.get("method") == "POST":
+        size = headers.get(b"content-length", b"")
+        if not (size.isdigit() and len(size) < 16):
+            return 1.0
+        return max(1.0, min(int(size), max_body_bytes) / BODY_BYTES_PER_UNIT)
+    return 1.0 if path in ("/coverage", "/") else LIGHT_UNITS
+
+
+def rate_error(limit: RateLimit, wait: float) -> ApiError:
+    """The 429 of a client over ``limit``, ``wait`` seconds until it would pass."""
+    return ApiError(429, f"rate limit: at most {limit.rate:g} units of work/s per client (a unit: a request of up to "
+                         f"{POINTS_PER_UNIT} points or {BODY_BYTES_PER_UNIT // 1024} KiB of body; other paths "
+                         f"{LIGHT_UNITS:g})", headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+def _path_name(scope) -> str:
+    """The request's path as logs may show it: one of :data:`KNOWN_PATHS`, else ``?`` (a path may carry anything
+    the client put in it, a token included)."""
+    path = scope.get("path")
+    return path if path in KNOWN_PATHS else "?"
+
+
+def access_line(scope, info: dict, seconds: float) -> None:
+    """One access-log line (logger ``stfast.serve.access``, INFO): client address, method, path name, status, latency,
+    and the routes of the forward pass that carried the request (``-``: none). Never the body, the query, a header
+    or a file name."""
+    client = scope.get("client")
+    access.info("%s %s %s %s %.1f ms batch %s", str(client[0])[:64] if client else "-", scope.get("method", "-"),
+                _path_name(scope), info.get("status", "-"), seconds * 1000.0, info.get("batch", "-"))
+
+
+def describe(model: TrainedModel) -> str:
+    """The model in one line, as the ready line gives it (no file name): kind, size, dtype, device, its data."""
+    mc = model.model
+    inner = getattr(mc, "members", None)
+    first = inner[0] if inner is not None else mc
+    cfg = model.config
+    fp = (model.data_fingerprint or "")[:12]
+    return (f"DeepTTE ({len(inner) if inner else 1} member{'s' if inner and len(inner) > 1 else ''}, hidden "
+            f"{first.cfg.hidden_size}, {str(model.dtype).replace('torch.', '')}, {model.device}), trained on "
+            f"{cfg.format if cfg.data else 'synthetic'} data" + (f" {fp}" if fp else ""))
+
+
 def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.0, max_body_bytes: int = 1 << 20,
                rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
-               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None):
+               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
     """The ASGI app serving ``model`` (module docstring).
 
     Args:
@@ -275,13 +376,15 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             still being read and checked.
         max_body_bytes: larger bodies are refused (413).
         rate_limit: > 0: units of work per second per client address, a unit a request of up to 1,000 points
-            (after densification; a larger one costs points / 1,000), past it 429; 0: no limit.
+            (after densification; a larger one costs points / 1,000; charged on arrival by
+            :func:`admission_units`, every path metered), past it 429; 0: no limit.
         max_queue_points: points that may wait for a pass (past it 429).
         max_route_points / max_request_points: points (after densification) per route / per request (413).
         max_batch_points: points per forward pass (a request of more goes alone); at least max_request_points.
         token: when given, every path but :data:`OPEN_PATHS` needs ``Authorization: Bearer <token>`` (401).
         cors_origins: browser origins allowed to call the API from another site (others: 403).
         allowed_hosts: the names (or addresses) the ``Host`` header may give, ports aside (others: 421); None: any.
+        access_log: one line per request on the ``stfast.serve.access`` logger (:func:`access_line`).
         build_threads: worker threads that parse and check requests and build those of up to
             :data:`SMALL_REQUEST_POINTS` points (together, one batch at a time); larger ones are built in a thread of
             their own. One by default: these steps are Python under the GIL, and every extra thread taking turns
@@ -303,6 +406,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
                              max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, pool=pool)
     app.state.batcher, app.state.large_batcher = batcher, large
+    stats = app.state.stats = {"abandoned": 0}  # requests whose client left before its answer
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc):  # 404, 405: the documented {"error": ...}
@@ -310,14 +414,6 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                  405: f"{request.method} is not allowed on {request.url.path[:80]}"}
         return json_response({"error": words.get(exc.status_code, str(exc.detail))}, exc.status_code,
                              getattr(exc, "headers", None))
-
-    def client_of(scope) -> str:
-        c = scope.get("client")
-        return c[0] if c else "?"
-
-    def refuse_rate(wait: float):
-        raise ApiError(429, f"rate limit: at most {rate_limit:g} units of work/s per client (a unit: a request of up "
-                            f"to {POINTS_PER_UNIT} points)", headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
     async def read_body(scope, receive) -> bytes:
         size = dict(scope["headers"]).get(b"content-length")
@@ -340,21 +436,14 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
 
     async def answer(scope, receive) -> Response:
         loop = asyncio.get_running_loop()
-        client = client_of(scope)
-        if limit is not None and (wait := limit.check(client)) > 0:
-            refuse_rate(wait)
-        body = await read_body(scope, receive)
+        body = await read_body(scope, receive)  # admitted: Service charged it from its Content-Length
         with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
-            try:
-                # a body that can hold a large request is parsed beside the small ones, not before them
-                reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
-            except ApiError:
-                if limit is not None:  # a refused body costs its client a unit too: parsing it was work
-                    limit.spend(client, 1.0)
-                raise
+            # a body that can hold a large request is parsed beside the small ones, not before them
+            reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
             points = sum(r.points for r in reqs)
-            if limit is not None and (wait := limit.spend(client, max(1.0, points / POINTS_PER_UNIT))) > 0:
-                refuse_rate(wait)
+            if limit is not None and (wait := limit.top_up(client_of(scope), scope.get("stfast", {}).get("paid", 0.0),
+                                                           max(1.0, points / POINTS_PER_UNIT))) > 0:
+                raise rate_error(limit, wait)
             lane = batcher if points <= SMALL_REQUEST_POINTS else large
             lane.reserve(points)
             if points <= SMALL_REQUEST_POINTS:
@@ -365,16 +454,17 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                 raise built
             trips, pos = built
         lengths = trips.lengths[pos]
-        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max())))
+        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max()),
+                                                scope.get("stfast")))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not job.done():  # the client went away: its request leaves the queue before its pass
-                job.cancel()
             gone.cancel()
-        if job.cancelled():
-            raise _Gone
+            if not job.done():  # the client went away: its request leaves the queue before its pass
+                job.cancel()  # (cancelled() stays False until the loop has run the cancellation)
+        if not job.done() or (gone.done() and not gone.cancelled()):
+            raise _Gone  # its answer, if any, is discarded
         rows = job.result()
         out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
@@ -387,7 +477,9 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             response = error_response(e)
         except QueueFull as e:
             response = error_response(ApiError(429, f"the service is busy: {e}", headers={"Retry-After": "1"}))
-        except _Gone:
+        except _Gone:  # nothing to answer: counted, and (in the access log) one line with status 499
+            stats["abandoned"] += 1
+            scope.setdefault("stfast", {})["status"] = 499
             return
         except Exception:
             log.exception("error answering POST /eta")
@@ -424,6 +516,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                              "batch_wait_s": round(batcher.waited_s + large.waited_s, 3),
                              "build_busy_s": round(builder.busy_s, 3),
                              "queued_points": batcher.queued_points + large.queued_points},
+                "requests": {"abandoned": stats["abandoned"]},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
                            "max_route_points": max_route_points, "max_request_points": max_request_points,
                            "max_batch_points": max_batch_points, "max_queue_points": max_queue_points,
@@ -438,7 +531,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
     async def index():
         return HTMLResponse(page, headers=PAGE_HEADERS)
 
-    return Service(app, eta, token, tuple(cors_origins), allowed_hosts)
+    return Service(app, eta, token, tuple(cors_origins), allowed_hosts, access_log, limit, max_body_bytes)
 
 
 class _Gone(Exception):
@@ -458,19 +551,23 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000, max_batch_points: int = 20_000,
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
           max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None,
-          allowed_hosts: tuple[str, ...] = ()) -> None:
+          allowed_hosts: tuple[str, ...] = (), log_level: str = "info", access_log: bool = True,
+          max_connections_per_client: int | None = None, write_timeout_s: float = 30.0) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
 
-    uvicorn runs it with :mod:`.protocol`'s connection (header / body timeouts, connection cap), keep-alive
+    uvicorn runs it with :mod:`.protocol`'s connection (header / body / write timeouts, connection caps in all and
+    per client address, header limits, pipelining backpressure, JSON 503s when the drain ends), keep-alive
     connections idle longer than ``idle_timeout_s`` closed, ``X-Forwarded-For`` / ``-Proto`` honoured only from
     the addresses ``forwarded_allow_ips`` lists (None: from nowhere), and on SIGTERM / SIGINT a graceful drain:
     the listening socket closes, requests in flight are answered (for up to ``drain_s``), then the process exits.
     ``token_file``: a file whose first line is the bearer token every path but /healthz and / needs.
     ``precision``: what the forward passes compute in (32, 64 or bf16-mixed; None: the checkpoint's).
-    ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`."""
-    import uvicorn
-
+    ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`.
+    ``log_level``: debug, info, warning or error, of the service's log on stderr (the ready line and the access log
+    are info); ``access_log``: one line per request (:func:`access_line`)."""
     from ..train.trained import load_model
+
+    setup_logging(log_level)
 
     token = None
     if token_file is not None:
@@ -481,23 +578,64 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     model = load_model(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
-                     cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts))
-    uvicorn.Server(server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips,
-                                 header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-                                 idle_timeout_s=idle_timeout_s, max_connections=max_connections,
-                                 drain_s=drain_s)).run()
+                     cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts),
+                     access_log=access_log)
+    config = server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips, header_timeout_s=header_timeout_s,
+                           body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
+                           max_connections=max_connections, drain_s=drain_s, log_level=log_level,
+                           max_connections_per_client=max_connections_per_client, write_timeout_s=write_timeout_s)
+    ReadyServer(config, describe(model)).run()
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def setup_logging(level: str) -> None:
+    """The service's log (logger ``stfast.serve`` and below) on stderr at ``level``: one line per record with its
+    time and level."""
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: choose one of {', '.join(LOG_LEVELS)}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+    root = logging.getLogger("stfast.serve")
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False  # the CLI's "stfast" handler would print each line twice
+
+
+class ReadyServer(uvicorn.Server):
+    """uvicorn's server, saying where it listens and what it serves once it does (the ready line, logged on
+    ``stfast.serve`` at info)."""
+
+    def __init__(self, config: uvicorn.Config, model_line: str):
+        super().__init__(config)
+        self.model_line = model_line
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.started:
+            return
+        cfg = self.config
+        port = self.servers[0].sockets[0].getsockname()[1] if self.servers and self.servers[0].sockets else cfg.port
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        log.info("stfast serve: ready on http://%s:%d, model %s (Ctrl+C stops; SIGTERM drains up to %g s)", host,
+                 port, self.model_line, cfg.timeout_graceful_shutdown)
 
 
 def server_config(app, host: str = "127.0.0.1", port: int = 8000, *, forwarded_allow_ips: str | None = None,
                   header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
-                  max_connections: int = 1000, drain_s: float = 30.0):
-    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does)."""
-    import uvicorn
-
+                  max_connections: int = 1000, drain_s: float = 30.0, log_level: str = "info",
+                  max_connections_per_client: int | None = None, write_timeout_s: float = 30.0):
+    """The ``uvicorn.Config`` :func:`serve` runs ``app`` with (its docstring says what each limit does). uvicorn's
+    own log stays at warning unless ``log_level`` is debug or above warning (the ready line and the access log are
+    the service's own); its access log is off."""
     from .protocol import protocol_class
 
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections),
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level if log_level in ("debug", "error") else "warning",
+                          access_log=False,
+                          http=protocol_class(header_timeout_s, body_timeout_s, max_connections,
+                                              max_per_client=max_connections_per_client,
+                                              write_timeout_s=write_timeout_s, forwarded_allow_ips=forwarded_allow_ips),
                           timeout_keep_alive=idle_timeout_s, timeout_graceful_shutdown=drain_s,
                           proxy_headers=bool(forwarded_allow_ips), forwarded_allow_ips=forwarded_allow_ips or "",
                           server_header=False)

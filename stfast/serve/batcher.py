@@ -67,7 +67,7 @@ class DynamicBatcher:
         self.busy_s = 0.0
         self.busy_cpu_s = 0.0
         self.waited_s = 0.0
-        self._pending: list = []  # [item, n routes, points, longest, future, enqueued at], oldest first
+        self._pending: list = []  # [item, n routes, points, longest, future, enqueued at, info], oldest first
         self._queued = 0  # points waiting
         self._arriving = 0
         self._event: asyncio.Event | None = None
@@ -100,15 +100,17 @@ class DynamicBatcher:
         if self._queued + points > self.max_queue:
             raise QueueFull(f"{self._queued} points are waiting, the queue holds {self.max_queue}")
 
-    async def submit(self, item, n: int, points: int | None = None, longest: int | None = None):
+    async def submit(self, item, n: int, points: int | None = None, longest: int | None = None,
+                     info: dict | None = None):
         """The result of ``forward`` for ``item`` (``n`` routes of ``points`` points in all, the longest
         ``longest``; both default to ``n``), once its batch has run. Raises QueueFull, or what ``forward`` raised
-        for it. Cancelled (its client gone), the item leaves the queue before its pass."""
+        for it. Cancelled (its client gone), the item leaves the queue before its pass. ``info``, when given,
+        gets ``"batch"``: the routes of the pass that carried it (what the access log shows)."""
         points = n if points is None else points
         self._start()
         self.reserve(points)
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append([item, n, points, longest or points, fut, time.monotonic()])
+        self._pending.append([item, n, points, longest or points, fut, time.monotonic(), info])
         self._queued += points
         self._event.set()
         return await fut
@@ -168,10 +170,13 @@ class DynamicBatcher:
             results = await loop.run_in_executor(self._pool, self._forward_isolated, [e[0] for e in live])
             self.busy_s += time.monotonic() - t0
             self.forward_passes += 1
-            self.routes += sum(e[1] for e in live)
+            routes = sum(e[1] for e in live)
+            self.routes += routes
             for e, r in zip(live, results):
                 if e[4].done():
                     continue
+                if e[6] is not None:
+                    e[6]["batch"] = routes
                 if isinstance(r, _Failed):
                     e[4].set_exception(r.exc)
                 else:

@@ -5,6 +5,11 @@ import time
 
 POINTS_PER_UNIT = 1000
 """Route points (after densification) that one unit of the rate limit pays for."""
+BODY_BYTES_PER_UNIT = 32 * 1024
+"""Body bytes that one unit pays for at admission (from ``Content-Length``, before the body is read): more than
+1,000 points as JSON take (about 24 bytes a point), so an ordinary request pays no more up front than its points."""
+LIGHT_UNITS = 0.1
+"""What a request that is not ``POST /eta`` costs (``/healthz``, an unknown path, a preflight): cheap, counted."""
 
 
 class RateLimit:
@@ -45,6 +50,17 @@ class RateLimit:
             self._buckets[client] = (tokens, now)
             return (need - tokens) / self.rate
         self._buckets[client] = (tokens - cost, now)
+        return 0.0
+
+    def top_up(self, client: str, paid: float, cost: float) -> float:
+        """The rest of a request's ``cost`` once it is known, ``paid`` of it taken at admission by :meth:`spend`:
+        refused (the seconds to wait) when the bucket, with ``paid`` given back, would hold less than
+        ``min(cost, burst)``, as :meth:`spend` of the whole cost at once would be; ``paid`` stays spent."""
+        tokens, now = self._tokens(client)
+        if tokens + paid < min(cost, self.burst):
+            self._buckets[client] = (tokens, now)
+            return (min(cost, self.burst) - tokens - paid) / self.rate
+        self._buckets[client] = (tokens - max(0.0, cost - paid), now)
         return 0.0
 
     def allow(self, client: str) -> float:
