@@ -371,8 +371,13 @@ def cmd_data_convert(a) -> int:
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"])
     if str(a.out).endswith(".jsonl"):
+        from .data.durable import os_error_line
+
         trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
-        trips.to_jsonl(a.out)
+        try:
+            trips.to_jsonl(a.out)
+        except OSError as e:  # read-only, full disk, permissions: one line with the path
+            raise ValueError(os_error_line(e, f"cannot write {a.out}")) from None
         what = "DeepTTE JSON lines"
     else:  # a trips store: streamed in bounded memory from DiDi / point CSV
         from .data.convert import convert_to_store

@@ -153,3 +153,15 @@ def test_store_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
     synced = {os.path.basename(p) for k, p in order[:renamed] if k == "fsync"}
     assert {p.name for p in (tmp_path / "s").iterdir()} <= synced | {"checked.json"}
     assert f".s.tmp{os.getpid()}" in synced and ("fsync", str(tmp_path)) in order[renamed:]
+
+
+def test_jsonl_out_os_error_is_one_line_and_leaves_nothing(tmp_path, jsonl, capsys, monkeypatch):
+    import stfast.data.trips as trips_mod
+
+    def full(a, b):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(b))
+
+    monkeypatch.setattr(trips_mod.os, "replace", full)
+    rc, err = _convert(jsonl, tmp_path / "t.jsonl", capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and f"cannot write {tmp_path / 't.jsonl'}" in err
+    assert "disk is full" in err and list(tmp_path.iterdir()) == []

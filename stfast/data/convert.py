@@ -138,14 +138,14 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
             reading and preprocessing; bad settings (see load_trips); an OS error (read-only file system, full disk,
             permissions), in one line naming the path.
     """
-    out = check_out(out)
     try:
+        out = check_out(out)
         return _convert(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km, gap_s=gap_s,
                         tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
     except FileNotFoundError:
         raise
     except OSError as e:
-        writing = e.filename is None or str(e.filename).startswith(str(out.parent))
+        writing = e.filename is None or str(e.filename).startswith(str(Path(out).parent))
         raise ValueError(os_error_line(e, f"cannot write the trips store {out}" if writing else
                                        f"cannot read {data}", writing)) from None
 

@@ -102,7 +102,7 @@ def recover_folder(out: Path, is_ours: Callable[[Path], bool]) -> None:
         olds = [p for p in out.parent.iterdir() if _is_dead_aside(p, out.name, "old")]
     except OSError:
         return
-    for old in sorted(olds, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+    for old in sorted(olds, reverse=True):
         if not is_ours(old):
             continue
         if not os.path.lexists(out):

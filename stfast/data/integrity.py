@@ -26,11 +26,11 @@ class DamagedError(ValueError):
     """
 
     def __init__(self, path: str | os.PathLike, reason: str, fix: str = ""):
-        self.path, self.reason = str(path), reason
+        self.path, self.reason, self.fix = str(path), reason, fix
         super().__init__(f"{self.path}: damaged ({reason})" + (f"; {fix}" if fix else ""))
 
     def __reduce__(self):  # picklable across processes
-        return (type(self), (self.path, self.reason))
+        return (type(self), (self.path, self.reason, self.fix))
 
 
 def file_checksum(path: str | os.PathLike) -> str:
