@@ -169,6 +169,10 @@ def _data_args(d: argparse.ArgumentParser) -> None:
     _add_data_args(c, required=True)
     c.add_argument("--out", required=True, help="the trips store (folder) to write; a name ending in .jsonl: "
                    "DeepTTE JSON lines")
+    v = dsub.add_parser("verify", help="check every file of a trips store against the checksums and values recorded "
+                        "at conversion, and its kept derived values (damaged ones are removed, to be computed again)",
+                        formatter_class=_HelpFormatter)
+    v.add_argument("store", help="the trips store (folder)")
 
 
 COMMANDS = {
@@ -267,7 +271,7 @@ def _check_store_flags(a, given: set[str]) -> None:
     and both values (the store cannot be preprocessed again; a flag that is not given takes the store's)."""
     from .data.store import is_store
 
-    if a.command not in ("train", "data") or not a.data or not is_store(a.data):
+    if a.command not in ("train", "data") or not getattr(a, "data", None) or not is_store(a.data):
         return
     from ._options import dest, flag
     from ._options import show as _show
@@ -441,6 +445,22 @@ def dropped_path(predictions: Path) -> Path:
     return predictions.with_name(f"{predictions.stem}.dropped.csv")
 
 
+def cmd_data_verify(a) -> int:
+    import time
+
+    from .data.derived import verify_derived
+    from .data.store import verify_store
+
+    t0 = time.perf_counter()
+    n, size = verify_store(a.store)
+    ok, bad = verify_derived(a.store)
+    for e in bad:
+        print(f"stfast: warning: {e}; removed, to be computed again when needed", file=sys.stderr)
+    print(f"{a.store}: {n} files intact ({size / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s); derived values: "
+          f"{ok} intact, {len(bad)} damaged and removed")
+    return 0
+
+
 def cmd_data_convert(a) -> int:
     from .data.load import load_trips, require_trips
     from .data.options import preprocess_options_from_args
@@ -449,8 +469,13 @@ def cmd_data_convert(a) -> int:
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"])
     if str(a.out).endswith(".jsonl"):
+        from .data.durable import os_error_line
+
         trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
-        trips.to_jsonl(a.out)
+        try:
+            trips.to_jsonl(a.out)
+        except OSError as e:  # read-only, full disk, permissions: one line with the path
+            raise ValueError(os_error_line(e, f"cannot write {a.out}")) from None
         what = "DeepTTE JSON lines"
     else:  # a trips store: streamed in bounded memory from DiDi / point CSV
         from .data.convert import convert_to_store
@@ -553,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
             "bench": cmd_bench, "serve": cmd_serve}
-    fn = cmd_data_convert if a.command == "data" else cmds[a.command]
+    fn = {"convert": cmd_data_convert, "verify": cmd_data_verify}[a.data_command] if a.command == "data" \
+        else cmds[a.command]
     failed: tuple = ()  # the errors of a run that failed (not of its arguments): none where nothing trains
     if a.command not in ("data", "report"):
         from .parallel.data_parallel import JoinFailure

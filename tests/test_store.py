@@ -210,8 +210,10 @@ def test_failed_conversion_keeps_the_old_store(tmp_path, small_parts):
         conv.convert_to_store(str(raw), tmp_path / "s")
     assert open_store(tmp_path / "s").fingerprint == first.fingerprint
     (tmp_path / "notastore").mkdir()
+    (tmp_path / "notastore" / "mine.txt").write_text("the user's")
     with pytest.raises(ValueError, match="not a trips store"):
         conv.convert_to_store(str(raw), tmp_path / "notastore")
+    assert [p.name for p in (tmp_path / "notastore").iterdir()] == ["mine.txt"]
 
 
 def test_store_settings_conflicts_are_refused(tmp_path):

@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
+from .durable import aside, os_error_line
 from .load import DEFAULT_TZ, load_trips, require_trips
-from .store import StoreWriter, write_store
+from .store import StoreWriter, check_out, write_store
 from .trips import Trajectories, Trips, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
@@ -128,20 +128,33 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     Returns:
         The store, opened (:func:`stfast.data.store.open_store`): memory-mapped Trips with the fingerprint.
 
+    ``out`` is refused (before anything is read) unless it is new, empty, or a store holding nothing else
+    (:func:`stfast.data.store.check_out`); a symbolic link is followed. Temporary folders of conversions into the same
+    parent that were killed are removed.
+
     Raises:
         TrajectoryFormatError: bad input (file, line, field), as the readers raise it.
-        ValueError: ``out`` exists and is not a store; no trip survived reading and preprocessing; bad
-            settings (see load_trips).
+        ValueError: ``out`` exists and is not a store, or holds files stfast did not write; no trip survived
+            reading and preprocessing; bad settings (see load_trips); an OS error (read-only file system, full disk,
+            permissions), in one line naming the path.
     """
     from .readers import given_format
 
-    with given_format(data, fmt):  # a wrong --format on a file of another format: named
-        return _convert_to_store(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km,
-                                 gap_s=gap_s, tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
+    try:
+        out = check_out(out)
+        with given_format(data, fmt):  # a wrong --format on a file of another format: named
+            return _convert(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km,
+                            gap_s=gap_s, tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        writing = e.filename is None or str(e.filename).startswith(str(Path(out).parent))
+        raise ValueError(os_error_line(e, f"cannot write the trips store {out}" if writing else
+                                       f"cannot read {data}", writing)) from None
 
 
-def _convert_to_store(data, out, fmt, *, on_error, modes, min_spacing_km, gap_s, tz, n_synthetic, seed,
-                      **options) -> Trips:
+def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km, gap_s: float, tz: str | None,
+             n_synthetic: int, seed: int, **options) -> Trips:
     from .preprocess import PreprocessConfig, _clean, _cut
     from .readers import detect_format
 
@@ -168,7 +181,7 @@ def _convert_to_store(data, out, fmt, *, on_error, modes, min_spacing_km, gap_s,
     probs, codes = _Problems(on_error), _TripCodes()
     out = Path(out)
     with StoreWriter(out, {"data": str(data), "format": fmt}) as w, _large_arrays_reused():
-        spill = out.with_name(f".{out.name}.spill{os.getpid()}")
+        spill = aside(out, "spill")
         spill.mkdir(parents=True, exist_ok=True)
         try:
             sp = _Spill(spill, {"didi": (), "porto": ("state",), "tdrive": ("state",)}.get(fmt, ("state", "off")))

@@ -9,8 +9,13 @@ settings, by every rank of a run and by ``evaluate`` / ``predict`` / ``serve`` a
 store converted again (another fingerprint) give another key, and a store converted again replaces its folder
 whole (:mod:`stfast.data.store`), its derived values with it. Writes are atomic (a temporary name beside the
 value, then :func:`os.replace`): concurrent ranks that compute the same value on a first run write the same
-bytes, and a reader never sees a half-written file. Arrays are read memory-mapped: a 10 M-trip store's split
-indices are shared by the ranks' page cache, not copied into each.
+bytes, and a reader never sees a half-written file; files are fsynced before the rename. Arrays are read
+memory-mapped: a 10 M-trip store's split indices are shared by the ranks' page cache, not copied into each.
+
+Damage: a JSON value is sealed with the XXH3-64 checksum of its content, an arrays folder's ``arrays.json`` records
+each array's checksum, dtype and shape (and is sealed itself), and every read checks them (about 10 GB/s). A value
+that is damaged (truncated, flipped bits, a key missing or edited, two arrays swapped) is never used: it is computed
+again, with a warning naming the file, and replaces the damaged one.
 
 Trips that are not a store (a raw file read and preprocessed in the run), a view that is not one of a
 store's named splits (:func:`mark`), or a store folder that cannot be written: the value is computed, not
@@ -28,10 +33,14 @@ from typing import Callable
 
 import numpy as np
 
+from .durable import aside, fsync_dir, fsync_tree
+from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
+from .store_checks import read_npy_header
+
 log = logging.getLogger("stfast.data")
 
 DERIVED = "derived"
-VERSION = 1  # bump when a derived value's computation changes: old files are then not found
+VERSION = 2  # bump when a derived value's computation or format changes: old files are then not found (2: sealed)
 
 
 def mark(view, settings: dict) -> None:
@@ -58,54 +67,108 @@ def _where(trips, name: str, settings: dict) -> tuple[Path, str] | None:
     return Path(folder) / DERIVED, f"{name}-{hashlib.blake2b(text.encode(), digest_size=10).hexdigest()}"
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+def _damaged(path: Path, e: DamagedError) -> None:
+    log.warning("%s: a kept derived value is damaged (%s): not used, computed again", path, e.reason)
+
+
+def _discard(path: Path) -> None:
+    """Remove the damaged value ``path`` (file or folder): renamed aside first, so a reader never sees half of it."""
+    gone = aside(path, "bad")
+    try:
+        os.replace(path, gone)
+    except OSError:
+        return
+    if gone.is_dir():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
+
+
+def read_json_value(path: Path):
+    """The value kept in ``path`` (a sealed JSON record). Raises OSError when absent, DamagedError when damaged."""
+    rec = read_sealed(path)
+    if "value" not in rec:
+        raise DamagedError(path, "no value in it")
+    return rec["value"]
 
 
 def cached_json(trips, name: str, settings: dict, compute: Callable[[], object]):
     """``compute()`` (a JSON-serializable value) for ``trips`` under ``settings``, read from the store's derived
-    folder when kept there, else computed and kept (module doc)."""
+    folder when kept there and intact, else computed and kept (module doc)."""
     where = _where(trips, name, settings)
     if where is None:
         return compute()
     path = where[0] / f"{where[1]}.json"
     try:
-        return json.loads(path.read_text())["value"]
-    except (OSError, ValueError, KeyError):
+        return read_json_value(path)
+    except OSError:
         pass
+    except DamagedError as e:
+        _damaged(path, e)
+        _discard(path)
     value = compute()
     try:
         where[0].mkdir(exist_ok=True)
-        tmp = _tmp(path)
-        tmp.write_text(json.dumps({"name": name, "settings": settings, "value": value}, default=str))
+        tmp = aside(path, "tmp")
+        with open(tmp, "w") as f:
+            json.dump(seal({"name": name, "settings": settings, "value": value}), f, default=str)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(where[0])
     except OSError as e:  # a read-only store: computed each time, as before
         log.debug("%s: derived value %s not kept (%s)", where[0], name, e)
     return value
 
 
+def read_arrays(folder: Path) -> dict:
+    """The arrays kept in ``folder`` (name → read-only memory-mapped array), each checked against the checksum,
+    dtype and shape its sealed ``arrays.json`` records. Raises OSError when absent, DamagedError when damaged."""
+    rec = read_sealed(folder / "arrays.json")
+    files = rec.get("files")
+    if not isinstance(files, dict) or list(files) != rec.get("arrays"):
+        raise DamagedError(folder / "arrays.json", "no checksums of its arrays")
+    out = {}
+    for k, want in files.items():
+        p = folder / f"{k}.npy"
+        read_npy_header(p, want)
+        if file_checksum(p) != want[CHECKSUM]:
+            raise DamagedError(p, f"its {CHECKSUM} checksum differs from the one recorded when it was kept")
+        out[k] = np.load(p, mmap_mode="r", allow_pickle=False)
+    return out
+
+
 def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict]) -> dict:
     """``compute()`` (a dict of name → numpy array) for ``trips`` under ``settings``, read memory-mapped from
-    the store's derived folder when kept there, else computed and kept (module doc)."""
+    the store's derived folder when kept there and intact, else computed and kept (module doc)."""
     where = _where(trips, name, settings)
     if where is None:
         return compute()
     folder = where[0] / where[1]
     try:
-        names = json.loads((folder / "arrays.json").read_text())["arrays"]
-        return {k: np.load(folder / f"{k}.npy", mmap_mode="r", allow_pickle=False) for k in names}
-    except (OSError, ValueError, KeyError):
+        return read_arrays(folder)
+    except OSError:
         pass
+    except DamagedError as e:
+        _damaged(folder, e)
+        _discard(folder)
     value = compute()
-    tmp = _tmp(folder)
+    tmp = aside(folder, "tmp")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
+        files = {}
         for k, a in value.items():
-            np.save(tmp / f"{k}.npy", np.ascontiguousarray(a), allow_pickle=False)
-        (tmp / "arrays.json").write_text(json.dumps({"name": name, "settings": settings, "arrays": list(value)},
-                                                    default=str))
+            p = tmp / f"{k}.npy"
+            np.save(p, np.ascontiguousarray(a), allow_pickle=False)
+            a = np.load(p, mmap_mode="r")
+            files[k] = {CHECKSUM: file_checksum(p), "dtype": np.lib.format.dtype_to_descr(a.dtype),
+                        "shape": list(a.shape)}
+        rec = seal({"name": name, "settings": settings, "arrays": list(value), "files": files})
+        (tmp / "arrays.json").write_text(json.dumps(rec, default=str))
+        fsync_tree(tmp)
         try:
             os.rename(tmp, folder)
+            fsync_dir(where[0])
         except OSError:  # another rank kept it first (the same arrays)
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
@@ -127,3 +190,24 @@ def split_views(trips, settings: dict, compute: Callable[[], tuple]) -> tuple:
         for k, v in zip(SPLITS, views):
             mark(v, {"split": settings, "part": k})
     return views
+
+
+def verify_derived(store: str | os.PathLike) -> tuple[int, list[DamagedError]]:
+    """Check every value kept in ``store``'s derived folder (as a read would); the damaged ones are removed (the next
+    run that needs one computes it again). Returns (values found intact, the damage found, one error each)."""
+    folder = Path(store) / DERIVED
+    ok, bad = 0, []
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    for p in entries:
+        if p.name.startswith("."):  # another process's temporary
+            continue
+        try:
+            read_arrays(p) if p.is_dir() else read_json_value(p)
+            ok += 1
+        except DamagedError as e:
+            bad.append(e)
+            _discard(p)
+        except OSError as e:
+            bad.append(DamagedError(p, f"cannot be read: {e.strerror or e}"))
+            _discard(p)
+    return ok, bad

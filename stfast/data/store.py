@@ -18,22 +18,41 @@ string columns to numpy on every open and buys nothing here (one writer, numeric
 
 A store is written by :class:`StoreWriter` chunk by chunk (a streaming conversion appends preprocessed
 trips as they are made, :mod:`stfast.data.convert`), into a temporary folder beside ``out`` that is
-renamed into place only when complete: an interrupted conversion leaves no half store. The fingerprint
-(:func:`stfast.data.fingerprint.trips_fingerprint`) is computed once, when the store is finished, and read
-from the manifest afterwards.
+fsynced and renamed into place only when complete (:func:`stfast.data.durable.replace_folder`): an interrupted
+conversion leaves no half store, and a crash while an old store is swapped for the new one is undone by the next
+open. The fingerprint (:func:`stfast.data.fingerprint.trips_fingerprint`) is computed once, when the store is
+finished, and read from the manifest afterwards.
+
+Damage: the manifest records each file's XXH3-64 checksum, dtype and shape, and value checks that held at
+conversion (:mod:`stfast.data.store_checks`); the manifest itself is sealed (:func:`stfast.data.integrity.seal`).
+Every open checks the files' .npy headers and sizes against it; a file whose stamp (size, mtime, inode, ctime)
+differs from the one ``checked.json`` recorded when it was last found intact is hashed and its values checked
+before use (``stfast data verify`` checks every file). A damaged store raises
+:class:`~stfast.data.integrity.DamagedError` naming the file.
+
+``--out`` is replaced only when it is a store and holds nothing else (:func:`check_out`): stfast deletes only what
+it wrote.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from .derived import DERIVED
+from .durable import aside, dead_leftovers, fsync_file, recover_folder, replace_folder
 from .fingerprint import compute_fingerprint
+from .integrity import CHECKSUM, DamagedError, file_checksum, seal, unseal
+from .store_checks import check_changed, file_record, read_npy_header, value_record
 from .trips import DroppedTrips, Trips, lengths_to_offsets
+
+log = logging.getLogger("stfast.data")
 
 STORE_FORMAT = "stfast-trips-store/1"
 MANIFEST = "manifest.json"
@@ -43,8 +62,80 @@ _STR_CHUNK = 1 << 20  # string values rewritten at a time when a store is finish
 
 
 def is_store(path) -> bool:
-    """True when ``path`` is a folder holding a trips store's ``manifest.json``."""
-    return path is not None and (Path(path) / MANIFEST).is_file()
+    """True when ``path`` is a folder holding a trips store's ``manifest.json``. A store whose replacement by a
+    conversion that died midway left it renamed aside is renamed back first (:func:`~stfast.data.durable.recover_folder`)."""
+    if path is None:
+        return False
+    recover_folder(Path(path), _only_store_files)
+    return (Path(path) / MANIFEST).is_file()
+
+
+def _store_entries() -> frozenset:
+    """The names a store folder holds (all written by stfast)."""
+    return frozenset({MANIFEST, CHECKED, DERIVED, *(f"{c}.npy" for c in (*_COLUMNS, *_DROPPED))})
+
+
+def _only_store_files(folder: Path) -> bool:
+    """Whether ``folder`` is a store with nothing else in it (what stfast may delete or rename)."""
+    try:
+        return (folder / MANIFEST).is_file() and {p.name for p in folder.iterdir()} <= _store_entries()
+    except OSError:
+        return False
+
+
+_TMP_FILE = re.compile(r"^(_lengths\.npy|_(driver|trip_id)\.\d+\.npy)$")
+_SPILL_FILE = re.compile(r"^\d+\.bin$")
+
+
+def _only_temporary_files(folder: Path) -> bool:
+    """Whether ``folder`` holds only what a conversion's temporary or spill folder holds."""
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return False
+    return all(n in _store_entries() or _TMP_FILE.match(n) or _SPILL_FILE.match(n) for n in names)
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """The folder a conversion with ``--out out`` writes: ``out``, or where it points when it is a symbolic link (the
+    link is kept, its target replaced). Refuses (ValueError, one line saying why) unless that is new, an empty folder,
+    or a trips store holding nothing but a store's files: stfast deletes nothing it did not write."""
+    out = Path(out)
+    if out.is_symlink():
+        out = Path(os.path.realpath(out))
+    if not os.path.lexists(out):
+        recover_folder(out, _only_store_files)  # a store a stopped conversion left aside comes back, to be replaced
+    if not os.path.lexists(out):
+        return out
+    if not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder: choose a new folder for the trips store (or a .jsonl "
+                         "file for DeepTTE JSON lines)")
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return out
+    if MANIFEST not in names:
+        raise ValueError(f"--out {out} exists and is not a trips store (it holds {names[0]!r} and no {MANIFEST}): "
+                         "stfast replaces only a store it wrote; choose a new folder")
+    try:
+        read_manifest(out)
+    except ValueError:
+        raise ValueError(f"--out {out} holds a {MANIFEST} that is not a stfast trips store's: stfast replaces only a "
+                         "store it wrote; choose a new folder") from None
+    others = [n for n in names if n not in _store_entries()]
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise ValueError(f"--out {out} holds a trips store and {others[0]!r}{more}, which stfast did not write: "
+                         f"replacing the store would delete them; move them out of {out}, or choose a new folder")
+    return out
+
+
+def remove_dead_leftovers(parent: Path) -> None:
+    """Remove the temporary and spill folders (``.NAME.tmpPID``, ``.NAME.spillPID``) that conversions into ``parent``
+    whose process is gone (killed) left, when they hold only what a conversion writes."""
+    for p in dead_leftovers(parent, ("tmp", "spill")):
+        if _only_temporary_files(p):
+            shutil.rmtree(p, ignore_errors=True)
+            log.info("%s: removed, left by a conversion that was stopped", p)
 
 
 def _npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -78,23 +169,23 @@ class StoreWriter:
     manager: leaving it by an exception removes the temporary folder and leaves ``out`` as it was).
 
     Args:
-        out: the store folder to make. An existing store there is replaced when the new one is complete;
-            anything else there is refused (ValueError), so no data of the user's is overwritten.
+        out: the store folder to make (a symbolic link: its target). An existing store there is replaced when the new
+            one is complete; anything else there is refused (:func:`check_out`), so no data of the user's is deleted.
+            Temporary folders that stopped conversions into the same parent left are removed.
         source: what the store was made from, recorded in the manifest (e.g. ``{"data": path, "format": fmt}``).
 
     Raises:
-        ValueError: ``out`` exists and is not a trips store. OSError on write failures.
+        ValueError: ``out`` exists and is not a trips store, or holds other files. OSError on write failures.
     """
 
     def __init__(self, out: str | os.PathLike, source: dict | None = None):
-        self.out = Path(out)
-        if self.out.exists() and not is_store(self.out):
-            raise ValueError(f"--out {self.out} exists and is not a trips store: choose a new folder "
-                             "(or a .jsonl file for DeepTTE JSON lines)")
+        self.out = check_out(out)
         self.source = source or {}
-        self.tmp = self.out.with_name(f".{self.out.name}.tmp{os.getpid()}")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_leftovers(self.out.parent)
+        self.tmp = aside(self.out, "tmp")
         shutil.rmtree(self.tmp, ignore_errors=True)
-        self.tmp.mkdir(parents=True)
+        self.tmp.mkdir()
         self.cols = {name: _Column(self.tmp / f"{name}.npy", dt) for name, dt in (
             ("lng", np.float64), ("lat", np.float64), ("state", np.float32), ("time_gap", np.float64),
             ("dist_gap", np.float64), ("dist", np.float64), ("time", np.float64), ("week_id", np.int64),
@@ -158,18 +249,15 @@ class StoreWriter:
         cfg = self.preprocess_config
         manifest = {"format": STORE_FORMAT, "tz": self.tz, "dropped": self.dropped,
                     "preprocess_config": None if cfg is None else cfg.to_dict(), "source": self.source}
-        (self.tmp / MANIFEST).write_text(json.dumps(manifest))
         trips = _open(self.tmp, manifest)
+        files = {p.name: file_record(p) for p in sorted(self.tmp.iterdir())}
         manifest.update(n_trips=len(trips), n_points=trips.n_points, fingerprint=compute_fingerprint(trips),
-                        columns={n: np.lib.format.dtype_to_descr(np.load(self.tmp / f"{n}.npy", mmap_mode="r").dtype)
-                                 for n in _COLUMNS})
-        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                        columns={n: files[f"{n}.npy"]["dtype"] for n in _COLUMNS}, files=files,
+                        checks=value_record(trips))
         del trips
-        old = self.out.with_name(f".{self.out.name}.old{os.getpid()}")
-        if self.out.exists():
-            os.replace(self.out, old)
-        os.replace(self.tmp, self.out)
-        shutil.rmtree(old, ignore_errors=True)
+        _write_json(self.tmp / MANIFEST, seal(manifest))
+        _record_checked(self.tmp, files)
+        replace_folder(self.tmp, self.out)
         return open_store(self.out)
 
     def _join_strings(self, name: str, parts: list[Path]) -> None:
@@ -197,18 +285,56 @@ class StoreWriter:
 
 
 _COLUMNS = ("offsets", *Trips._POINT_FIELDS, *Trips._TRIP_FIELDS)
+_DROPPED = tuple(f"dropped_{c}" for c in ("trip_id", "segment", "reason"))
+CHECKED = "checked.json"  # the stamps of the files as last found intact (store_checks.check_changed)
+
+
+def _fix(store, m: dict | None = None) -> str:
+    """What to do about a damaged store: convert again (from the raw data its manifest names, where it does)."""
+    raw = ((m or {}).get("source") or {}).get("data")
+    return f"convert the data again (stfast data convert --data {raw or 'RAW'} --out {store})"
+
+
+def _write_json(path: Path, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _record_checked(folder: Path, files: dict) -> None:
+    """Write ``folder``'s ``checked.json``: the stamps of ``files`` now (found intact). Best effort: a read-only store
+    is checked again at its next open."""
+    from .integrity import stamp
+
+    try:
+        tmp = aside(folder / CHECKED, "tmp")
+        _write_json(tmp, {n: stamp(folder / n) for n in files})
+        os.replace(tmp, folder / CHECKED)
+    except OSError as e:
+        log.debug("%s: %s not written (%s)", folder, CHECKED, e)
 
 
 def read_manifest(path: str | os.PathLike) -> dict:
-    """The manifest of the store at ``path``. Raises ValueError when it is none (or of another format)."""
+    """The manifest of the store at ``path``, its seal checked (a manifest written before stfast sealed it is read
+    as it is). Raises ValueError when it is none (or of another format), DamagedError when it was changed."""
     p = Path(path) / MANIFEST
     try:
-        m = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
+        m = json.loads(p.read_bytes())
+    except FileNotFoundError as e:
         raise ValueError(f"{path} is not a trips store (cannot read {MANIFEST}: {e})") from None
+    except (OSError, ValueError) as e:
+        if not (p.is_file() and any(x.name.endswith(".npy") for x in Path(path).iterdir())):
+            raise ValueError(f"{path} is not a trips store (cannot read {MANIFEST}: {e})") from None
+        raise DamagedError(p, f"not JSON: {e}", _fix(path)) from None
     if not isinstance(m, dict) or m.get("format") != STORE_FORMAT:
         raise ValueError(f"{path}: {MANIFEST} is not of format {STORE_FORMAT} (got {m.get('format') if isinstance(m, dict) else m!r}); "
                          "convert the data again with `stfast data convert --out DIR`")
+    if CHECKSUM in m or "files" in m:
+        try:
+            m = unseal(m, p)
+        except DamagedError as e:
+            raise DamagedError(p, e.reason, _fix(path, m)) from None
     return m
 
 
@@ -222,30 +348,76 @@ def open_store(path: str | os.PathLike) -> Trips:
         records), ``dropped`` counts, ``dropped_trips`` rows, ``fingerprint`` and ``store_path`` (the folder,
         absolute: where values derived from the trips are kept, :mod:`stfast.data.derived`).
 
+    Damage (see the module doc) is found before any value is used: every open checks each file's .npy header and
+    size against the manifest; files changed since they were last found intact are hashed and their values checked.
+
     Raises:
         ValueError: ``path`` is not a complete store of format :data:`STORE_FORMAT`.
+        DamagedError (a ValueError): a file of the store is damaged; the message names it.
     """
-    trips = _open(Path(path), read_manifest(path))
-    trips.store_path = str(Path(path).resolve())  # where values derived from it are kept (stfast.data.derived)
+    path = Path(path)
+    is_store(path)  # a store a stopped conversion left aside is renamed back
+    m = read_manifest(path)
+    try:
+        trips = _open(path, m)
+        check_changed(path, m, trips, CHECKED, _record_checked)
+    except DamagedError as e:
+        raise DamagedError(e.path, e.reason, _fix(path, m)) from None
+    trips.store_path = str(path.resolve())  # where values derived from it are kept (stfast.data.derived)
     return trips
 
 
-def _open(path: Path, m: dict) -> Trips:
-    def col(name):
-        return np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+def verify_store(path: str | os.PathLike) -> tuple[int, int]:
+    """Check every file of the store at ``path``: headers, values and checksums (:func:`open_store` checks only
+    those changed since they were last found intact). Returns (files, bytes) checked.
 
+    Raises:
+        ValueError: ``path`` is not a trips store, or one without checksums (converted by an older stfast).
+        DamagedError (a ValueError): the first damaged file, named.
+    """
+    from .store_checks import verify_files
+
+    path = Path(path)
+    if not is_store(path):
+        raise ValueError(f"{path} is not a trips store (no {MANIFEST}): give the folder `stfast data convert --out` wrote")
+    m = read_manifest(path)
     try:
-        kw = {name: col(name) for name in _COLUMNS}
-        rows = DroppedTrips(*(col(f"dropped_{c}") for c in ("trip_id", "segment", "reason")))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: incomplete trips store ({e})") from None
+        trips = _open(path, m)
+        got = verify_files(path, m, trips)
+    except DamagedError as e:
+        raise DamagedError(e.path, e.reason, _fix(path, m)) from None
+    _record_checked(path, m["files"])
+    return got
+
+
+def _open(path: Path, m: dict) -> Trips:
+    """The columns of the store at ``path`` memory-mapped, each .npy header and file size checked against the
+    manifest ``m`` where it records them (DamagedError naming the file)."""
+    files, dtypes = m.get("files") or {}, m.get("columns") or {}
+
+    def col(name):
+        p = path / f"{name}.npy"
+        want = files.get(p.name) or ({"dtype": dtypes[name]} if name in dtypes else {})
+        read_npy_header(p, want)
+        try:
+            return np.load(p, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise DamagedError(p, f"cannot be read: {e}") from None
+
+    kw = {name: col(name) for name in _COLUMNS}
+    rows = DroppedTrips(*(col(c) for c in _DROPPED))
+    if m.get("n_points") is not None and (len(kw["offsets"]) == 0 or int(kw["offsets"][-1]) != m["n_points"]):
+        raise DamagedError(path / "offsets.npy", f"its last offset is not the manifest's n_points {m['n_points']}")
     cfg = m.get("preprocess_config")
     if cfg is not None:
         from .preprocess import PreprocessConfig  # preprocess imports trips, not this module
 
         cfg = PreprocessConfig.from_dict(cfg)
-    return Trips(**kw, dropped=dict(m.get("dropped", {})), dropped_trips=rows, tz=m.get("tz"),
-                 preprocess_config=cfg, fingerprint=m.get("fingerprint"))
+    try:
+        return Trips(**kw, dropped=dict(m.get("dropped", {})), dropped_trips=rows, tz=m.get("tz"),
+                     preprocess_config=cfg, fingerprint=m.get("fingerprint"))
+    except ValueError as e:  # offsets not monotone, or columns of other lengths than the offsets say
+        raise DamagedError(path / "offsets.npy", str(e)) from None
 
 
 def write_store(trips: Trips, out: str | os.PathLike, source: dict | None = None) -> Trips:

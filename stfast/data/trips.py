@@ -13,6 +13,7 @@ trips in a few flat numpy arrays instead of a million Python objects.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -349,12 +350,18 @@ class Trips(_CSR):
             yield self.record(i)
 
     def to_jsonl(self, path: str | os.PathLike) -> None:
-        """Write DeepTTE JSON lines, atomically (temp file, then rename)."""
+        """Write DeepTTE JSON lines, atomically (temp file, then rename; a failed write removes the temp file).
+        Raises OSError."""
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            for r in self.records():
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                for r in self.records():
+                    f.write(json.dumps(r) + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     # ---- binary save / memory-mapped load (large data sets)
     def save(self, path: str | os.PathLike) -> None:

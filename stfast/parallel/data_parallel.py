@@ -8,6 +8,7 @@ batch's mean loss, whatever the shard sizes (an empty shard contributes zeros).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import sys
@@ -82,14 +83,23 @@ def _restart_store(info: DistInfo, timeout_s: float) -> dict:
 
 
 def shutdown(wait_for_peers: bool = False) -> None:
-    """Leave the process group. ``wait_for_peers`` (after a run every rank finished): first a barrier,
-    so no rank tears its Gloo/NCCL state down while a peer is still working (rank 0 writes the summary
-    and plots after the last collective); an early-exiting rank was seen to abort (SIGABRT, "terminate
-    called without an active exception") in that window. Skip it after an error: a peer may be gone."""
+    """Leave the process group, while the interpreter is fully alive. ``wait_for_peers`` (after a run every rank
+    finished): first a barrier, so no rank tears its Gloo/NCCL state down while a peer is still working (rank 0
+    writes the summary and plots after the last collective); an early-exiting rank was seen to abort (SIGABRT,
+    "terminate called without an active exception") in that window. Skip it after an error: a peer may be gone.
+
+    Everything of the run is released here, with the interpreter alive, not at its finalization: a rank that
+    left the model, the gradient buckets and the communicator to the finalization aborted there after its files
+    were written (1 in 21 two-rank runs; pytorch/pytorch#179291 describes how releasing collectives' state without
+    the GIL aborts). Callers drop what they hold first: :func:`stfast.train.trainer.train` removes the gradient
+    sync's hooks (they kept it, its buckets and the model alive in a cycle the garbage collector cannot see) and
+    drops the trainer; the garbage is collected before the barrier and again after the groups are destroyed."""
     if dist.is_initialized():
+        gc.collect()  # works and buckets dropped by the caller: released now, their group still up
         if wait_for_peers:
             dist.barrier()
         dist.destroy_process_group()
+        gc.collect()  # the groups' last Python references (subgroups in cycles): their threads joined now
 
 
 def equal_shard(global_batch: np.ndarray, info: DistInfo) -> np.ndarray:

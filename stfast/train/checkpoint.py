@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.durable import fsync_dir
+
 FORMAT = "stfast-checkpoint/1"
 log = logging.getLogger("stfast.train")
 
@@ -29,19 +31,6 @@ def previous_path(path: str | os.PathLike) -> Path:
     """``last.pt`` → ``last.prev.pt``: where :func:`save_atomic` keeps the generation it replaces."""
     p = Path(path)
     return p.with_name(f"{p.stem}.prev{p.suffix}")
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # not supported here (the rename itself is still atomic)
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _keep_previous(path: Path) -> None:
@@ -81,7 +70,7 @@ def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
         if keep_previous and path.is_file():
             _keep_previous(path)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()

@@ -311,5 +311,10 @@ def train(cfg: TrainConfig) -> dict:
     finally:
         if tr is not None:
             tr.release_out_dir()  # the folder is free for the next run (a --resume, even in this process)
+            if tr.grad_sync is not None:  # its hooks on the parameters keep it, its buckets and the model alive
+                tr.grad_sync.remove()
+        # the trainer holds the gradient buckets and model tensors that Gloo's works refer to: dropped here, so
+        # shutdown() releases them before the process group, with the interpreter alive (see dp.shutdown)
+        tr = None
         with guards.StopSignals(announce=False):  # the run is over: a late Ctrl-C does not fail it
             dp.shutdown(wait_for_peers=finished)

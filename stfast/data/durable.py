@@ -1,0 +1,148 @@
+"""Writes that survive a crash: fsync of files and folders before a rename, a folder replaced by two renames that the
+next open completes or undoes, and the temporary folders of processes that died cleaned up by the next writer.
+
+POSIX ``rename`` is atomic, but without ``fsync`` the renamed file's data (and the rename itself) may still be in the
+page cache when the machine loses power: after a reboot the new name can point at an empty or partial file. So a
+writer fsyncs the file (its data), then renames it, then fsyncs the folder (the rename). A folder cannot be renamed
+over a non-empty one, so replacing one takes two renames (the old aside as ``.NAME.old<PID>``, the new into place):
+:func:`recover_folder` finishes or undoes what a process killed between them left.
+
+Temporary names are ``.NAME.<kind><PID>`` (kind ``tmp``, ``spill``, ``old``) beside ``NAME``: :func:`dead_leftovers`
+finds those whose process is gone.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("stfast.data")
+
+_ASIDE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|spill|old)(?P<pid>\d+)$")
+
+
+def aside(path: Path, kind: str, pid: int | None = None) -> Path:
+    """``dir/NAME`` → ``dir/.NAME.<kind><pid>`` (default: this process's): a temporary name beside ``path``."""
+    return path.with_name(f".{path.name}.{kind}{os.getpid() if pid is None else pid}")
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush ``path``'s data to the disk (it must be closed or flushed by its writer first). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(d: str | os.PathLike) -> None:
+    """Flush folder ``d``'s entries (the renames and creations in it) to the disk; nothing where the platform cannot
+    open or fsync a folder (the rename itself is still atomic)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """fsync every file under ``folder``, then every folder from the deepest up (``folder`` included)."""
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for f in files:
+            fsync_file(os.path.join(root, f))
+        fsync_dir(root)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (on this machine). A process of another user counts as alive."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def replace_folder(new: Path, out: Path) -> None:
+    """Make the complete folder ``new`` (beside ``out``) the folder ``out``, durably: ``new``'s files and folders
+    fsynced, an existing ``out`` renamed aside (``.NAME.old<PID>``), ``new`` renamed to ``out``, the parent fsynced,
+    then the old one removed. A crash between the two renames leaves ``out`` missing and the old folder aside, which
+    :func:`recover_folder` (called by the next open or write) renames back. Raises OSError."""
+    fsync_tree(new)
+    old = aside(out, "old")
+    if out.exists():
+        os.replace(out, old)
+        fsync_dir(out.parent)
+    os.replace(new, out)
+    fsync_dir(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_folder(out: Path, is_ours: Callable[[Path], bool]) -> None:
+    """Finish what :func:`replace_folder` of a process that died left of ``out``: with ``out`` missing, the old folder
+    it had renamed aside is renamed back (the swap undone, logged); with ``out`` in place, a leftover old folder is
+    removed (the swap was done). Only folders ``is_ours`` accepts are touched, only those of dead processes.
+
+    Raises:
+        ValueError: the old folder could not be renamed back (read-only parent): the message names both paths.
+    """
+    try:
+        olds = [p for p in out.parent.iterdir() if _is_dead_aside(p, out.name, "old")]
+    except OSError:
+        return
+    for old in sorted(olds, reverse=True):
+        if not is_ours(old):
+            continue
+        if not os.path.lexists(out):
+            try:
+                os.replace(old, out)
+                fsync_dir(out.parent)
+            except OSError as e:
+                raise ValueError(f"{out} is missing and its previous version is at {old} (a conversion was stopped "
+                                 f"while replacing it); renaming it back failed ({e.strerror}): rename it to "
+                                 f"{out.name} yourself") from None
+            log.warning("%s: restored from %s, where a conversion stopped while replacing it left it", out, old.name)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _is_dead_aside(p: Path, name: str | None, kind: str | None) -> bool:
+    m = _ASIDE.match(p.name)
+    return bool(m and (name is None or m["name"] == name) and (kind is None or m["kind"] == kind)
+                and p.is_dir() and not p.is_symlink() and not pid_alive(int(m["pid"])))
+
+
+def dead_leftovers(parent: Path, kinds: tuple[str, ...]) -> list[Path]:
+    """The folders ``.NAME.<kind><PID>`` in ``parent`` (of the ``kinds`` given) whose process ``PID`` is gone."""
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if any(_is_dead_aside(p, None, k) for k in kinds))
+
+
+_HINTS = {errno.EROFS: "the file system is read-only: choose a folder on a writable one",
+          errno.ENOSPC: "the disk is full: free space or choose a folder on another disk",
+          errno.EDQUOT: "the disk quota is exceeded: free space or choose a folder on another disk",
+          errno.EACCES: "permission denied: choose a folder you may write, or change its permissions",
+          errno.EPERM: "operation not permitted: choose a folder you may write, or change its permissions"}
+
+
+def os_error_line(e: OSError, doing: str, writing: bool = True) -> str:
+    """One line for an OS error while ``doing`` (e.g. ``"writing the trips store /data/s"``): the path, the system's
+    words and, when ``writing``, what to do (read-only file system, full disk, permissions)."""
+    where = f" {e.filename}" if e.filename else ""
+    hint = _HINTS.get(e.errno) if writing else None
+    return f"{doing}:{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")

@@ -1,0 +1,176 @@
+"""The checks that find a damaged trips store (:mod:`stfast.data.store`) before its values are used.
+
+At conversion the manifest records, per file, its size, XXH3-64 checksum, dtype and shape (:func:`file_record`),
+and each numeric column's range (:func:`value_record`). Then:
+
+- every open reads each file's .npy header and size (:func:`read_npy_header`): a file truncated (to 0 bytes too),
+  extended or with another dtype or shape in its header is found at once, for microseconds; the offsets are
+  checked to be monotone and to end at the number of points (:class:`~stfast.data.trips.Trips`);
+- an open after a file changed (its :func:`~stfast.data.integrity.stamp` differs from the one recorded when it was
+  last found intact) checks that file's values and checksum (:func:`check_changed`), then records the stamps;
+- ``stfast data verify`` checks every file (:func:`verify_files`).
+
+Value checks (first) name the value and where it is (``lng.npy: 2944.17 at point 1032 is outside 103.77..104.61,
+the range at conversion``: gross damage such as an exponent bit flipped or lng and lat swapped); checksums catch
+what value checks cannot (a flipped low bit, two valid values swapped).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .integrity import CHECKSUM, DamagedError, file_checksum, stamp
+
+log = logging.getLogger("stfast.data")
+
+_CHUNK = 1 << 22  # values scanned at a time: memory stays flat on a store of any size
+_NUMERIC = ("lng", "lat", "state", "time_gap", "dist_gap", "dist", "time", "week_id", "time_id", "date_id", "segment")
+_warned_unchecked: set = set()
+
+
+def read_npy_header(path: Path, want: dict) -> None:
+    """Check the .npy file ``path``: a readable header, a size that matches it, and the dtype (``want["dtype"]``,
+    a numpy descr such as ``"<f8"``) and shape (``want["shape"]``) the manifest records, where given.
+
+    Raises:
+        DamagedError: naming ``path`` and what differs (missing, empty, truncated, another dtype or shape).
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+            start = f.tell()
+    except FileNotFoundError:
+        raise DamagedError(path, "the file is missing") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise DamagedError(path, "an empty file" if not os.path.exists(path) or os.path.getsize(path) == 0
+                           else f"not a readable .npy header: {e}") from None
+    descr = np.lib.format.dtype_to_descr(dtype)
+    if "dtype" in want and descr != want["dtype"]:
+        raise DamagedError(path, f"its header says dtype {descr}, the manifest {want['dtype']}")
+    if "shape" in want and list(shape) != list(want["shape"]):
+        raise DamagedError(path, f"its header says shape {tuple(shape)}, the manifest {tuple(want['shape'])}")
+    need = start + math.prod(shape) * dtype.itemsize
+    if size != need:
+        raise DamagedError(path, f"{size} bytes where its header says {need}: truncated or extended")
+
+
+def file_record(path: Path) -> dict:
+    """What the manifest records of one file: ``bytes``, checksum (:data:`~stfast.data.integrity.CHECKSUM`) and,
+    for a .npy file, ``dtype`` (descr) and ``shape`` (list)."""
+    rec = {"bytes": os.path.getsize(path), CHECKSUM: file_checksum(path)}
+    if path.suffix == ".npy":
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+        rec.update(dtype=np.lib.format.dtype_to_descr(a.dtype), shape=list(a.shape))
+    return rec
+
+
+def _min_max(a: np.ndarray) -> tuple[float, float]:
+    """(min, max) of ``a`` in slices (NaN when any value is NaN); (inf, -inf) when empty."""
+    lo, hi = math.inf, -math.inf
+    for s in range(0, len(a), _CHUNK):
+        part = a[s:s + _CHUNK]
+        lo, hi = min(lo, part.min()), max(hi, part.max())  # min/max propagate NaN
+        if math.isnan(lo) or math.isnan(hi):
+            return math.nan, math.nan
+    return lo, hi
+
+
+def value_record(trips) -> dict:
+    """What held of ``trips``' values at conversion: ``ranges`` (column → [min, max], for numeric columns without
+    NaN)."""
+    ranges = {}
+    for name in _NUMERIC:
+        a = getattr(trips, name)
+        lo, hi = _min_max(a)
+        if len(a) and not math.isnan(lo):
+            ranges[name] = [lo.item(), hi.item()]
+    return {"ranges": ranges}
+
+
+def check_values(folder: Path, trips, checks: dict, names) -> None:
+    """Check the columns ``names`` (files, e.g. ``{"lng.npy"}``) of ``trips`` against what held at conversion
+    (``checks``, :func:`value_record`): values within the recorded range.
+
+    Raises:
+        DamagedError: naming the file, the value and where it is.
+    """
+    cols = {n[:-4] for n in names if n.endswith(".npy")}
+    for name, (lo, hi) in checks.get("ranges", {}).items():
+        if name not in cols:
+            continue
+        a = getattr(trips, name)
+        for s in range(0, len(a), _CHUNK):
+            part = np.asarray(a[s:s + _CHUNK])
+            bad = np.flatnonzero(~((part >= lo) & (part <= hi)))
+            if len(bad):
+                unit = "point" if name in trips._POINT_FIELDS else "trip"
+                raise DamagedError(folder / f"{name}.npy", f"{part[bad[0]]} at {unit} {s + bad[0]} is outside "
+                                   f"{lo}..{hi}, the range at conversion")
+
+
+def _hash_check(folder: Path, files: dict, names) -> None:
+    for n in names:
+        got = file_checksum(folder / n)
+        if got != files[n][CHECKSUM]:
+            raise DamagedError(folder / n, f"its {CHECKSUM} checksum {got} differs from {files[n][CHECKSUM]}, "
+                               "recorded at conversion")
+
+
+def check_changed(folder: Path, m: dict, trips, checked_name: str, record: Callable[[Path, dict], None]) -> None:
+    """Check the files of the store at ``folder`` (manifest ``m``, opened as ``trips``) that changed since they were
+    last found intact: their stamps differ from those in ``folder/checked_name``. Their values (:func:`check_values`)
+    and checksums are checked, then ``record(folder, files)`` keeps the new stamps. A store without checksums
+    (converted before stfast recorded them) is opened with a warning, once.
+
+    Raises:
+        DamagedError: a changed file is damaged (the message names it).
+    """
+    import json
+
+    files = m.get("files")
+    if not files:
+        if str(folder) not in _warned_unchecked:
+            _warned_unchecked.add(str(folder))
+            log.warning("%s: a trips store without checksums (converted by an older stfast): damage cannot be "
+                        "detected; convert the data again to have it checked", folder)
+        return
+    try:
+        seen = json.loads((folder / checked_name).read_text())
+    except (OSError, ValueError):
+        seen = {}
+    seen = seen if isinstance(seen, dict) else {}
+    try:
+        changed = [n for n in files if seen.get(n) != stamp(folder / n)]
+    except FileNotFoundError as e:
+        raise DamagedError(e.filename, "the file is missing") from None
+    if not changed:
+        return
+    t0 = time.perf_counter()
+    check_values(folder, trips, m.get("checks", {}), changed)
+    _hash_check(folder, files, changed)
+    record(folder, files)
+    size = sum(files[n]["bytes"] for n in changed)
+    log.info("%s: %d files changed since last checked (%.2f GB): intact (%.1f s)", folder, len(changed), size / 1e9,
+             time.perf_counter() - t0)
+
+
+def verify_files(folder: Path, m: dict, trips) -> tuple[int, int]:
+    """Check every file of the store at ``folder`` (manifest ``m``, opened as ``trips``): values and checksums.
+    Returns (files, bytes) checked. Raises DamagedError naming the first damaged file, ValueError for a store
+    without checksums."""
+    files = m.get("files")
+    if not files:
+        raise ValueError(f"{folder}: a trips store without checksums (converted by an older stfast): convert the "
+                         "data again to have them")
+    check_values(folder, trips, m.get("checks", {}), files)
+    _hash_check(folder, files, sorted(files))
+    return len(files), sum(f["bytes"] for f in files.values())

@@ -1,0 +1,167 @@
+"""Conversions delete nothing stfast did not write and survive crashes (issue 53): `--out` is replaced only when it
+holds a store and nothing else, a symbolic link is followed, a kill between the two renames of a store's swap is
+undone by the next open, temporary folders of killed conversions are removed by the next one, and OS errors are
+one line naming the path. Each test failed on the code before (the folder deleted, the link replaced, the store
+left renamed aside, the folders left forever, a traceback)."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stfast.cli import main
+from stfast.data import durable
+from stfast.data.store import MANIFEST, open_store, write_store
+from stfast.data.synthetic import synthetic_trips
+
+RAW = "/dev/null"  # never read: every refusal comes before the input is opened
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory):
+    p = tmp_path_factory.mktemp("raw") / "trips.jsonl"
+    synthetic_trips(60, seed=3).to_jsonl(p)
+    return p
+
+
+def _convert(data, out, capsys):
+    rc = main(["data", "convert", "--data", str(data), "--out", str(out)])
+    return rc, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "sub/"])
+def test_a_store_with_the_users_files_is_not_replaced(tmp_path, jsonl, capsys, extra):
+    store = tmp_path / "s"
+    assert _convert(jsonl, store, capsys)[0] == 0
+    (store / extra.rstrip("/")).mkdir() if extra.endswith("/") else (store / extra).write_text("mine")
+    before = sorted(p.name for p in store.iterdir())
+    rc, err = _convert(jsonl, store, capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and extra.rstrip("/") in err and "did not write" in err, err
+    assert sorted(p.name for p in store.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_foreign_manifest_or_file_is_not_replaced(tmp_path, jsonl, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / MANIFEST).write_text('{"format": "mine"}')
+    rc, err = _convert(jsonl, mine, capsys)
+    assert rc == 2 and "not a stfast trips store" in err and (mine / MANIFEST).read_text() == '{"format": "mine"}'
+    (tmp_path / "f").write_text("x")
+    rc, err = _convert(jsonl, tmp_path / "f", capsys)
+    assert rc == 2 and "not a folder" in err and (tmp_path / "f").read_text() == "x"
+
+
+def test_an_empty_folder_or_a_store_alone_is_replaced(tmp_path, jsonl, capsys):
+    (tmp_path / "e").mkdir()
+    assert _convert(jsonl, tmp_path / "e", capsys)[0] == 0 and len(open_store(tmp_path / "e")) > 0
+    open_store(tmp_path / "e")
+    assert _convert(jsonl, tmp_path / "e", capsys)[0] == 0  # with its checked.json and derived/: all stfast's
+
+
+def test_a_symlinked_out_is_followed(tmp_path, jsonl, capsys):
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real" / "store")
+    assert _convert(jsonl, link, capsys)[0] == 0
+    assert link.is_symlink() and (tmp_path / "real" / "store" / MANIFEST).is_file()
+    assert _convert(jsonl, link, capsys)[0] == 0  # replaced again through the link
+    assert link.is_symlink() and len(open_store(link)) > 0
+
+
+def test_a_kill_between_the_swaps_renames_is_undone_by_the_next_open(tmp_path, jsonl):
+    """A conversion killed (os._exit) after it renamed the old store aside and before it renamed the new one into
+    place: the next open renames the old one back; the next conversion replaces it."""
+    old = write_store(synthetic_trips(40, seed=1), tmp_path / "s")
+    code = ("import os, sys; from stfast.data import durable; from stfast.data.store import write_store; "
+            "from stfast.data.synthetic import synthetic_trips\n"
+            "real = os.replace\n"
+            "def replace(a, b):\n"
+            "    real(a, b)\n"
+            "    if '.old' in str(b): os._exit(9)\n"
+            "durable.os.replace = replace\n"
+            f"write_store(synthetic_trips(50, seed=2), {str(tmp_path / 's')!r})\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], env=env, timeout=300, capture_output=True, text=True)
+    assert r.returncode == 9, r.stderr
+    assert not (tmp_path / "s").exists() and [p.name for p in tmp_path.iterdir() if ".s.old" in p.name]
+    again = open_store(tmp_path / "s")
+    assert again.fingerprint == old.fingerprint
+    assert [p.name for p in tmp_path.iterdir() if ".s.old" in p.name] == []
+    write_store(synthetic_trips(50, seed=2), tmp_path / "s")  # the killed one's complete new store: removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_leftovers_of_killed_conversions_are_removed_by_the_next(tmp_path, jsonl, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    tmp, spill = tmp_path / f".other.tmp{dead}", tmp_path / f".s.spill{dead}"
+    tmp.mkdir()
+    (tmp / "lng.npy").write_bytes(b"x")
+    (tmp / "_driver.3.npy").write_bytes(b"x")
+    spill.mkdir()
+    (spill / "17.bin").write_bytes(b"x")
+    alive = tmp_path / f".t.tmp{os.getpid()}"  # a conversion still running (this process)
+    alive.mkdir()
+    foreign = tmp_path / f".x.tmp{dead}"  # not a conversion's: a file it never writes
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert _convert(jsonl, tmp_path / "s", capsys)[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", alive.name, foreign.name])
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_os_errors_are_one_line_naming_the_path(tmp_path, jsonl, capsys, monkeypatch, code):
+    real = durable.os.replace
+
+    def fail(a, b):
+        raise OSError(code, os.strerror(code), str(b))
+
+    monkeypatch.setattr(durable.os, "replace", fail)
+    rc, err = _convert(jsonl, tmp_path / "s", capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"stfast: error: cannot write the trips store {tmp_path / 's'}: {tmp_path / 's'}: "
+                          f"{os.strerror(code)}; "), err
+    monkeypatch.setattr(durable.os, "replace", real)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the refused conversion left nothing
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_read_only_parent_is_one_line(tmp_path, jsonl, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        rc, err = _convert(jsonl, ro / "s", capsys)
+    finally:
+        ro.chmod(0o755)
+    assert rc == 2 and str(ro) in err and len(err.splitlines()) == 1
+
+
+def test_store_files_are_fsynced_before_the_rename(tmp_path, monkeypatch):
+    """Every file of the new store and its folder are fsynced before the rename that makes it the store."""
+    order = []
+    real_fsync, real_replace = durable.os.fsync, durable.os.replace
+    monkeypatch.setattr(durable.os, "fsync", lambda fd: order.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    monkeypatch.setattr(durable.os, "replace", lambda a, b: order.append(("replace", str(a))) or real_replace(a, b))
+    write_store(synthetic_trips(30, seed=1), tmp_path / "s")
+    renamed = order.index(("replace", str(tmp_path / f".s.tmp{os.getpid()}")))
+    synced = {os.path.basename(p) for k, p in order[:renamed] if k == "fsync"}
+    assert {p.name for p in (tmp_path / "s").iterdir()} <= synced | {"checked.json"}
+    assert f".s.tmp{os.getpid()}" in synced and ("fsync", str(tmp_path)) in order[renamed:]
+
+
+def test_jsonl_out_os_error_is_one_line_and_leaves_nothing(tmp_path, jsonl, capsys, monkeypatch):
+    import stfast.data.trips as trips_mod
+
+    def full(a, b):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(b))
+
+    monkeypatch.setattr(trips_mod.os, "replace", full)
+    rc, err = _convert(jsonl, tmp_path / "t.jsonl", capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and f"cannot write {tmp_path / 't.jsonl'}" in err
+    assert "disk is full" in err and list(tmp_path.iterdir()) == []
