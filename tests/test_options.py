@@ -157,6 +157,7 @@ PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_err
                                                                 "tz")},
                            'data': (('--data',), None, None, None, 'StoreAction', True, None),
                            'out': (('--out',), None, None, None, 'StoreAction', True, None)}
+PARSERS["data verify"] = {'store': (None, None, None, None, 'StoreAction', True, None)}
 
 TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'data': None,
