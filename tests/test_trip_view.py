@@ -13,10 +13,10 @@ import torch
 
 from conftest import random_trips
 from stfast.cli import main
-from stfast.data import dataset as dataset_mod
 from stfast.data import fingerprint as fp_mod
 from stfast.data import routes as routes_mod
 from stfast.data import store as store_mod
+from stfast.data import training_stats as stats_mod
 from stfast.data import trip_view
 from stfast.data.dataset import NormStats, TripDataset
 from stfast.data.routes import RouteProfile
@@ -86,7 +86,7 @@ def test_view_reads_as_its_subset(monkeypatch):
     assert NormStats.from_trips(v) == whole  # one piece: numpy's mean/std exactly
     # in pieces (a split of a large store): the same statistics up to rounding, the same area
     monkeypatch.setattr(trip_view, "CHUNK_POINTS", 500)
-    monkeypatch.setattr(dataset_mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 500, **kw))
+    monkeypatch.setattr(stats_mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 500, **kw))
     monkeypatch.setattr(routes_mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 500, **kw))
     assert sum(len(p) for p in trip_view.iter_chunks(v, 500)) == len(v) > len(next(trip_view.iter_chunks(v, 500)))
     pieces = NormStats.from_trips(v).to_dict()
@@ -177,7 +177,7 @@ def test_pieces_hold_one_piece_at_a_time(monkeypatch):
     import tracemalloc
 
     trips = synthetic_trips(4000, seed=6)  # one city: its training area's cells do not grow with the trips
-    for mod in (dataset_mod, routes_mod):
+    for mod in (stats_mod, routes_mod):
         monkeypatch.setattr(mod, "iter_chunks", lambda t, **kw: trip_view.iter_chunks(t, 2000, **kw))
     monkeypatch.setattr(routes_mod, "CHUNK_POINTS", 2000)
     for fn in (NormStats.from_trips, RouteProfile.from_trips):
