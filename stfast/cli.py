@@ -466,6 +466,7 @@ def cmd_data_convert(a) -> int:
     from .data.options import preprocess_options_from_args
 
     opts = preprocess_options_from_args(a)
+    done = ""  # what was derived for the default run (a store only)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"])
     if str(a.out).endswith(".jsonl"):
@@ -479,13 +480,17 @@ def cmd_data_convert(a) -> int:
         what = "DeepTTE JSON lines"
     else:  # a trips store: streamed in bounded memory from DiDi / point CSV
         from .data.convert import convert_to_store
+        from .data.setup import derive_default
 
         trips = convert_to_store(a.data, a.out, a.format, **kw)
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
+        setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
+        if setup_s is not None:
+            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.1f} s"
     from .data.drops import describe
 
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; "
-          f"{describe(trips.dropped, trips.n_points)}")
+          f"{describe(trips.dropped, trips.n_points)}" + (f"; {done}" if done else ""))
     return 0
 
 

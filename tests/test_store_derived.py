@@ -37,7 +37,7 @@ def test_second_run_reads_what_the_first_computed(store, monkeypatch):
 
     monkeypatch.setattr(dataset.NormStats, "from_trips", boom)
     monkeypatch.setattr(routes.RouteProfile, "from_trips", boom)
-    monkeypatch.setattr("stfast.train.run_data.split_random", boom)
+    monkeypatch.setattr("stfast.data.setup.split_random", boom)
     (tr2, va2, te2), stats2, vocab2, profile2 = _derive(store)
     assert not tr2.index.flags.writeable  # read memory-mapped (mode r): the ranks share its pages
     assert [list(v.index) for v in (tr2, va2, te2)] == [list(v.index) for v in (tr, va, te)]

@@ -67,6 +67,11 @@ def _where(trips, name: str, settings: dict) -> tuple[Path, str] | None:
     return Path(folder) / DERIVED, f"{name}-{hashlib.blake2b(text.encode(), digest_size=10).hexdigest()}"
 
 
+def kept(trips) -> bool:
+    """True when values derived from ``trips`` are kept (a store, or a marked view of one: :func:`mark`)."""
+    return _where(trips, "", {}) is not None
+
+
 def _damaged(path: Path, e: DamagedError) -> None:
     log.warning("%s: a kept derived value is damaged (%s): not used, computed again", path, e.reason)
 

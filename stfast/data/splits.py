@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+DEFAULT_SPLIT = "0.7/0.15/0.15"  # --split: train/val/test fractions
+
 
 def parse_fractions(spec: str) -> tuple[float, float, float]:
     """``"0.7/0.15/0.15"`` → (0.7, 0.15, 0.15). Raises ValueError unless three non-negative parts sum to 1."""

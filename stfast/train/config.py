@@ -16,6 +16,7 @@ from .. import _options
 from .._options import OrWord, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
 from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
+from ..data.splits import DEFAULT_SPLIT
 from ..models.deeptte import DeepTTEConfig
 from . import precision as prec
 from . import presets, swa
@@ -39,9 +40,6 @@ def check_device(device: str) -> None:
         n = int(device.split(":")[1]) if ":" in device else 0
         if n >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
-
-
-DEFAULT_SPLIT = "0.7/0.15/0.15"  # --split: train/val/test fractions
 
 
 def _check_split(split: str) -> None:

@@ -16,20 +16,13 @@ import torch
 from .. import __version__
 from ..data.batches import LENGTH_SORT_CHUNK, epoch_batches  # noqa: F401  (re-exported: stfast.train.trainer)
 from ..data.dataset import DriverVocab, NormStats, TripDataset
-from ..data.derived import split_views
+from ..data.derived import kept
 from ..data.drops import describe as describe_dropped
 from ..data.fingerprint import trips_fingerprint
 from ..data.load import load_trips, require_trips  # noqa: F401 (require_trips: re-exported)
 from ..data.routes import RouteProfile
-from ..data.splits import (
-    data_days,
-    default_date_split,
-    parse_days,
-    parse_fractions,
-    split_by_days,
-    split_random,
-)
-from ..data.subtrips import WithSubtrips, kept_subtrip_spans
+from ..data.setup import Setup, derive_from_train, split, subtrip_sets
+from ..data.subtrips import WithSubtrips
 from ..data.trip_view import TripsView
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
@@ -53,28 +46,21 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
     return require_trips(trips, cfg.data or "the synthetic city")
 
 
+def run_setup(cfg: TrainConfig) -> Setup:
+    """The settings of ``cfg`` that decide what the run derives from its trips (:class:`~stfast.data.setup.Setup`):
+    the one mapping from a TrainConfig, so that a default run finds what ``stfast data convert`` derived."""
+    draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
+    return Setup(split_by=cfg.split_by, split=cfg.split, split_days=cfg.split_days, split_seed=cfg.split_seed,
+                 kernel_size=guards.model_options(cfg).get("kernel_size", DeepTTEConfig.kernel_size),
+                 subtrips=int(cfg.subtrips or 0), subtrips_seed=cfg.seed, subtrip_draws=draws)
+
+
 def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, TripsView]:
     """Train/validation/test trips by the configured rule, as views of ``trips`` (an index each, no copy: the
-    splits of a memory-mapped store share its pages, :mod:`stfast.data.trip_view`). Raises ValueError on an
-    empty split."""
-    by_days = bool(cfg.split_days or cfg.split_by == "date")
-
-    def days():
-        return parse_days(cfg.split_days) if cfg.split_days else default_date_split(trips.date_id)
-
-    def compute():
-        if by_days:
-            return split_by_days(trips.date_id, days())
-        return split_random(len(trips), parse_fractions(cfg.split), cfg.split_seed)
-
-    parts = split_views(trips, {"by": cfg.split_by, "split": cfg.split, "days": cfg.split_days,
-                                "seed": cfg.split_seed}, compute)  # kept with a store (stfast.data.derived)
-    for i, (name, p) in enumerate(zip(("training", "validation", "test"), parts)):
-        if len(p) == 0 and by_days:
-            raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days()[i])} "
-                             f"({data_days(trips.date_id)}); change --split-days")
-        if len(p) == 0:
-            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
+    splits of a memory-mapped store share its pages, :mod:`stfast.data.trip_view`; kept with a store:
+    :func:`stfast.data.setup.split`). Raises ValueError on an empty split; warns of a split of few trips."""
+    parts = split(trips, run_setup(cfg))
+    for name, p in zip(("training", "validation", "test"), parts):
         if len(p) < MIN_SPLIT_WARN:
             log.warning("the %s split has only %d trip%s: its metrics are noisy", name, len(p), "" if len(p) == 1 else "s")
     return parts  # type: ignore[return-value]
@@ -128,9 +114,8 @@ def preflight(cfg: TrainConfig) -> None:
         guards.check_resume_data(state, trips_fingerprint(trips), len(trips), cfg, path)
     train = split_trips(trips, cfg)[0]
     guards.check_world_size(len(train), cfg.nproc)
-    if state is None:  # what every rank derives first, computed here once and kept with a store
-        DriverVocab.of_split(train)
-        NormStats.of_split(train, guards.model_options(cfg).get("kernel_size", DeepTTEConfig.kernel_size))
+    if state is None and kept(train):  # what the ranks derive first, computed here once and kept with the store
+        derive_from_train(train, run_setup(cfg))
 
 
 @dataclass
@@ -171,21 +156,21 @@ class RunData:
             guards.check_resume_data(resume, fingerprint, len(trips), cfg, resume_path)
         train, val, test = split_trips(trips, cfg)
         guards.check_world_size(len(train), world_size)
+        setup = run_setup(cfg)  # what a default run derives here, `stfast data convert` kept (stfast.data.setup)
         if resume is not None:
             stats, vocab = NormStats.from_dict(resume["norm_stats"]), DriverVocab.from_list(resume["drivers"])
             mcfg = DeepTTEConfig.from_dict(resume["model_config"])
         else:
             vocab = DriverVocab.of_split(train)
             mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
-            stats = NormStats.of_split(train, mcfg.kernel_size)
+            stats = NormStats.of_split(train, setup.kernel_size)
         # --subtrips: pieces of the training trips join the training batches only; the statistics, the
         # baselines and the split sizes are the recorded trips'; with --subtrips-resample epoch one fresh set
-        # of pieces per epoch (set e is epoch e's; the once set is set 0)
-        draws = cfg.epochs if cfg.subtrips and cfg.subtrips_resample == "epoch" else 1
-        # pieces as spans of the split's points (kept with a store), batched in place: no copy in any rank
-        sets = [kept_subtrip_spans(train, cfg.subtrips, cfg.seed, draw=e) for e in range(draws)] if cfg.subtrips else []
+        # of pieces per epoch (set e is epoch e's; the once set is set 0); pieces as spans of the split's points
+        # (kept with a store), batched in place: no copy in any rank
+        sets = subtrip_sets(train, setup)
         fit = WithSubtrips(train, sets) if sets else train
-        piece_sets = tuple(len(p["m"]) for p in sets) if draws > 1 else ()
+        piece_sets = tuple(len(p["m"]) for p in sets) if setup.subtrip_draws > 1 else ()
         train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
                    dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets, int(trips.n_points))

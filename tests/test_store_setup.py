@@ -1,0 +1,95 @@
+"""`stfast data convert` derives what the first default `stfast train` on the store would (split, drivers,
+normalization, sub-trips, route profile: stfast.data.setup), so that run computes nothing; a store too small for the
+default split still converts, and a run derives what its own settings need (issue 53, item 4)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import random_trips
+from stfast.cli import main
+from stfast.data import routes, subtrips, training_stats
+from stfast.data.setup import DEFAULT, derive
+from stfast.data.store import open_store
+from stfast.train.config import TrainConfig
+from stfast.train.run_data import run_setup
+
+TRAIN = ["--max-steps", "2", "--epochs", "1", "--batch-size", "32", "--threads", "1", "--no-progress"]
+
+
+def _listing(store) -> dict:
+    """name → mtime (ns) of what the store's derived folder holds, its folders' files included."""
+    return {str(p.relative_to(store)): p.stat().st_mtime_ns for p in sorted((store / "derived").rglob("*"))}
+
+
+def _convert(tmp_path, n: int, capsys):
+    data = tmp_path / f"trips{n}.jsonl"
+    random_trips(n, seed=31, max_len=20).to_jsonl(data)
+    store = tmp_path / f"store{n}"
+    assert main(["data", "convert", "--data", str(data), "--out", str(store)]) == 0
+    return store, capsys.readouterr().out
+
+
+def test_the_default_train_config_on_a_store_is_the_default_setup(tmp_path, capsys):
+    store, _ = _convert(tmp_path, 40, capsys)
+    assert run_setup(TrainConfig(data=str(store))) == DEFAULT
+    assert run_setup(TrainConfig(data=str(store), subtrips=0)) != DEFAULT  # a setting that matters: another setup
+
+
+def _no_computing(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("computed at train time")
+
+    monkeypatch.setattr(training_stats.NormStats, "from_trips", boom)
+    monkeypatch.setattr(routes.RouteProfile, "from_trips", boom)
+    monkeypatch.setattr(subtrips, "subtrip_spans", boom)
+    monkeypatch.setattr("stfast.data.setup.split_random", boom)
+
+
+def test_convert_derives_what_the_first_default_run_needs(tmp_path, capsys, monkeypatch):
+    store, out = _convert(tmp_path, 90, capsys)
+    assert "derived the default run's split, statistics, sub-trips and route profile in" in out
+    before = _listing(store)
+    kinds = sorted({name.split("/")[1].split("-")[0] for name in before})
+    assert kinds == ["drivers", "norm_stats", "route_profile", "split", "subtrips"]
+    _no_computing(monkeypatch)
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(store), *TRAIN, "--out", str(run)]) == 0, capsys.readouterr().err
+    assert (run / "checkpoint.pt").is_file()
+    assert _listing(store) == before  # nothing computed, nothing written again
+
+
+def test_derive_again_computes_nothing_and_times_each_value(tmp_path, capsys, monkeypatch):
+    store, _ = _convert(tmp_path, 90, capsys)
+    _no_computing(monkeypatch)
+    secs = derive(open_store(store), DEFAULT)
+    assert sorted(secs) == ["drivers", "norm_stats", "route_profile", "split", "subtrips"]
+    assert all(s >= 0 for s in secs.values())
+
+
+def test_a_store_too_small_to_split_converts_and_its_run_derives_later(tmp_path, capsys, caplog):
+    with caplog.at_level(logging.INFO, logger="stfast.data"):
+        store, out = _convert(tmp_path, 5, capsys)  # 5 trips: the default 0.7/0.15/0.15 leaves a split empty
+    assert "derived the default" not in out
+    assert any("not derived for the default run" in r.getMessage() and "split is empty" in r.getMessage()
+               for r in caplog.records)
+    assert not any(p.name.startswith(("norm_stats-", "route_profile-")) for p in (store / "derived").iterdir())
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(store), "--split", "0.6/0.2/0.2", *TRAIN, "--out", str(run)]) == 0
+    kinds = {p.name.split("-")[0] for p in (store / "derived").iterdir()}
+    assert {"drivers", "norm_stats", "route_profile", "subtrips"} <= kinds  # derived by the run, kept
+
+
+def test_a_jsonl_output_is_not_a_store_and_derives_nothing(tmp_path, capsys):
+    data = tmp_path / "trips.jsonl"
+    random_trips(90, seed=31, max_len=20).to_jsonl(data)
+    assert main(["data", "convert", "--data", str(data), "--out", str(tmp_path / "out.jsonl")]) == 0
+    assert "derived" not in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "trips.jsonl"]
+
+
+@pytest.mark.parametrize("over", [{"split": "0.5/0.25/0.25"}, {"seed": 3}, {"subtrips": 2},
+                                  {"subtrips_resample": "epoch", "epochs": 3}])
+def test_other_settings_map_to_other_setups(tmp_path, over):
+    assert run_setup(TrainConfig(data=str(tmp_path / "store"), **over)) != DEFAULT
