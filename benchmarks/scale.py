@@ -25,9 +25,10 @@ private vs file-backed pages: the ranks share the store's pages), the data-side 
 ``data_s``: the slicer's cut and collation, plus the epoch's sampling per step) and ``stfast predict --split
 test`` on the run (its MAPE must be the run's test MAPE). One table row per K.
 
-``--setup-trips``: seconds from the start of ``stfast train --data STORE --max-steps 5 --threads 1 --subtrips 0``
-to the end of its last step, on a store of K trips, the first run on the store (cold: what a run derives from
-its data is computed and kept with the store) and the next (warm): :func:`setup_row`.
+``--setup-trips``: seconds from the start of ``stfast train --data STORE --max-steps 5 --threads 1`` (the default
+run's settings; ``--setup-subtrips S`` adds ``--subtrips S``) to the end of its last step, on a store of K trips:
+uncached (the store's derived values removed first: what the first run paid before convert derived them), the first
+run after the derive step ``stfast data convert`` runs (its seconds: ``setup_s``), and the next: :func:`setup_row`.
 
 ``build`` = synthetic_trips(N) (raw GPS of the synthetic city + preprocessing) then Trips.save;
 ``load+epoch`` = Trips.load(mmap) and one epoch: trainer.epoch_batches (seeded shuffle, length-sorted
@@ -114,7 +115,9 @@ def stage_load_epoch(path: str, batch_size: int, world_size: int) -> dict:
 
 def stage_store(n: int, path: str, chunk: int = 50_000) -> dict:
     """A trips store of ``n`` synthetic trips written by StoreWriter in chunks of ``chunk`` trips (seed = chunk
-    number; trip ids ``0 .. n-1``), so memory stays that of one chunk whatever ``n``."""
+    number; trip ids ``0 .. n-1``), so memory stays that of one chunk whatever ``n``; then the derive step that
+    ``stfast data convert`` runs (``setup_s``: :func:`stfast.data.setup.derive_default`)."""
+    from stfast.data.setup import derive_default
     import numpy as np
 
     from stfast.data.store import StoreWriter
@@ -128,8 +131,18 @@ def stage_store(n: int, path: str, chunk: int = 50_000) -> dict:
             w.append(part)
         t_write = time.perf_counter() - t0
         store = w.finish()
-    return {"trips": len(store), "points": store.n_points, "write_s": t_write,
-            "finish_s": time.perf_counter() - t0 - t_write, "peak_mib": _peak_mib()}
+    t_finish = time.perf_counter() - t0 - t_write
+    return {"trips": len(store), "points": store.n_points, "write_s": t_write, "finish_s": t_finish,
+            "setup_s": derive_default(store), "peak_mib": _peak_mib()}
+
+
+def stage_setup(path: str) -> dict:
+    """The derive step of ``stfast data convert`` alone, on the store at ``path`` (``setup_s``; None: too small to
+    split), in its own process as convert runs it after writing."""
+    from stfast.data.setup import derive_default
+    from stfast.data.store import open_store
+
+    return {"setup_s": derive_default(open_store(path)), "peak_mib": _peak_mib()}
 
 
 def stage_gen(kind: str, n: int, path: str) -> dict:
@@ -364,13 +377,14 @@ def train_table(sizes: list[int], out: str, steps: int, batch_size: int, test_tr
     return rows
 
 
-def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int) -> list[dict]:
-    """Seconds from the start of ``stfast train --data STORE --max-steps STEPS --threads 1 --subtrips S``
-    (``--nproc`` when > 1) to its "stopped after STEPS steps" line, on a store of ``n`` synthetic trips (built when
-    missing): ``cold``, the first run on the store (it derives the split, drivers, normalization, route profile
-    and sub-trip spans and keeps them with the store, stfast.data.derived), then ``warm``, the next run (reads
-    them). The run is ended at that line (the final test evaluation, which grows with the test split, is not
-    part of the setup)."""
+def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int | None = None) -> list[dict]:
+    """Seconds from the start of ``stfast train --data STORE --max-steps STEPS --threads 1`` (``--subtrips S`` when
+    ``subtrips`` is given, else the default run's; ``--nproc`` when > 1) to its "stopped after STEPS steps" line, on a
+    store of ``n`` synthetic trips (built when missing), three runs: ``uncached``, with the store's derived folder
+    removed first (the run derives the split, drivers, normalization, sub-trip spans and route profile: what the
+    first run paid before convert derived them), ``first``, after the derive step ``stfast data convert`` runs
+    (:func:`stage_setup`, its seconds ``setup_s``: the price moved into convert), and ``next``. The run is ended at
+    that line (the final test evaluation, which grows with the test split, is not part of the setup)."""
     import os
     import shutil
     import signal
@@ -378,13 +392,17 @@ def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int) -> list[d
     store, run = f"{out}/store_{n}", f"{out}/setup_run_{n}"
     if not os.path.exists(f"{store}/manifest.json"):
         print(json.dumps({"stage": "store", "n": n, **_run("store", n, store)}), flush=True)
-    shutil.rmtree(f"{store}/derived", ignore_errors=True)
     rows = []
-    for kind in ("cold", "warm"):
+    for kind in ("uncached", "first", "next"):
+        setup_s = None
+        if kind != "next":
+            shutil.rmtree(f"{store}/derived", ignore_errors=True)
+        if kind == "first":
+            setup_s = _run("setup", store)["setup_s"]
         shutil.rmtree(run, ignore_errors=True)
         cmd = [sys.executable, "-m", "stfast.cli", "train", "--data", store, "--max-steps", str(steps), "--threads",
-               "1", "--subtrips", str(subtrips), "--no-progress", "--out", run] + (["--nproc", str(nproc)] if nproc > 1
-                                                                                   else [])
+               "1", "--no-progress", "--out", run] + (["--subtrips", str(subtrips)] if subtrips is not None else []) \
+            + (["--nproc", str(nproc)] if nproc > 1 else [])
         load0, t0 = _load(), time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -399,7 +417,7 @@ def setup_row(n: int, out: str, nproc: int, steps: int, subtrips: int) -> list[d
         if got is None:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{''.join(log)}")
         rows.append({"stage": "setup", "n": n, "nproc": nproc, "steps": steps, "subtrips": subtrips, "cache": kind,
-                     "to_last_step_s": got, "load_before": load0})
+                     "to_last_step_s": got, "setup_s": setup_s, "load_before": load0})
         print(json.dumps(rows[-1]), flush=True)
     shutil.rmtree(run, ignore_errors=True)
     return rows
@@ -527,14 +545,15 @@ def main(argv=None) -> None:
                     help="time to the last of --setup-steps steps of `stfast train` on stores of these many trips")
     ap.add_argument("--setup-steps", type=int, default=5)
     ap.add_argument("--setup-nproc", type=int, default=1)
-    ap.add_argument("--setup-subtrips", type=int, default=0)
+    ap.add_argument("--setup-subtrips", type=int, default=None,
+                    help="--subtrips of the --setup-trips runs (default: not given, the default run's)")
     ap.add_argument("--stage", nargs="+", help=argparse.SUPPRESS)  # internal: one stage in this process
     a = ap.parse_args(argv)
     if a.stage:
         name, *rest = a.stage
         fn = {"baseline": stage_baseline, "build": stage_build, "load_epoch": stage_load_epoch, "gen": stage_gen,
               "loop": stage_loop, "convert": stage_convert,
-              "store": stage_store}[name]
+              "store": stage_store, "setup": stage_setup}[name]
         args = [int(x) if x.isdigit() else x for x in rest]
         print(json.dumps(fn(*args)))
         return

@@ -56,13 +56,19 @@ def test_scale_script_training_small(tmp_path):
 
 
 def test_scale_script_setup_small(tmp_path):
-    """--setup-trips: the time to the last step of a short run on a store, cold (derives and keeps) then warm."""
+    """--setup-trips: the time to the last step of a short default run on a store: uncached (derives and keeps), the
+    first after convert's derive step (its seconds: setup_s), the next; the store's own row has setup_s too."""
     r = subprocess.run([sys.executable, str(SCRIPT), "--trips", "--setup-trips", "300", "--setup-steps", "2",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"stage": "setup"')]
-    assert [x["cache"] for x in rows] == ["cold", "warm"] and all(x["to_last_step_s"] > 0 for x in rows)
-    assert any(p.name.startswith("norm_stats-") for p in (tmp_path / "store_300" / "derived").iterdir())
+    assert [x["cache"] for x in rows] == ["uncached", "first", "next"] and all(x["to_last_step_s"] > 0 for x in rows)
+    assert [x["setup_s"] is None for x in rows] == [True, False, True] and rows[1]["setup_s"] > 0
+    assert all(x["subtrips"] is None for x in rows)  # the default run's --subtrips, not forced
+    (store,) = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"stage": "store"')]
+    assert store["setup_s"] > 0
+    kept = {p.name.split("-")[0] for p in (tmp_path / "store_300" / "derived").iterdir()}
+    assert {"norm_stats", "subtrips", "route_profile"} <= kept
 
 
 def test_scale_script_real_shaped_records_small(tmp_path, shared_data):
