@@ -486,7 +486,7 @@ def cmd_data_convert(a) -> int:
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
         setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
         if setup_s is not None:
-            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.1f} s"
+            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
     from .data.drops import describe
 
     print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; "
