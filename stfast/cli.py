@@ -72,8 +72,10 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     e.add_argument("--allow-outside", action="store_true",
                    help="score the data even when most of its trips lie outside the model's training area (refused "
                         "without it; a few outside trips are scored, counted and flagged in any case)")
-    add_arguments(e, ["device", "precision"], {"precision": {
-        "help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's --precision)"}})
+    add_arguments(e, ["device", "threads", "precision"], {
+        "threads": {"help": "torch threads of the forward passes (default: torch's, one per core)"},
+        "precision": {"help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's "
+                              "--precision)"}})
     if predict:
         e.add_argument("--out", required=True,
                        help="CSV of predictions (one row per trip: its trip_id and segment); the trips "
@@ -335,6 +337,10 @@ def _predict(a):
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
 
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     models = [load_model(p, a.device, a.precision) for p in a.checkpoint]
     for m in models[1:]:  # an ensemble averages models of one training data (seeds of one configuration)
         f0, f = models[0].data_fingerprint, m.data_fingerprint
@@ -418,9 +424,9 @@ def cmd_predict(a) -> int:
         raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
                          f"name, e.g. {out.with_name('predictions.csv')}")
     tr, pred, outside, _ = _predict(a)
-    _write_csv(out, [*PREDICTIONS_HEADER, "outside_area"],
-               ([tr.trip_id[i], int(tr.segment[i]), tr.driver[i], int(tr.lengths[i]), f"{tr.dist[i]:.4f}",
-                 f"{tr.time[i]:.1f}", f"{pred[i]:.1f}", int(outside[i])] for i in range(len(tr))))
+    from .train.run_predictions import trip_columns, write_columns
+
+    write_columns(out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)})
     dropped = dropped_path(out)
     _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
     k = int(outside.sum())

@@ -47,6 +47,20 @@ def test_evaluate_and_predict_agree(trained, capsys):
     assert 100 * np.mean(np.abs(pred - true) / true) == pytest.approx(mape, abs=0.01)
 
 
+@pytest.mark.parametrize("command", ["evaluate", "predict"])
+def test_evaluate_and_predict_use_the_threads_given(trained, tmp_path, command, monkeypatch):
+    """--threads sets torch's threads for the forward passes (issue 53: scoring uses every thread given)."""
+    import torch
+
+    d, data = trained
+    seen = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.append(n))
+    out = ["--out", str(tmp_path / "p.csv")] if command == "predict" else []
+    assert main([command, "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--threads", "3",
+                 *out]) == 0
+    assert seen == [3]
+
+
 def test_data_convert_round_trips(trained, tmp_path):
     _, data = trained
     out = tmp_path / "conv.jsonl"

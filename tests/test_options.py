@@ -97,6 +97,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         # issue 52: data mostly outside the training area is refused without it
         'allow_outside': (('--allow-outside',), False, None, None, 'StoreTrueAction', False, 0),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
+        'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),  # issue 53: every core
         'precision': (('--precision',), None, ('32', '64', 'bf16-mixed'), None, 'StoreAction', False, None),
     },
     'bench modes': {

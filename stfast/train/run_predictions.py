@@ -15,27 +15,62 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.durable import fsync_dir
+
 FILE = "test_predictions.csv"
 COLUMNS = ("trip_id", "segment", "driver", "n_points", "dist_km", "weekday", "departure_min", "true_time_s",
            "pred_time_s", "const_speed_s", "mean_time_s")
 NUMERIC = COLUMNS[3:]
 
 
-def write(run_dir: str | Path, trips, pred: np.ndarray, baselines: dict[str, np.ndarray]) -> Path:
-    """Write ``run_dir/test_predictions.csv`` atomically. ``trips``: the test split (Trips or a view, T trips);
-    ``pred``: [T] s; ``baselines``: {"const_speed": [T] s, "mean_time": [T] s}. Returns the path."""
-    path = Path(run_dir) / FILE
-    tmp = path.with_name(f".{FILE}.tmp")
-    cols = (trips.trip_id, trips.segment, trips.driver, trips.lengths, trips.dist, trips.week_id, trips.time_id,
-            trips.time, pred, baselines["const_speed"], baselines["mean_time"])
-    fmt = (str, int, str, int, "{:.4f}".format, int, int, "{:.1f}".format, "{:.1f}".format, "{:.1f}".format,
-           "{:.1f}".format)
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        w.writerows([fn(v) for fn, v in zip(fmt, row)] for row in zip(*cols))
-    os.replace(tmp, path)
+CHUNK_ROWS = 65_536  # rows formatted at a time: memory stays that of one chunk, whatever the split's size
+
+
+def _text(values: np.ndarray, fmt: str | None) -> list:
+    """[n] values as the CSV shows them: ``fmt`` (e.g. ``"{:.1f}"``) applied to floats; ints and strings as is."""
+    values = values.tolist()
+    return values if fmt is None else [fmt.format(v) for v in values]
+
+
+def write_columns(path: str | Path, columns: dict) -> Path:
+    """Write a CSV of T rows atomically (a temporary file beside ``path``, fsynced, then renamed; removed on
+    failure), ``columns`` mapping each header to ``(values, fmt)``: [T] array-likes (numpy, memory-mapped or a
+    view's column; read :data:`CHUNK_ROWS` rows at a time, so a split of millions of trips is written in bounded
+    memory and linear time) and a format for floats (None: written as is). Returns the path."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    n = len(next(iter(columns.values()))[0]) if columns else 0
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(list(columns))
+            for s in range(0, n, CHUNK_ROWS):
+                w.writerows(zip(*(_text(np.asarray(v[s:s + CHUNK_ROWS]), fmt) for v, fmt in columns.values())))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+def trip_columns(trips, pred: np.ndarray) -> dict:
+    """The columns that open every predictions CSV (``stfast predict``'s and :data:`FILE`): trip_id, segment,
+    driver, n_points, dist_km, true_time_s, pred_time_s, for :func:`write_columns`; ``pred`` [T] s."""
+    return {"trip_id": (trips.trip_id, None), "segment": (trips.segment, None), "driver": (trips.driver, None),
+            "n_points": (trips.lengths, None), "dist_km": (trips.dist, "{:.4f}"),
+            "true_time_s": (trips.time, "{:.1f}"), "pred_time_s": (pred, "{:.1f}")}
+
+
+def write(run_dir: str | Path, trips, pred: np.ndarray, baselines: dict[str, np.ndarray]) -> Path:
+    """Write ``run_dir/test_predictions.csv`` (:func:`write_columns`). ``trips``: the test split (Trips or a view,
+    T trips); ``pred``: [T] s; ``baselines``: {"const_speed": [T] s, "mean_time": [T] s}. Returns the path."""
+    cols = trip_columns(trips, pred)
+    cols = {**{k: cols[k] for k in COLUMNS[:5]}, "weekday": (trips.week_id, None),
+            "departure_min": (trips.time_id, None), **{k: cols[k] for k in COLUMNS[7:9]},
+            "const_speed_s": (baselines["const_speed"], "{:.1f}"), "mean_time_s": (baselines["mean_time"], "{:.1f}")}
+    return write_columns(Path(run_dir) / FILE, cols)
 
 
 def read(run_dir: str | Path) -> dict[str, np.ndarray] | None:

@@ -289,9 +289,12 @@ class Trainer:
             torch.distributed.barrier()
         if kept:
             self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
+        t0 = time.perf_counter()
         pred = predict(self.model if kept else self.eval_model, d.test_ds, info=self.info, device=self.device,
                        progress=self.show, precision=self.cfg.precision)
         summary = d.summary(errors(pred, d.test.time), self.best, self.epoch, self.step, self.info.world_size)
+        # the final evaluation's rate, beside training's (metrics.jsonl): a forward pass is ~1/3 of a step
+        summary["test_trips_per_s"] = len(d.test) / max(time.perf_counter() - t0, 1e-9)
         if self.info.is_main:  # every trip of the test split beside both baselines: what the report plots
             fitted = fit_baselines(d.train)
             run_predictions.write(self.out, d.test, pred, {n: f.predict(d.test.dist) for n, f in fitted.items()})
