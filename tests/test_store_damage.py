@@ -217,3 +217,20 @@ def test_store_of_an_older_stfast_opens_with_a_warning(store, caplog):
         from stfast.data.store import verify_store
 
         verify_store(store)
+
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_checks_on_every_core_name_the_first_damage_in_order(made, store, monkeypatch, workers):
+    """The checks of changed files run on the process's cores at once; the error is still the first in order: a
+    value outside its range (lng.npy) before a checksum (dist.npy, a low bit flipped), whatever thread ends first."""
+    from stfast.data import store_checks
+
+    monkeypatch.setattr(store_checks, "_workers", lambda: workers)
+    _flip_bits(store / "dist.npy", low=True)
+    _flip_bits(store / "lng.npy")
+    with pytest.raises(DamagedError, match="lng.npy"):
+        open_store(store)
+    (store / "lng.npy").write_bytes((made / "lng.npy").read_bytes())
+    with pytest.raises(DamagedError, match=r"dist.npy.*checksum"):
+        open_store(store)

@@ -96,39 +96,63 @@ def value_record(trips) -> dict:
     return {"ranges": ranges}
 
 
-def check_values(folder: Path, trips, checks: dict, names) -> None:
-    """Check the columns ``names`` (files, e.g. ``{"lng.npy"}``) of ``trips`` against what held at conversion
-    (``checks``, :func:`value_record`): values within the recorded range.
+def _workers() -> int:
+    """Threads for the checks: the cores this process may use (hashing and numpy's comparisons release the GIL)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
-    Raises:
-        DamagedError: naming the file, the value and where it is.
-    """
-    cols = {n[:-4] for n in names if n.endswith(".npy")}
-    for name, (lo, hi) in checks.get("ranges", {}).items():
-        if name not in cols:
+
+def _in_order(tasks: list[Callable[[], None]]) -> None:
+    """Run ``tasks`` on :func:`_workers` threads; the first task's error in list order is raised (as when they run
+    one after another), once every task has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(_workers(), max(len(tasks), 1))) as ex:
+        for f in [ex.submit(t) for t in tasks]:
+            f.result()
+
+
+def _range_check(folder: Path, trips, name: str, lo, hi) -> None:
+    a = getattr(trips, name)
+    for s in range(0, len(a), _CHUNK):
+        part = np.asarray(a[s:s + _CHUNK])
+        if len(part) and part.min() >= lo and part.max() <= hi:  # two passes, no temporaries (NaN fails)
             continue
-        a = getattr(trips, name)
-        for s in range(0, len(a), _CHUNK):
-            part = np.asarray(a[s:s + _CHUNK])
-            bad = np.flatnonzero(~((part >= lo) & (part <= hi)))
-            if len(bad):
-                unit = "point" if name in trips._POINT_FIELDS else "trip"
-                raise DamagedError(folder / f"{name}.npy", f"{part[bad[0]]} at {unit} {s + bad[0]} is outside "
-                                   f"{lo}..{hi}, the range at conversion")
+        bad = np.flatnonzero(~((part >= lo) & (part <= hi)))
+        if len(bad):
+            unit = "point" if name in trips._POINT_FIELDS else "trip"
+            raise DamagedError(folder / f"{name}.npy", f"{part[bad[0]]} at {unit} {s + bad[0]} is outside "
+                               f"{lo}..{hi}, the range at conversion")
 
 
-def _hash_check(folder: Path, files: dict, names) -> None:
-    for n in names:
+def _value_tasks(folder: Path, trips, checks: dict, names) -> list[Callable[[], None]]:
+    cols = {n[:-4] for n in names if n.endswith(".npy")}
+    return [lambda name=name, lo=lo, hi=hi: _range_check(folder, trips, name, lo, hi)
+            for name, (lo, hi) in checks.get("ranges", {}).items() if name in cols]
+
+
+def _hash_tasks(folder: Path, files: dict, names) -> list[Callable[[], None]]:
+    def check(n):
         got = file_checksum(folder / n)
         if got != files[n][CHECKSUM]:
             raise DamagedError(folder / n, f"its {CHECKSUM} checksum {got} differs from {files[n][CHECKSUM]}, "
                                "recorded at conversion")
+    return [lambda n=n: check(n) for n in names]
+
+
+def check_files(folder: Path, trips, m: dict, names) -> None:
+    """Check the files ``names`` of the store at ``folder`` (manifest ``m``, opened as ``trips``): the values of each
+    column against what held at conversion (its range, :func:`value_record`), then each file's checksum, on every core at once. Raises DamagedError naming the
+    first damaged file in that order (a value error before any checksum's)."""
+    _in_order(_value_tasks(folder, trips, m.get("checks", {}), names) + _hash_tasks(folder, m["files"], names))
 
 
 def check_changed(folder: Path, m: dict, trips, checked_name: str, record: Callable[[Path, dict], None]) -> None:
     """Check the files of the store at ``folder`` (manifest ``m``, opened as ``trips``) that changed since they were
-    last found intact: their stamps differ from those in ``folder/checked_name``. Their values (:func:`check_values`)
-    and checksums are checked, then ``record(folder, files)`` keeps the new stamps. A store without checksums
+    last found intact: their stamps differ from those in ``folder/checked_name``. Their values and checksums are checked
+    (:func:`check_files`), then ``record(folder, files)`` keeps the new stamps. A store without checksums
     (converted before stfast recorded them) is opened with a warning, once.
 
     Raises:
@@ -155,8 +179,7 @@ def check_changed(folder: Path, m: dict, trips, checked_name: str, record: Calla
     if not changed:
         return
     t0 = time.perf_counter()
-    check_values(folder, trips, m.get("checks", {}), changed)
-    _hash_check(folder, files, changed)
+    check_files(folder, trips, m, changed)
     record(folder, files)
     size = sum(files[n]["bytes"] for n in changed)
     log.info("%s: %d files changed since last checked (%.2f GB): intact (%.1f s)", folder, len(changed), size / 1e9,
@@ -171,6 +194,5 @@ def verify_files(folder: Path, m: dict, trips) -> tuple[int, int]:
     if not files:
         raise ValueError(f"{folder}: a trips store without checksums (converted by an older stfast): convert the "
                          "data again to have them")
-    check_values(folder, trips, m.get("checks", {}), files)
-    _hash_check(folder, files, sorted(files))
+    check_files(folder, trips, m, sorted(files))
     return len(files), sum(f["bytes"] for f in files.values())
