@@ -358,7 +358,16 @@ def _predict(a):
     outside = models[0].outside(parts[0])  # members share their training data, hence their area
     if not a.allow_outside:
         check_inside(models[0].training_area(), outside, parts[0], str(models[0].path), "--allow-outside")
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
     pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
+    dt = time.perf_counter() - t0
+    logging.getLogger("stfast").info("scored %d trips in %.1f s (%.0f trips/s, %d thread%s)", len(parts[0]), dt,
+                                     len(parts[0]) / max(dt, 1e-9), torch.get_num_threads(),
+                                     "" if torch.get_num_threads() == 1 else "s")
     return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
 
 
