@@ -337,10 +337,7 @@ def _predict(a):
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
 
-    if a.threads:
-        import torch
-
-        torch.set_num_threads(a.threads)
+    _set_threads(a)
     models = [load_model(p, a.device, a.precision) for p in a.checkpoint]
     for m in models[1:]:  # an ensemble averages models of one training data (seeds of one configuration)
         f0, f = models[0].data_fingerprint, m.data_fingerprint
@@ -369,6 +366,20 @@ def _predict(a):
                                      len(parts[0]) / max(dt, 1e-9), torch.get_num_threads(),
                                      "" if torch.get_num_threads() == 1 else "s")
     return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
+
+
+def _set_threads(a) -> None:
+    """torch's threads for the forward passes of predict / evaluate / serve: ``--threads`` when given, checked as
+    ``stfast train``'s (ValueError naming the flag: one line, exit 2, before anything is read or written)."""
+    if a.threads is None:
+        return
+    from ._options import check_value
+    from .train.config import TrainConfig
+
+    check_value(TrainConfig, "threads", a.threads)
+    import torch
+
+    torch.set_num_threads(a.threads)
 
 
 def _same_split(which: str, m0, part0, m, part) -> None:
@@ -541,10 +552,7 @@ def cmd_serve(a) -> int:
         from .serve.app import serve
     except ImportError as e:
         raise ValueError(f"stfast serve needs FastAPI, uvicorn and orjson ({e}): pip install 'stfast[serve]'") from None
-    if a.threads:
-        import torch
-
-        torch.set_num_threads(a.threads)
+    _set_threads(a)
     if min(a.max_route_points, a.max_connections, a.max_connections_per_client or 1) < 1 or min(
             a.header_timeout_s, a.body_timeout_s, a.idle_timeout_s, a.write_timeout_s, a.drain_s) <= 0:
         raise ValueError("--max-route-points, --max-connections and --max-connections-per-client must be ≥ 1, the "

@@ -61,6 +61,21 @@ def test_evaluate_and_predict_use_the_threads_given(trained, tmp_path, command, 
     assert seen == [3]
 
 
+@pytest.mark.parametrize("command", ["evaluate", "predict", "train"])
+@pytest.mark.parametrize("threads, words", [("0", "--threads must be ≥ 1, got 0"),
+                                            ("-1", "--threads must be ≥ 1, got -1"),
+                                            ("99999", "--threads must be at most 4 per core")])
+def test_bad_threads_are_one_line_and_write_nothing(trained, tmp_path, capsys, command, threads, words):
+    """--threads 0 / -1 / 99999 of predict and evaluate are refused as train's are (before: 0 ran at torch's
+    default, -1 a RuntimeError traceback, 99999 a segfault; train's 99999 libgomp's "Out of memory", exit 1)."""
+    d, data = trained
+    out = {"predict": ["--out", str(tmp_path / "p.csv")], "train": ["--out", str(tmp_path / "r")]}.get(command, [])
+    src = ["--checkpoint", str(d / "run" / "checkpoint.pt")] if command != "train" else []
+    rc = main([command, *src, "--data", str(data), "--threads", threads, *out])
+    assert words in one_line_error(capsys, rc)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_data_convert_round_trips(trained, tmp_path):
     _, data = trained
     out = tmp_path / "conv.jsonl"
