@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import difflib
 import logging
 import os
@@ -416,22 +415,11 @@ def cmd_evaluate(a) -> int:
     return 0
 
 
-def _write_csv(path: Path, header: list, rows) -> None:
-    """Write a CSV atomically (temp file in the same folder, renamed into place; removed on failure)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 PREDICTIONS_HEADER = ("trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s")
 """The first columns of ``stfast predict``'s CSV (then ``outside_area``, 1: a trip with a point outside the
 training area)."""
+DROPPED_HEADER = ("trip_id", "segment", "reason")
+"""The columns of the trips preprocessing dropped, which ``stfast predict`` writes beside its CSV."""
 
 
 def cmd_predict(a) -> int:
@@ -440,15 +428,26 @@ def cmd_predict(a) -> int:
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
-    if out.exists() and not _is_predictions(out):  # a checkpoint or the input data would be lost
-        raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
-                         f"name, e.g. {out.with_name('predictions.csv')}")
+    dropped = dropped_path(out)
+    for path, header, what in ((out, PREDICTIONS_HEADER, "a predictions CSV"),
+                               (dropped, DROPPED_HEADER, "the list of dropped trips")):
+        if path.is_dir() or (path.exists() and not _starts_with(path, header)):  # a user's file would be lost
+            raise ValueError(f"--out {out}{'' if path == out else f': {path}'} exists and is not {what} of stfast "
+                             "predict (a file of yours would be lost): choose a new file "
+                             f"name, e.g. {out.with_name('predictions.csv')}")
     tr, pred, outside, _ = _predict(a)
+    import numpy as np
+
+    from .data.durable import os_error_line
     from .train.run_predictions import trip_columns, write_columns
 
-    write_columns(out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)})
-    dropped = dropped_path(out)
-    _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
+    drops = list(zip(*tr.dropped_trips)) or [()] * len(DROPPED_HEADER)
+    for path, cols in ((out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)}),
+                       (dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})):
+        try:
+            write_columns(path, cols)
+        except OSError as e:  # full disk, read-only, permissions: one line with the path
+            raise ValueError(os_error_line(e, f"cannot write {path}")) from None
     k = int(outside.sum())
     flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
     print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
@@ -456,14 +455,14 @@ def cmd_predict(a) -> int:
     return 0
 
 
-def _is_predictions(path: Path) -> bool:
-    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its header), which a new run may replace."""
+def _starts_with(path: Path, header: tuple) -> bool:
+    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its ``header``), which a new run may replace."""
     try:
         with open(path, "rb") as f:
             head = f.read(200).decode("utf-8", errors="replace")
     except OSError:
         return False
-    return head.startswith(",".join(PREDICTIONS_HEADER))
+    return head.startswith(",".join(header))
 
 
 def dropped_path(predictions: Path) -> Path:

@@ -352,3 +352,38 @@ def test_trips_of_drivers_the_model_never_saw_are_counted(trained, tmp_path, cap
                             (tmp_path / "drv" / "checkpoint.pt", other, True)):
         assert main(["evaluate", "--checkpoint", str(ck), "--data", str(data_)]) == 0
         assert ("4 of drivers the model did not train on" in capsys.readouterr().out) == said
+
+
+@pytest.mark.parametrize("mine", ["file", "folder"])
+def test_predict_refuses_a_users_file_at_its_dropped_path(trained, tmp_path, capsys, mine):
+    """``predict --out p.csv`` also writes p.dropped.csv: a user's file there was overwritten without a word, a
+    folder there failed after p.csv was written, naming a hidden temporary file. Now both are refused first, in
+    one line naming the path, and nothing is written."""
+    d, data = trained
+    out, dropped = tmp_path / "p.csv", dropped_path(tmp_path / "p.csv")
+    if mine == "file":
+        dropped.write_text("my own notes\n")
+    else:
+        dropped.mkdir()
+    rc = main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--out", str(out)])
+    assert f"{dropped} exists and is not the list of dropped trips" in one_line_error(capsys, rc)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.dropped.csv"]
+    assert mine == "folder" or dropped.read_text() == "my own notes\n"
+
+
+def test_predict_on_a_full_disk_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """An OS error writing the predictions (here a full disk) was an ``OSError [Errno 28]`` traceback; now one
+    line with the path and what to do."""
+    import errno
+
+    import stfast.train.run_predictions as rp
+
+    def full(path, columns):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rp, "write_columns", full)
+    d, data = trained
+    out = tmp_path / "p.csv"
+    rc = main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--out", str(out)])
+    err = one_line_error(capsys, rc)
+    assert f"cannot write {out}: No space left on device; the disk is full" in err

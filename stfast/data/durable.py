@@ -145,4 +145,4 @@ def os_error_line(e: OSError, doing: str, writing: bool = True) -> str:
     words and, when ``writing``, what to do (read-only file system, full disk, permissions)."""
     where = f" {e.filename}" if e.filename else ""
     hint = _HINTS.get(e.errno) if writing else None
-    return f"{doing}:{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")
+    return f"{doing}:{where}{':' if where else ''} {e.strerror or e}" + (f"; {hint}" if hint else "")
