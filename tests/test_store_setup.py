@@ -93,3 +93,31 @@ def test_a_jsonl_output_is_not_a_store_and_derives_nothing(tmp_path, capsys):
                                   {"subtrips_resample": "epoch", "epochs": 3}])
 def test_other_settings_map_to_other_setups(tmp_path, over):
     assert run_setup(TrainConfig(data=str(tmp_path / "store"), **over)) != DEFAULT
+
+
+def test_temporaries_of_a_killed_convert_in_derived_are_removed(tmp_path, capsys):
+    """A convert killed while keeping a derived value left ``derived/.NAME.tmpPID`` (a folder of arrays, or a JSON
+    file) that no later run or convert removed. Now the next write of a value, or ``stfast data verify``, removes
+    those of dead processes; a live process's is left alone."""
+    import subprocess
+    import sys
+
+    from stfast.data.durable import aside
+
+    store, _ = _convert(tmp_path, 90, capsys)
+    derived = store / "derived"
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # its pid: a process that is gone
+    split = next(derived.glob("split-*"))
+    dead_dir, dead_file = aside(split, "tmp", proc.pid), aside(next(derived.glob("norm_stats-*")), "tmp", proc.pid)
+    dead_dir.mkdir()
+    (dead_dir / "train.npy").write_bytes(b"\x93NUMPY partial")
+    dead_file.write_text('{"partial')
+    live = aside(split, "tmp", 1)  # pid 1: alive
+    live.mkdir()
+    next(derived.glob("drivers-*")).unlink()  # so the next run keeps a value again
+    derive(open_store(store))
+    assert not dead_dir.exists() and not dead_file.exists() and live.is_dir()
+    dead_file.write_text('{"partial')
+    assert main(["data", "verify", str(store)]) == 0
+    assert not dead_file.exists() and live.is_dir()

@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from .durable import aside, fsync_dir, fsync_tree
+from .durable import aside, dead_leftovers, fsync_dir, fsync_tree
 from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
 from .store_checks import read_npy_header
 
@@ -89,6 +89,17 @@ def _discard(path: Path) -> None:
         gone.unlink(missing_ok=True)
 
 
+def _remove_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary files and folders (``.NAME.tmpPID``) that writers of ``folder`` whose process is gone
+    left (a convert or run killed while keeping a value): called before each value is kept and by verify."""
+    for p in dead_leftovers(folder, ("tmp",), files=True):
+        try:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            log.info("%s: removed, left by a process that was stopped while keeping a derived value", p)
+        except OSError:  # a read-only store: left as it is
+            pass
+
+
 def read_json_value(path: Path):
     """The value kept in ``path`` (a sealed JSON record). Raises OSError when absent, DamagedError when damaged."""
     rec = read_sealed(path)
@@ -112,6 +123,7 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
         _damaged(path, e)
         _discard(path)
     value = compute()
+    _remove_dead_temporaries(where[0])
     try:
         where[0].mkdir(exist_ok=True)
         tmp = aside(path, "tmp")
@@ -158,6 +170,7 @@ def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict])
         _damaged(folder, e)
         _discard(folder)
     value = compute()
+    _remove_dead_temporaries(where[0])
     tmp = aside(folder, "tmp")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -202,6 +215,7 @@ def verify_derived(store: str | os.PathLike) -> tuple[int, list[DamagedError]]:
     run that needs one computes it again). Returns (values found intact, the damage found, one error each)."""
     folder = Path(store) / DERIVED
     ok, bad = 0, []
+    _remove_dead_temporaries(folder)
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     for p in entries:
         if p.name.startswith("."):  # another process's temporary

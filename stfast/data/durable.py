@@ -118,19 +118,20 @@ def recover_folder(out: Path, is_ours: Callable[[Path], bool]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _is_dead_aside(p: Path, name: str | None, kind: str | None) -> bool:
+def _is_dead_aside(p: Path, name: str | None, kind: str | None, files: bool = False) -> bool:
     m = _ASIDE.match(p.name)
     return bool(m and (name is None or m["name"] == name) and (kind is None or m["kind"] == kind)
-                and p.is_dir() and not p.is_symlink() and not pid_alive(int(m["pid"])))
+                and (p.is_dir() or (files and p.is_file())) and not p.is_symlink() and not pid_alive(int(m["pid"])))
 
 
-def dead_leftovers(parent: Path, kinds: tuple[str, ...]) -> list[Path]:
-    """The folders ``.NAME.<kind><PID>`` in ``parent`` (of the ``kinds`` given) whose process ``PID`` is gone."""
+def dead_leftovers(parent: Path, kinds: tuple[str, ...], files: bool = False) -> list[Path]:
+    """The folders (and with ``files``, the files) ``.NAME.<kind><PID>`` in ``parent`` (of the ``kinds`` given) whose
+    process ``PID`` is gone."""
     try:
         entries = list(parent.iterdir())
     except OSError:
         return []
-    return sorted(p for p in entries if any(_is_dead_aside(p, None, k) for k in kinds))
+    return sorted(p for p in entries if any(_is_dead_aside(p, None, k, files) for k in kinds))
 
 
 _HINTS = {errno.EROFS: "the file system is read-only: choose a folder on a writable one",
