@@ -121,3 +121,17 @@ def test_temporaries_of_a_killed_convert_in_derived_are_removed(tmp_path, capsys
     dead_file.write_text('{"partial')
     assert main(["data", "verify", str(store)]) == 0
     assert not dead_file.exists() and live.is_dir()
+
+
+def test_a_convert_replaced_meanwhile_gets_none_of_the_old_stores_values(tmp_path, capsys):
+    """Two converts into one --out at once: the first's derive step ran after the second had replaced the store,
+    and kept the first trips' values (never read: another fingerprint, but up to a store's worth of files) in the
+    second store's derived folder. Now a value is kept only in the store its trips were read from."""
+    store, _ = _convert(tmp_path, 90, capsys)
+    old = open_store(store)
+    data = tmp_path / "other.jsonl"
+    random_trips(70, seed=5, max_len=20).to_jsonl(data)
+    assert main(["data", "convert", "--data", str(data), "--out", str(store)]) == 0
+    before = _listing(store)
+    derive(old)  # the first convert's derive step, on the trips it wrote
+    assert _listing(store) == before

@@ -67,6 +67,23 @@ def _where(trips, name: str, settings: dict) -> tuple[Path, str] | None:
     return Path(folder) / DERIVED, f"{name}-{hashlib.blake2b(text.encode(), digest_size=10).hexdigest()}"
 
 
+def _replaced(folder: Path, trips, name: str) -> bool:
+    """Whether the store whose derived folder is ``folder`` is no longer the one ``trips`` (or their base) were read
+    from: another ``stfast data convert --out`` replaced it meanwhile (its manifest has another fingerprint, or none).
+    A value of the old trips is then not kept there (it would never be read: another key, but a store's worth of
+    files left in the new store's folder)."""
+    base = getattr(trips, "base", None)
+    fp = getattr(trips if base is None else base, "fingerprint", None)
+    try:
+        m = json.loads((folder.parent / "manifest.json").read_text())
+    except (OSError, ValueError):
+        m = None
+    if isinstance(m, dict) and m.get("fingerprint") == fp:
+        return False
+    log.debug("%s: replaced by another conversion: derived value %s not kept", folder.parent, name)
+    return True
+
+
 def kept(trips) -> bool:
     """True when values derived from ``trips`` are kept (a store, or a marked view of one: :func:`mark`)."""
     return _where(trips, "", {}) is not None
@@ -123,6 +140,8 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
         _damaged(path, e)
         _discard(path)
     value = compute()
+    if _replaced(where[0], trips, name):
+        return value
     _remove_dead_temporaries(where[0])
     try:
         where[0].mkdir(exist_ok=True)
@@ -170,6 +189,8 @@ def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict])
         _damaged(folder, e)
         _discard(folder)
     value = compute()
+    if _replaced(where[0], trips, name):
+        return value
     _remove_dead_temporaries(where[0])
     tmp = aside(folder, "tmp")
     try:
