@@ -438,16 +438,11 @@ def cmd_predict(a) -> int:
     tr, pred, outside, _ = _predict(a)
     import numpy as np
 
-    from .data.durable import os_error_line
     from .train.run_predictions import trip_columns, write_columns
 
+    write_columns(out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)})
     drops = list(zip(*tr.dropped_trips)) or [()] * len(DROPPED_HEADER)
-    for path, cols in ((out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)}),
-                       (dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})):
-        try:
-            write_columns(path, cols)
-        except OSError as e:  # full disk, read-only, permissions: one line with the path
-            raise ValueError(os_error_line(e, f"cannot write {path}")) from None
+    write_columns(dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})
     k = int(outside.sum())
     flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
     print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "

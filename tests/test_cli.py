@@ -371,19 +371,38 @@ def test_predict_refuses_a_users_file_at_its_dropped_path(trained, tmp_path, cap
     assert mine == "folder" or dropped.read_text() == "my own notes\n"
 
 
-def test_predict_on_a_full_disk_is_one_line(trained, tmp_path, capsys, monkeypatch):
-    """An OS error writing the predictions (here a full disk) was an ``OSError [Errno 28]`` traceback; now one
-    line with the path and what to do."""
+def _full_disk(monkeypatch):
     import errno
 
     import stfast.train.run_predictions as rp
 
-    def full(path, columns):
+    def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(rp, "write_columns", full)
+    monkeypatch.setattr(rp.os, "fsync", full)
+
+
+def test_predict_on_a_full_disk_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """An OS error writing the predictions (here a full disk) was an ``OSError [Errno 28]`` traceback; now one
+    line with the path and what to do, and nothing written."""
     d, data = trained
     out = tmp_path / "p.csv"
+    _full_disk(monkeypatch)
     rc = main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--out", str(out)])
     err = one_line_error(capsys, rc)
     assert f"cannot write {out}: No space left on device; the disk is full" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_test_predictions_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    """write_columns also writes a run's test_predictions.csv at its end: a full disk there was an ``OSError``
+    traceback after training (``stfast train --out`` on a nearly full tmpfs); now ValueError, one line naming the
+    file (the CLI: ``stfast: error:``), the previous file intact."""
+    from stfast.train.run_predictions import write_columns
+
+    path = tmp_path / "test_predictions.csv"
+    path.write_text("before\n")
+    _full_disk(monkeypatch)
+    with pytest.raises(ValueError, match=f"cannot write {path}: No space left on device; the disk is full"):
+        write_columns(path, {"trip_id": (np.arange(3), None)})
+    assert path.read_text() == "before\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
