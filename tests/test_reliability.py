@@ -470,3 +470,26 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_old(tmp_path, mon
     with pytest.raises(ValueError, match=rf"cannot write {path}: No space left on device; the disk is full"):
         ckpt.save_atomic({"step": 2}, path, keep_previous=True)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_summary_json_on_a_full_disk_is_one_line(trips_file, tmp_path, capsys, monkeypatch):
+    """A full disk when a finished run wrote summary.json was an ``OSError [Errno 28]`` traceback (repro: ``stfast
+    train --out`` on a 3752 kB tmpfs), leaving ``.summary.json.tmp``; now one line naming the file, exit 2."""
+    import builtins
+    import errno
+
+    real = builtins.open
+
+    def full_for_summary(file, *a, **k):
+        if ".summary.json.tmp" in str(file):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", full_for_summary)
+    monkeypatch.setattr(io, "open", full_for_summary)  # pathlib's write_text opens through io.open
+    out = tmp_path / "run"
+    rc = main(["train", "--data", trips_file, "--max-steps", "2", "--batch-size", "16", "--threads", "1",
+               "--no-progress", "--out", str(out)])
+    err = _one_line_error(capsys, rc)
+    assert f"cannot write {out / 'summary.json'}:" in err and "No space left on device" in err, err
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".summary.json.tmp")]

@@ -62,6 +62,22 @@ def fsync_tree(folder: str | os.PathLike) -> None:
         fsync_dir(root)
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` durably and atomically: a temporary file beside it (:func:`aside`), fsynced, renamed
+    into place, the folder fsynced; on failure the temporary is removed and ``path`` is as it was. Raises OSError."""
+    path = Path(path)
+    tmp = aside(path, "tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (on this machine). A process of another user counts as alive."""
     if pid == os.getpid():
