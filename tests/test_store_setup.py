@@ -135,3 +135,26 @@ def test_a_convert_replaced_meanwhile_gets_none_of_the_old_stores_values(tmp_pat
     before = _listing(store)
     derive(old)  # the first convert's derive step, on the trips it wrote
     assert _listing(store) == before
+
+
+def test_a_value_not_kept_on_a_full_disk_is_said_and_leaves_no_temporary(tmp_path, capsys, caplog, monkeypatch):
+    """convert onto a nearly full disk (a tmpfs that fits the store, not its derived values) said "derived the
+    default run's ..." and left ``derived/.route_profile-KEY.json.tmpPID``; the values were silently (debug level)
+    not kept, so every run computed them again. Now the temporary is removed and a full disk is a warning."""
+    import errno
+    import os
+
+    from stfast.data import derived
+
+    store, _ = _convert(tmp_path, 90, capsys)
+    next((store / "derived").glob("drivers-*")).unlink()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(derived.os, "fsync", full)
+    with caplog.at_level(logging.WARNING, logger="stfast"):
+        derive(open_store(store))
+    assert not [p.name for p in (store / "derived").iterdir() if p.name.startswith(".")]
+    assert "derived value drivers not kept, computed again by each run" in caplog.text
+    assert "No space left on device; the disk is full" in caplog.text

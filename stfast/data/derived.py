@@ -23,6 +23,7 @@ kept, as before.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from .durable import aside, dead_leftovers, fsync_dir, fsync_tree
+from .durable import aside, dead_leftovers, fsync_dir, fsync_tree, os_error_line
 from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
 from .store_checks import read_npy_header
 
@@ -117,6 +118,16 @@ def _remove_dead_temporaries(folder: Path) -> None:
             pass
 
 
+def _not_kept(folder: Path, name: str, e: OSError) -> None:
+    """Say that value ``name`` could not be kept in ``folder``: a warning for a full disk (each later run computes it
+    again, and convert's derive step did not do its work), at debug level for a read-only store (expected)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("%s: derived value %s not kept, computed again by each run: %s", folder, name,
+                    os_error_line(e, "writing it failed"))
+    else:
+        log.debug("%s: derived value %s not kept (%s)", folder, name, e)
+
+
 def read_json_value(path: Path):
     """The value kept in ``path`` (a sealed JSON record). Raises OSError when absent, DamagedError when damaged."""
     rec = read_sealed(path)
@@ -143,9 +154,9 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
     if _replaced(where[0], trips, name):
         return value
     _remove_dead_temporaries(where[0])
+    tmp = aside(path, "tmp")
     try:
         where[0].mkdir(exist_ok=True)
-        tmp = aside(path, "tmp")
         with open(tmp, "w") as f:
             json.dump(seal({"name": name, "settings": settings, "value": value}), f, default=str)
             f.flush()
@@ -153,7 +164,8 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
         os.replace(tmp, path)
         fsync_dir(where[0])
     except OSError as e:  # a read-only store: computed each time, as before
-        log.debug("%s: derived value %s not kept (%s)", where[0], name, e)
+        tmp.unlink(missing_ok=True)
+        _not_kept(where[0], name, e)
     return value
 
 
@@ -212,7 +224,7 @@ def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict])
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        log.debug("%s: derived value %s not kept (%s)", where[0], name, e)
+        _not_kept(where[0], name, e)
     return value
 
 
