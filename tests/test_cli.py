@@ -406,3 +406,17 @@ def test_a_runs_test_predictions_on_a_full_disk_is_one_line(tmp_path, monkeypatc
     with pytest.raises(ValueError, match=f"cannot write {path}: No space left on device; the disk is full"):
         write_columns(path, {"trip_id": (np.arange(3), None)})
     assert path.read_text() == "before\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_predict_into_a_symlink_writes_its_file(trained, tmp_path, capsys):
+    """``--out link.csv``, a symbolic link to an earlier predictions CSV: the link was replaced by a new file and
+    the file it pointed to kept the old predictions. Now the link is followed (as a store's --out is)."""
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(target), "--split", "test"]) == 0
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(link), "--split", "all"]) == 0
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 1 + 90
