@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import difflib
 import logging
 import os
@@ -337,10 +336,7 @@ def _predict(a):
     from .train.ensemble import predict_ensemble
     from .train.trained import load_model
 
-    if a.threads:
-        import torch
-
-        torch.set_num_threads(a.threads)
+    _set_threads(a)
     models = [load_model(p, a.device, a.precision) for p in a.checkpoint]
     for m in models[1:]:  # an ensemble averages models of one training data (seeds of one configuration)
         f0, f = models[0].data_fingerprint, m.data_fingerprint
@@ -369,6 +365,20 @@ def _predict(a):
                                      len(parts[0]) / max(dt, 1e-9), torch.get_num_threads(),
                                      "" if torch.get_num_threads() == 1 else "s")
     return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
+
+
+def _set_threads(a) -> None:
+    """torch's threads for the forward passes of predict / evaluate / serve: ``--threads`` when given, checked as
+    ``stfast train``'s (ValueError naming the flag: one line, exit 2, before anything is read or written)."""
+    if a.threads is None:
+        return
+    from ._options import check_value
+    from .train.config import TrainConfig
+
+    check_value(TrainConfig, "threads", a.threads)
+    import torch
+
+    torch.set_num_threads(a.threads)
 
 
 def _same_split(which: str, m0, part0, m, part) -> None:
@@ -405,22 +415,11 @@ def cmd_evaluate(a) -> int:
     return 0
 
 
-def _write_csv(path: Path, header: list, rows) -> None:
-    """Write a CSV atomically (temp file in the same folder, renamed into place; removed on failure)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(header)
-            w.writerows(rows)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 PREDICTIONS_HEADER = ("trip_id", "segment", "driver", "n_points", "dist_km", "true_time_s", "pred_time_s")
 """The first columns of ``stfast predict``'s CSV (then ``outside_area``, 1: a trip with a point outside the
 training area)."""
+DROPPED_HEADER = ("trip_id", "segment", "reason")
+"""The columns of the trips preprocessing dropped, which ``stfast predict`` writes beside its CSV."""
 
 
 def cmd_predict(a) -> int:
@@ -429,15 +428,21 @@ def cmd_predict(a) -> int:
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")
     if not out.parent.is_dir():
         raise FileNotFoundError(f"--out {out}: no folder {out.parent}")
-    if out.exists() and not _is_predictions(out):  # a checkpoint or the input data would be lost
-        raise ValueError(f"--out {out} exists and is not a predictions CSV of stfast predict: choose a new file "
-                         f"name, e.g. {out.with_name('predictions.csv')}")
+    dropped = dropped_path(out)
+    for path, header, what in ((out, PREDICTIONS_HEADER, "a predictions CSV"),
+                               (dropped, DROPPED_HEADER, "the list of dropped trips")):
+        if path.is_dir() or (path.exists() and not _starts_with(path, header)):  # a user's file would be lost
+            raise ValueError(f"--out {out}{'' if path == out else f': {path}'} exists and is not {what} of stfast "
+                             "predict (a file of yours would be lost): choose a new file "
+                             f"name, e.g. {out.with_name('predictions.csv')}")
     tr, pred, outside, _ = _predict(a)
+    import numpy as np
+
     from .train.run_predictions import trip_columns, write_columns
 
     write_columns(out, {**trip_columns(tr, pred), "outside_area": (outside.astype("int8"), None)})
-    dropped = dropped_path(out)
-    _write_csv(dropped, ["trip_id", "segment", "reason"], tr.dropped_trips)
+    drops = list(zip(*tr.dropped_trips)) or [()] * len(DROPPED_HEADER)
+    write_columns(dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})
     k = int(outside.sum())
     flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
     print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
@@ -445,14 +450,14 @@ def cmd_predict(a) -> int:
     return 0
 
 
-def _is_predictions(path: Path) -> bool:
-    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its header), which a new run may replace."""
+def _starts_with(path: Path, header: tuple) -> bool:
+    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its ``header``), which a new run may replace."""
     try:
         with open(path, "rb") as f:
             head = f.read(200).decode("utf-8", errors="replace")
     except OSError:
         return False
-    return head.startswith(",".join(PREDICTIONS_HEADER))
+    return head.startswith(",".join(header))
 
 
 def dropped_path(predictions: Path) -> Path:
@@ -541,10 +546,7 @@ def cmd_serve(a) -> int:
         from .serve.app import serve
     except ImportError as e:
         raise ValueError(f"stfast serve needs FastAPI, uvicorn and orjson ({e}): pip install 'stfast[serve]'") from None
-    if a.threads:
-        import torch
-
-        torch.set_num_threads(a.threads)
+    _set_threads(a)
     if min(a.max_route_points, a.max_connections, a.max_connections_per_client or 1) < 1 or min(
             a.header_timeout_s, a.body_timeout_s, a.idle_timeout_s, a.write_timeout_s, a.drain_s) <= 0:
         raise ValueError("--max-route-points, --max-connections and --max-connections-per-client must be ≥ 1, the "

@@ -61,6 +61,21 @@ def test_evaluate_and_predict_use_the_threads_given(trained, tmp_path, command, 
     assert seen == [3]
 
 
+@pytest.mark.parametrize("command", ["evaluate", "predict", "train"])
+@pytest.mark.parametrize("threads, words", [("0", "--threads must be ≥ 1, got 0"),
+                                            ("-1", "--threads must be ≥ 1, got -1"),
+                                            ("99999", "--threads must be at most 4 per core")])
+def test_bad_threads_are_one_line_and_write_nothing(trained, tmp_path, capsys, command, threads, words):
+    """--threads 0 / -1 / 99999 of predict and evaluate are refused as train's are (before: 0 ran at torch's
+    default, -1 a RuntimeError traceback, 99999 a segfault; train's 99999 libgomp's "Out of memory", exit 1)."""
+    d, data = trained
+    out = {"predict": ["--out", str(tmp_path / "p.csv")], "train": ["--out", str(tmp_path / "r")]}.get(command, [])
+    src = ["--checkpoint", str(d / "run" / "checkpoint.pt")] if command != "train" else []
+    rc = main([command, *src, "--data", str(data), "--threads", threads, *out])
+    assert words in one_line_error(capsys, rc)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_data_convert_round_trips(trained, tmp_path):
     _, data = trained
     out = tmp_path / "conv.jsonl"
@@ -337,3 +352,71 @@ def test_trips_of_drivers_the_model_never_saw_are_counted(trained, tmp_path, cap
                             (tmp_path / "drv" / "checkpoint.pt", other, True)):
         assert main(["evaluate", "--checkpoint", str(ck), "--data", str(data_)]) == 0
         assert ("4 of drivers the model did not train on" in capsys.readouterr().out) == said
+
+
+@pytest.mark.parametrize("mine", ["file", "folder"])
+def test_predict_refuses_a_users_file_at_its_dropped_path(trained, tmp_path, capsys, mine):
+    """``predict --out p.csv`` also writes p.dropped.csv: a user's file there was overwritten without a word, a
+    folder there failed after p.csv was written, naming a hidden temporary file. Now both are refused first, in
+    one line naming the path, and nothing is written."""
+    d, data = trained
+    out, dropped = tmp_path / "p.csv", dropped_path(tmp_path / "p.csv")
+    if mine == "file":
+        dropped.write_text("my own notes\n")
+    else:
+        dropped.mkdir()
+    rc = main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--out", str(out)])
+    assert f"{dropped} exists and is not the list of dropped trips" in one_line_error(capsys, rc)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.dropped.csv"]
+    assert mine == "folder" or dropped.read_text() == "my own notes\n"
+
+
+def _full_disk(monkeypatch):
+    import errno
+
+    import stfast.train.run_predictions as rp
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rp.os, "fsync", full)
+
+
+def test_predict_on_a_full_disk_is_one_line(trained, tmp_path, capsys, monkeypatch):
+    """An OS error writing the predictions (here a full disk) was an ``OSError [Errno 28]`` traceback; now one
+    line with the path and what to do, and nothing written."""
+    d, data = trained
+    out = tmp_path / "p.csv"
+    _full_disk(monkeypatch)
+    rc = main(["predict", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data), "--out", str(out)])
+    err = one_line_error(capsys, rc)
+    assert f"cannot write {out}: No space left on device; the disk is full" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_test_predictions_on_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    """write_columns also writes a run's test_predictions.csv at its end: a full disk there was an ``OSError``
+    traceback after training (``stfast train --out`` on a nearly full tmpfs); now ValueError, one line naming the
+    file (the CLI: ``stfast: error:``), the previous file intact."""
+    from stfast.train.run_predictions import write_columns
+
+    path = tmp_path / "test_predictions.csv"
+    path.write_text("before\n")
+    _full_disk(monkeypatch)
+    with pytest.raises(ValueError, match=f"cannot write {path}: No space left on device; the disk is full"):
+        write_columns(path, {"trip_id": (np.arange(3), None)})
+    assert path.read_text() == "before\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_predict_into_a_symlink_writes_its_file(trained, tmp_path, capsys):
+    """``--out link.csv``, a symbolic link to an earlier predictions CSV: the link was replaced by a new file and
+    the file it pointed to kept the old predictions. Now the link is followed (as a store's --out is)."""
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "p.csv"
+    assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(target), "--split", "test"]) == 0
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(link), "--split", "all"]) == 0
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 1 + 90

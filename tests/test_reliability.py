@@ -1,6 +1,7 @@
 """Crashes and restarts: hashed checkpoints with a previous generation, arguments rejected before any
 work, kill -9 mid-epoch then --resume (bitwise), SIGTERM/SIGINT, non-finite steps, and under torchrun a
 killed rank (restart from the last checkpoint) or a hung one (timeout naming it)."""
+import io
 import json
 import os
 import signal
@@ -443,3 +444,52 @@ def test_a_rank_whose_peers_never_come_fails_in_one_line_within_its_timeout(trip
     assert last.startswith("stfast: error: rank 0 of world size 2 could not join the process group at "
                            f"127.0.0.1:{port} within --timeout-s 3"), p.stderr[-2000:]
     assert "Traceback" not in p.stderr and not out.exists()
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_old(tmp_path, monkeypatch):
+    """A full disk while a run saved last.pt was torch's ``RuntimeError: [enforce fail at inline_container.cc]
+    unexpected pos`` traceback (torch.save into the file hid the OSError). Now ValueError, one line naming the file
+    and what to do (the CLI: ``stfast: error:``, exit 2); the previous file is left as it was, no temporary."""
+    import builtins
+    import errno
+
+    path = tmp_path / "last.pt"
+    ckpt.save_atomic({"step": 1}, path)
+    before = path.read_bytes()
+
+    class Full(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_open = builtins.open
+    monkeypatch.setattr(ckpt, "open", lambda p, mode="r", *a, **k: io.BufferedWriter(Full()) if "w" in mode
+                        else real_open(p, mode, *a, **k), raising=False)
+    with pytest.raises(ValueError, match=rf"cannot write {path}: No space left on device; the disk is full"):
+        ckpt.save_atomic({"step": 2}, path, keep_previous=True)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_summary_json_on_a_full_disk_is_one_line(trips_file, tmp_path, capsys, monkeypatch):
+    """A full disk when a finished run wrote summary.json was an ``OSError [Errno 28]`` traceback (repro: ``stfast
+    train --out`` on a 3752 kB tmpfs), leaving ``.summary.json.tmp``; now one line naming the file, exit 2."""
+    import builtins
+    import errno
+
+    real = builtins.open
+
+    def full_for_summary(file, *a, **k):
+        if ".summary.json.tmp" in str(file):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", full_for_summary)
+    monkeypatch.setattr(io, "open", full_for_summary)  # pathlib's write_text opens through io.open
+    out = tmp_path / "run"
+    rc = main(["train", "--data", trips_file, "--max-steps", "2", "--batch-size", "16", "--threads", "1",
+               "--no-progress", "--out", str(out)])
+    err = _one_line_error(capsys, rc)
+    assert f"cannot write {out / 'summary.json'}:" in err and "No space left on device" in err, err
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".summary.json.tmp")]

@@ -93,3 +93,68 @@ def test_a_jsonl_output_is_not_a_store_and_derives_nothing(tmp_path, capsys):
                                   {"subtrips_resample": "epoch", "epochs": 3}])
 def test_other_settings_map_to_other_setups(tmp_path, over):
     assert run_setup(TrainConfig(data=str(tmp_path / "store"), **over)) != DEFAULT
+
+
+def test_temporaries_of_a_killed_convert_in_derived_are_removed(tmp_path, capsys):
+    """A convert killed while keeping a derived value left ``derived/.NAME.tmpPID`` (a folder of arrays, or a JSON
+    file) that no later run or convert removed. Now the next write of a value, or ``stfast data verify``, removes
+    those of dead processes; a live process's is left alone."""
+    import subprocess
+    import sys
+
+    from stfast.data.durable import aside
+
+    store, _ = _convert(tmp_path, 90, capsys)
+    derived = store / "derived"
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # its pid: a process that is gone
+    split = next(derived.glob("split-*"))
+    dead_dir, dead_file = aside(split, "tmp", proc.pid), aside(next(derived.glob("norm_stats-*")), "tmp", proc.pid)
+    dead_dir.mkdir()
+    (dead_dir / "train.npy").write_bytes(b"\x93NUMPY partial")
+    dead_file.write_text('{"partial')
+    live = aside(split, "tmp", 1)  # pid 1: alive
+    live.mkdir()
+    next(derived.glob("drivers-*")).unlink()  # so the next run keeps a value again
+    derive(open_store(store))
+    assert not dead_dir.exists() and not dead_file.exists() and live.is_dir()
+    dead_file.write_text('{"partial')
+    assert main(["data", "verify", str(store)]) == 0
+    assert not dead_file.exists() and live.is_dir()
+
+
+def test_a_convert_replaced_meanwhile_gets_none_of_the_old_stores_values(tmp_path, capsys):
+    """Two converts into one --out at once: the first's derive step ran after the second had replaced the store,
+    and kept the first trips' values (never read: another fingerprint, but up to a store's worth of files) in the
+    second store's derived folder. Now a value is kept only in the store its trips were read from."""
+    store, _ = _convert(tmp_path, 90, capsys)
+    old = open_store(store)
+    data = tmp_path / "other.jsonl"
+    random_trips(70, seed=5, max_len=20).to_jsonl(data)
+    assert main(["data", "convert", "--data", str(data), "--out", str(store)]) == 0
+    before = _listing(store)
+    derive(old)  # the first convert's derive step, on the trips it wrote
+    assert _listing(store) == before
+
+
+def test_a_value_not_kept_on_a_full_disk_is_said_and_leaves_no_temporary(tmp_path, capsys, caplog, monkeypatch):
+    """convert onto a nearly full disk (a tmpfs that fits the store, not its derived values) said "derived the
+    default run's ..." and left ``derived/.route_profile-KEY.json.tmpPID``; the values were silently (debug level)
+    not kept, so every run computed them again. Now the temporary is removed and a full disk is a warning."""
+    import errno
+    import os
+
+    from stfast.data import derived
+
+    store, _ = _convert(tmp_path, 90, capsys)
+    next((store / "derived").glob("drivers-*")).unlink()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(derived.os, "fsync", full)
+    with caplog.at_level(logging.WARNING, logger="stfast"):
+        derive(open_store(store))
+    assert not [p.name for p in (store / "derived").iterdir() if p.name.startswith(".")]
+    assert "derived value drivers not kept, computed again by each run" in caplog.text
+    assert "No space left on device; the disk is full" in caplog.text

@@ -165,3 +165,18 @@ def test_jsonl_out_os_error_is_one_line_and_leaves_nothing(tmp_path, jsonl, caps
     rc, err = _convert(jsonl, tmp_path / "t.jsonl", capsys)
     assert rc == 2 and len(err.splitlines()) == 1 and f"cannot write {tmp_path / 't.jsonl'}" in err
     assert "disk is full" in err and list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_on_a_relative_out_is_named_as_a_write(tmp_path, jsonl, capsys, monkeypatch):
+    """``--out s`` (in the working folder) whose replacement failed (EBUSY: the store folder is a mount point) was
+    reported as ``cannot read <the input>: s: Device or resource busy``: the error's path was tested as text
+    against ``.``, the out's parent. Now it is named as the write it was."""
+    monkeypatch.chdir(tmp_path)
+    assert _convert(jsonl, "s", capsys)[0] == 0
+
+    def busy(a, b):
+        raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(a))
+
+    monkeypatch.setattr(durable.os, "replace", busy)
+    rc, err = _convert(jsonl, "s", capsys)
+    assert rc == 2 and err == f"stfast: error: cannot write the trips store s: s: {os.strerror(errno.EBUSY)}", err

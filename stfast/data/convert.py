@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -148,9 +149,16 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
     except FileNotFoundError:
         raise
     except OSError as e:
-        writing = e.filename is None or str(e.filename).startswith(str(Path(out).parent))
+        writing = e.filename is None or _of_out(e.filename, out)
         raise ValueError(os_error_line(e, f"cannot write the trips store {out}" if writing else
                                        f"cannot read {data}", writing)) from None
+
+
+def _of_out(path, out) -> bool:
+    """Whether ``path`` (an OS error's) is ``out``, in it, or one of its temporary names (``.NAME.tmpPID``...) or in
+    one: an error while writing, not reading. (A prefix test of the text took ``s`` of ``--out s`` for input.)"""
+    p, o = Path(os.path.abspath(path)), Path(os.path.abspath(out))
+    return any(x == o or (x.parent == o.parent and x.name.startswith(f".{o.name}.")) for x in (p, *p.parents))
 
 
 def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km, gap_s: float, tz: str | None,

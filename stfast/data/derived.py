@@ -23,6 +23,7 @@ kept, as before.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from .durable import aside, fsync_dir, fsync_tree
+from .durable import aside, dead_leftovers, fsync_dir, fsync_tree, os_error_line
 from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
 from .store_checks import read_npy_header
 
@@ -67,6 +68,23 @@ def _where(trips, name: str, settings: dict) -> tuple[Path, str] | None:
     return Path(folder) / DERIVED, f"{name}-{hashlib.blake2b(text.encode(), digest_size=10).hexdigest()}"
 
 
+def _replaced(folder: Path, trips, name: str) -> bool:
+    """Whether the store whose derived folder is ``folder`` is no longer the one ``trips`` (or their base) were read
+    from: another ``stfast data convert --out`` replaced it meanwhile (its manifest has another fingerprint, or none).
+    A value of the old trips is then not kept there (it would never be read: another key, but a store's worth of
+    files left in the new store's folder)."""
+    base = getattr(trips, "base", None)
+    fp = getattr(trips if base is None else base, "fingerprint", None)
+    try:
+        m = json.loads((folder.parent / "manifest.json").read_text())
+    except (OSError, ValueError):
+        m = None
+    if isinstance(m, dict) and m.get("fingerprint") == fp:
+        return False
+    log.debug("%s: replaced by another conversion: derived value %s not kept", folder.parent, name)
+    return True
+
+
 def kept(trips) -> bool:
     """True when values derived from ``trips`` are kept (a store, or a marked view of one: :func:`mark`)."""
     return _where(trips, "", {}) is not None
@@ -87,6 +105,27 @@ def _discard(path: Path) -> None:
         shutil.rmtree(gone, ignore_errors=True)
     else:
         gone.unlink(missing_ok=True)
+
+
+def _remove_dead_temporaries(folder: Path) -> None:
+    """Remove the temporary files and folders (``.NAME.tmpPID``) that writers of ``folder`` whose process is gone
+    left (a convert or run killed while keeping a value): called before each value is kept and by verify."""
+    for p in dead_leftovers(folder, ("tmp",), files=True):
+        try:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            log.info("%s: removed, left by a process that was stopped while keeping a derived value", p)
+        except OSError:  # a read-only store: left as it is
+            pass
+
+
+def _not_kept(folder: Path, name: str, e: OSError) -> None:
+    """Say that value ``name`` could not be kept in ``folder``: a warning for a full disk (each later run computes it
+    again, and convert's derive step did not do its work), at debug level for a read-only store (expected)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        log.warning("%s: derived value %s not kept, computed again by each run: %s", folder, name,
+                    os_error_line(e, "writing it failed"))
+    else:
+        log.debug("%s: derived value %s not kept (%s)", folder, name, e)
 
 
 def read_json_value(path: Path):
@@ -112,9 +151,12 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
         _damaged(path, e)
         _discard(path)
     value = compute()
+    if _replaced(where[0], trips, name):
+        return value
+    _remove_dead_temporaries(where[0])
+    tmp = aside(path, "tmp")
     try:
         where[0].mkdir(exist_ok=True)
-        tmp = aside(path, "tmp")
         with open(tmp, "w") as f:
             json.dump(seal({"name": name, "settings": settings, "value": value}), f, default=str)
             f.flush()
@@ -122,7 +164,8 @@ def cached_json(trips, name: str, settings: dict, compute: Callable[[], object])
         os.replace(tmp, path)
         fsync_dir(where[0])
     except OSError as e:  # a read-only store: computed each time, as before
-        log.debug("%s: derived value %s not kept (%s)", where[0], name, e)
+        tmp.unlink(missing_ok=True)
+        _not_kept(where[0], name, e)
     return value
 
 
@@ -158,6 +201,9 @@ def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict])
         _damaged(folder, e)
         _discard(folder)
     value = compute()
+    if _replaced(where[0], trips, name):
+        return value
+    _remove_dead_temporaries(where[0])
     tmp = aside(folder, "tmp")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -178,7 +224,7 @@ def cached_arrays(trips, name: str, settings: dict, compute: Callable[[], dict])
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        log.debug("%s: derived value %s not kept (%s)", where[0], name, e)
+        _not_kept(where[0], name, e)
     return value
 
 
@@ -202,6 +248,7 @@ def verify_derived(store: str | os.PathLike) -> tuple[int, list[DamagedError]]:
     run that needs one computes it again). Returns (values found intact, the damage found, one error each)."""
     folder = Path(store) / DERIVED
     ok, bad = 0, []
+    _remove_dead_temporaries(folder)
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     for p in entries:
         if p.name.startswith("."):  # another process's temporary

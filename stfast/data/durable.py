@@ -62,6 +62,22 @@ def fsync_tree(folder: str | os.PathLike) -> None:
         fsync_dir(root)
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` durably and atomically: a temporary file beside it (:func:`aside`), fsynced, renamed
+    into place, the folder fsynced; on failure the temporary is removed and ``path`` is as it was. Raises OSError."""
+    path = Path(path)
+    tmp = aside(path, "tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (on this machine). A process of another user counts as alive."""
     if pid == os.getpid():
@@ -118,19 +134,20 @@ def recover_folder(out: Path, is_ours: Callable[[Path], bool]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _is_dead_aside(p: Path, name: str | None, kind: str | None) -> bool:
+def _is_dead_aside(p: Path, name: str | None, kind: str | None, files: bool = False) -> bool:
     m = _ASIDE.match(p.name)
     return bool(m and (name is None or m["name"] == name) and (kind is None or m["kind"] == kind)
-                and p.is_dir() and not p.is_symlink() and not pid_alive(int(m["pid"])))
+                and (p.is_dir() or (files and p.is_file())) and not p.is_symlink() and not pid_alive(int(m["pid"])))
 
 
-def dead_leftovers(parent: Path, kinds: tuple[str, ...]) -> list[Path]:
-    """The folders ``.NAME.<kind><PID>`` in ``parent`` (of the ``kinds`` given) whose process ``PID`` is gone."""
+def dead_leftovers(parent: Path, kinds: tuple[str, ...], files: bool = False) -> list[Path]:
+    """The folders (and with ``files``, the files) ``.NAME.<kind><PID>`` in ``parent`` (of the ``kinds`` given) whose
+    process ``PID`` is gone."""
     try:
         entries = list(parent.iterdir())
     except OSError:
         return []
-    return sorted(p for p in entries if any(_is_dead_aside(p, None, k) for k in kinds))
+    return sorted(p for p in entries if any(_is_dead_aside(p, None, k, files) for k in kinds))
 
 
 _HINTS = {errno.EROFS: "the file system is read-only: choose a folder on a writable one",
@@ -145,4 +162,4 @@ def os_error_line(e: OSError, doing: str, writing: bool = True) -> str:
     words and, when ``writing``, what to do (read-only file system, full disk, permissions)."""
     where = f" {e.filename}" if e.filename else ""
     hint = _HINTS.get(e.errno) if writing else None
-    return f"{doing}:{where}: {e.strerror or e}" + (f"; {hint}" if hint else "")
+    return f"{doing}:{where}{':' if where else ''} {e.strerror or e}" + (f"; {hint}" if hint else "")

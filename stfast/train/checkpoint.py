@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.durable import fsync_dir
+from ..data.durable import fsync_dir, os_error_line
 
 FORMAT = "stfast-checkpoint/1"
 log = logging.getLogger("stfast.train")
@@ -54,23 +54,31 @@ def _keep_previous(path: Path) -> None:
 
 def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False) -> None:
     """torch.save ``obj`` to ``path`` atomically, with the SHA-256 of its bytes; with ``keep_previous``
-    an existing ``path`` becomes :func:`previous_path` first."""
+    an existing ``path`` becomes :func:`previous_path` first.
+
+    Raises:
+        ValueError: an OS error (full disk, read-only, permissions), in one line naming ``path``; ``path`` is left
+            as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     torch.save(obj, buf)
     payload = buf.getvalue()
-    wrapper = {"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}
+    buf = io.BytesIO()  # torch.save into a file turns its OSError (a full disk) into a bare RuntimeError
+    torch.save({"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}, buf)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(wrapper, f)
+            f.write(buf.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         if keep_previous and path.is_file():
             _keep_previous(path)
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as e:
+        raise ValueError(os_error_line(e, f"cannot write {path}")) from None
     finally:
         if tmp.exists():
             tmp.unlink()

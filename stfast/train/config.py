@@ -9,7 +9,7 @@ are DeepTTEConfig's (:func:`stfast._options.same_option`). Units: the field's, g
 from __future__ import annotations
 
 import math
-
+import os
 from dataclasses import asdict, dataclass, fields
 
 from .. import _options
@@ -40,6 +40,22 @@ def check_device(device: str) -> None:
         n = int(device.split(":")[1]) if ":" in device else 0
         if n >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _cores() -> int:
+    """The cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_threads(n: int) -> None:
+    # torch starts every thread at once: 99,999 of them exhaust the OS's threads (a segfault, or libgomp's "Out of
+    # memory" and exit 1); beyond a few per core they only slow a run
+    if n > 4 * _cores():
+        raise ValueError(f"--threads must be at most 4 per core (this process may use {_cores()} cores: "
+                         f"≤ {4 * _cores()}), got {n}")
 
 
 def _check_split(split: str) -> None:
@@ -143,7 +159,7 @@ class TrainConfig:
     slicer: str | None = option(None, "how a global batch is cut into per-rank shards: balanced (cost model; default "
                                       "with --nproc > 1), equal (equal counts, random), sorted (sorted by length, "
                                       "dealt round-robin)", choices=("balanced", "equal", "sorted"))
-    threads: int | None = option(None, "torch threads per process", ge=1)  # None: cores / processes
+    threads: int | None = option(None, "torch threads per process", ge=1, check=_check_threads)  # None: cores / processes
     max_steps: int | None = option(None, "stop after this many optimizer steps", ge=1)  # tests, smoke runs
     out: str = option("runs/latest", "output folder: one run per folder (must be empty or new)")
     resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt), with the run's own values of the "

@@ -43,7 +43,7 @@ def train_ensemble(cfg) -> dict:
 
     from . import guards, plots
     from .metrics import errors, format_summary
-    from .run_log import read_rows
+    from .run_log import read_rows, write_summary
     from .trainer import train
 
     out = Path(cfg.out)
@@ -75,9 +75,7 @@ def train_ensemble(cfg) -> dict:
                     "members": [{m: s[m] for m in ("test_mape", "test_mae", "test_rmse", "best_val_mape")}
                                 for s in members]})
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "summary.json")
+    write_summary(out, summary)
     plots.ensemble_curves({d.name: read_rows(d)["epoch"] for d in dirs}, summary, out / "learning_curves.png")
     print(f"\nensemble of {cfg.ensemble} models (seeds {summary['seeds'][0]}–{summary['seeds'][-1]}); "
           f"validation MAPE {100 * v['mape']:.2f} %\n" + format_summary(summary)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from ..data.drops import describe as describe_dropped
+from ..data.durable import write_bytes_atomic
 from . import report_figure, run_predictions
 from .metrics import summary_rows
 from .run_log import FILE, read_rows
@@ -38,7 +39,7 @@ def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path
         raise ValueError(f"{run_dir / FILE}: no rows to plot")
     out_dir.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     png = out_dir / "report.png"
-    _write_atomic(png, image)
+    write_bytes_atomic(png, image)
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>stfast run {html.escape(name)}</title>"
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}td,th{padding:2px 12px;text-align:right}"
             "td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#f3f3f3}</style></head><body>"
@@ -47,7 +48,7 @@ def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path
             f"<img alt='training report' style='width:100%' src='data:image/png;base64,"
             f"{base64.b64encode(image).decode()}'></body></html>")
     page_path = out_dir / "report.html"
-    _write_atomic(page_path, page.encode())
+    write_bytes_atomic(page_path, page.encode())
     return png, page_path
 
 
@@ -92,9 +93,3 @@ def _facts(s: dict | None) -> str:
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
                     for k, v in facts)
     return f"<h2>Run</h2><table>{cells}</table>" if facts else ""
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)

@@ -27,6 +27,17 @@ TYPES = ("epoch", "window", "step", "bad_step")
 FILE = "metrics.jsonl"
 
 
+def write_summary(out: Path, summary: dict) -> None:
+    """Write ``out/summary.json`` durably and atomically (:func:`stfast.data.durable.write_bytes_atomic`).
+    Raises ValueError: an OS error (a full disk at the end of a run), in one line naming the file."""
+    from ..data.durable import os_error_line, write_bytes_atomic
+
+    try:
+        write_bytes_atomic(out / "summary.json", json.dumps(summary, indent=2).encode())
+    except OSError as e:
+        raise ValueError(os_error_line(e, f"cannot write {out / 'summary.json'}")) from None
+
+
 class RunLog:
     """Appends typed rows to ``run_dir/metrics.jsonl``. ``enabled`` False (ranks other than 0): writes
     nothing, its size is 0. On ``--resume`` the log is cut back to the size recorded in the checkpoint
@@ -83,9 +94,7 @@ class RunLog:
         from .report import render
 
         out = self.path.parent
-        tmp = out / ".summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, out / "summary.json")
+        write_summary(out, summary)
         if not self.path.is_file():  # stopped (--max-steps) before its first epoch ended: no row to plot
             log.info("%s: no epoch ended before the run stopped, so no learning curve or report; summary.json has "
                      "the test metrics", out)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.durable import fsync_dir
+from ..data.durable import fsync_dir, os_error_line
 
 FILE = "test_predictions.csv"
 COLUMNS = ("trip_id", "segment", "driver", "n_points", "dist_km", "weekday", "departure_min", "true_time_s",
@@ -36,8 +36,15 @@ def write_columns(path: str | Path, columns: dict) -> Path:
     """Write a CSV of T rows atomically (a temporary file beside ``path``, fsynced, then renamed; removed on
     failure), ``columns`` mapping each header to ``(values, fmt)``: [T] array-likes (numpy, memory-mapped or a
     view's column; read :data:`CHUNK_ROWS` rows at a time, so a split of millions of trips is written in bounded
-    memory and linear time) and a format for floats (None: written as is). Returns the path."""
+    memory and linear time) and a format for floats (None: written as is). A symbolic link ``path`` is followed.
+    Returns the path.
+
+    Raises:
+        ValueError: an OS error (full disk, read-only, permissions), in one line naming ``path``; nothing is left
+            at ``path`` but what was there.
+    """
     path = Path(path)
+    path = Path(os.path.realpath(path)) if path.is_symlink() else path  # the link's file replaced, the link kept
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = len(next(iter(columns.values()))[0]) if columns else 0
     try:
@@ -50,6 +57,8 @@ def write_columns(path: str | Path, columns: dict) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
+    except OSError as e:
+        raise ValueError(os_error_line(e, f"cannot write {path}")) from None
     finally:
         tmp.unlink(missing_ok=True)
     return path
