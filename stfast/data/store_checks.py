@@ -25,7 +25,6 @@ from typing import Callable
 
 import numpy as np
 
-from .._cores import usable_cores
 from .integrity import CHECKSUM, DamagedError, file_checksum, stamp
 
 log = logging.getLogger("stfast.data")
@@ -99,7 +98,10 @@ def value_record(trips) -> dict:
 
 def _workers() -> int:
     """Threads for the checks: the cores this process may use (hashing and numpy's comparisons release the GIL)."""
-    return usable_cores()
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _in_order(tasks: list[Callable[[], None]]) -> None:
