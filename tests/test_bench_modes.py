@@ -141,7 +141,7 @@ def test_every_mode_gets_the_same_cores_but_the_labelled_one(tmp_path, monkeypat
     all (--nproc × --threads); the one row that does not is labelled so in its name and its cell."""
     from stfast.bench import modes
 
-    monkeypatch.setattr(modes.os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(modes, "usable_cores", lambda: cpus)
     cmds, res, md = _fake_bench(tmp_path, monkeypatch, args)
     by_slug = {m.slug: m for m in default_modes()}
     # the default is data parallel + k = 2 under another name: that mode's runs, not run again

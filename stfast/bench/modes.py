@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data.cores import usable_cores
 from ..train import plots
 from ..train.run_log import read_rows
 from .pace import pace_by_key, paced_curve
@@ -84,7 +85,7 @@ def default_modes(fixed_k=(2, 4)) -> list[Mode]:
 def bench_cores(a) -> int:
     """The cores every mode gets: --nproc × --threads (threads per process of the multi-process modes;
     default: the machine's cores over --nproc, as `stfast train` gives each rank, at least 1)."""
-    return a.nproc * (a.threads or max(1, (os.cpu_count() or 1) // a.nproc))
+    return a.nproc * (a.threads or max(1, usable_cores() // a.nproc))
 
 
 def hardware(mode: Mode, a) -> tuple[int, int]:

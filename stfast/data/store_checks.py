@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from .cores import usable_cores
 from .integrity import CHECKSUM, DamagedError, file_checksum, stamp
 
 log = logging.getLogger("stfast.data")
@@ -98,10 +99,7 @@ def value_record(trips) -> dict:
 
 def _workers() -> int:
     """Threads for the checks: the cores this process may use (hashing and numpy's comparisons release the GIL)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def _in_order(tasks: list[Callable[[], None]]) -> None:

@@ -9,10 +9,10 @@ are DeepTTEConfig's (:func:`stfast._options.same_option`). Units: the field's, g
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import asdict, dataclass, fields
 
 from .. import _options
+from ..data.cores import usable_cores
 from .._options import OrWord, SwitchTo, option, same_option
 from ..accum.noise import NOISE_KINDS
 from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
@@ -42,20 +42,12 @@ def check_device(device: str) -> None:
             raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
 
 
-def _cores() -> int:
-    """The cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def _check_threads(n: int) -> None:
     # torch starts every thread at once: 99,999 of them exhaust the OS's threads (a segfault, or libgomp's "Out of
     # memory" and exit 1); beyond a few per core they only slow a run
-    if n > 4 * _cores():
-        raise ValueError(f"--threads must be at most 4 per core (this process may use {_cores()} cores: "
-                         f"≤ {4 * _cores()}), got {n}")
+    if n > 4 * usable_cores():
+        raise ValueError(f"--threads must be at most 4 per core (this process may use {usable_cores()} cores: "
+                         f"≤ {4 * usable_cores()}), got {n}")
 
 
 def _check_split(split: str) -> None:

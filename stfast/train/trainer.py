@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 import time
 import weakref
@@ -21,6 +20,7 @@ import torch
 
 from .. import __version__
 from ..accum.controller import AccumulationController
+from ..data.cores import usable_cores
 from ..accum.noise import noise_parameters, squared_norm
 from ..accum.schedulers import parse_spec
 from ..models import members
@@ -53,7 +53,7 @@ class Trainer:
         self.cfg = cfg
         self.info = dp.init_from_env(cfg.device, timeout_s=cfg.timeout_s)
         if cfg.threads or self.info.distributed:
-            torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.info.world_size))
+            torch.set_num_threads(cfg.threads or max(1, usable_cores() // self.info.world_size))
         self.device = torch.device(cfg.device if not cfg.device.startswith("cuda") or not self.info.distributed
                                    else f"cuda:{self.info.local_rank}")
         self.dtype = DTYPES[cfg.dtype]

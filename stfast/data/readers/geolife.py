@@ -27,6 +27,7 @@ from typing import Iterable
 
 import numpy as np
 
+from stfast.data.cores import usable_cores
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import _BadField, _finite, _lng_lat, _iter_lines, _Problems, _require_file
 from stfast.data.trips import DroppedTrips, Trajectories, lengths_to_offsets
@@ -383,7 +384,7 @@ def _worker_count(workers: int | None, groups) -> int:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1 or None, not {workers!r}")
         return workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if cores < 2 or sum(f.stat().st_size for _, _, files in groups for f in files) < PARALLEL_MIN_BYTES:
         return 1
     return cores
