@@ -137,6 +137,38 @@ def test_touched_store_is_hashed_once(store, monkeypatch):
     assert hashed == ["lat.npy"]
 
 
+def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_path, caplog):
+    """A store whose folder cannot be written (a read-only mount) keeps its check in the user's cache: the
+    second open hashes nothing (before: every open hashed every changed file again, ~2 s at 10 M trips, and
+    said "changed since last checked" of a store nobody changed)."""
+    import stfast.data.store as st
+    import stfast.data.store_checks as sc
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real_write = st._write_json
+
+    def write(path, obj):  # the store's folder refuses writes, as a read-only mount does
+        if path.parent == store:
+            raise PermissionError(13, "Read-only file system", str(path))
+        real_write(path, obj)
+
+    monkeypatch.setattr(st, "_write_json", write)
+    (store / st.CHECKED).unlink()
+    hashed = []
+    real = sc.file_checksum
+    monkeypatch.setattr(sc, "file_checksum", lambda p: hashed.append(p.name) or real(p))
+    with caplog.at_level(logging.INFO, logger="stfast.data"):
+        open_store(store)
+    n = len(hashed)
+    assert n == len(st.read_manifest(store)["files"]) and "no earlier check recorded" in caplog.text
+    assert not (store / st.CHECKED).exists() and len(list((tmp_path / "cache" / "stfast" / "checked").iterdir())) == 1
+    open_store(store)
+    assert len(hashed) == n
+    os.utime(store / "lat.npy")  # a change is still seen
+    open_store(store)
+    assert hashed[n:] == ["lat.npy"]
+
+
 def _derive(path):
     train, val, test = split_trips(open_store(path), TrainConfig(data=str(path)))
     return ([list(v.index) for v in (train, val, test)], dataset.NormStats.of_split(train, 3).__dict__,

@@ -35,6 +35,7 @@ it wrote.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -302,17 +303,35 @@ def _write_json(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
+def _checked_records(folder: Path) -> list[Path]:
+    """Where the stamps of ``folder``'s files as last found intact are kept: its ``checked.json``, and for a store
+    this user cannot write into (a read-only mount, another user's folder) a file in the user's cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, ``stfast/checked/``) named by the store's absolute path; without one a
+    read-only store of 10 M trips was hashed again (~2 s) at every open."""
+    places = [folder / CHECKED]
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home directory to find
+        return places
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]
+    return places + [base / "stfast" / "checked" / f"{key}.json"]
+
+
 def _record_checked(folder: Path, files: dict) -> None:
-    """Write ``folder``'s ``checked.json``: the stamps of ``files`` now (found intact). Best effort: a read-only store
-    is checked again at its next open."""
+    """Keep the stamps of ``folder``'s ``files`` now (found intact) in the first of :func:`_checked_records` that
+    can be written. Best effort: where none can, the store is checked again at its next open."""
     from .integrity import stamp
 
-    try:
-        tmp = aside(folder / CHECKED, "tmp")
-        _write_json(tmp, {n: stamp(folder / n) for n in files})
-        os.replace(tmp, folder / CHECKED)
-    except OSError as e:
-        log.debug("%s: %s not written (%s)", folder, CHECKED, e)
+    stamps = {n: stamp(folder / n) for n in files}
+    for place in _checked_records(folder):
+        try:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            tmp = aside(place, "tmp")
+            _write_json(tmp, stamps)
+            os.replace(tmp, place)
+            return
+        except OSError as e:
+            log.debug("%s: %s not written (%s)", folder, place, e)
 
 
 def read_manifest(path: str | os.PathLike) -> dict:
@@ -360,7 +379,7 @@ def open_store(path: str | os.PathLike) -> Trips:
     m = read_manifest(path)
     try:
         trips = _open(path, m)
-        check_changed(path, m, trips, CHECKED, _record_checked)
+        check_changed(path, m, trips, _checked_records(path), _record_checked)
     except DamagedError as e:
         raise DamagedError(e.path, e.reason, _fix(path, m)) from None
     trips.store_path = str(path.resolve())  # where values derived from it are kept (stfast.data.derived)

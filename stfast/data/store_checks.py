@@ -147,11 +147,12 @@ def check_files(folder: Path, trips, m: dict, names) -> None:
     _in_order(_value_tasks(folder, trips, m.get("checks", {}), names) + _hash_tasks(folder, m["files"], names))
 
 
-def check_changed(folder: Path, m: dict, trips, checked_name: str, record: Callable[[Path, dict], None]) -> None:
+def check_changed(folder: Path, m: dict, trips, records: list[Path], record: Callable[[Path, dict], None]) -> None:
     """Check the files of the store at ``folder`` (manifest ``m``, opened as ``trips``) that changed since they were
-    last found intact: their stamps differ from those in ``folder/checked_name``. Their values and checksums are checked
-    (:func:`check_files`), then ``record(folder, files)`` keeps the new stamps. A store without checksums
-    (converted before stfast recorded them) is opened with a warning, once.
+    last found intact: their stamps match none of those kept in ``records`` (JSON files {name: stamp}; missing or
+    unreadable ones count as empty). Their values and checksums are checked (:func:`check_files`), then
+    ``record(folder, files)`` keeps the new stamps. A store without checksums (converted before stfast recorded
+    them) is opened with a warning, once.
 
     Raises:
         DamagedError: a changed file is damaged (the message names it).
@@ -165,22 +166,27 @@ def check_changed(folder: Path, m: dict, trips, checked_name: str, record: Calla
             log.warning("%s: a trips store without checksums (converted by an older stfast): damage cannot be "
                         "detected; convert the data again to have it checked", folder)
         return
+    seen = []
+    for place in records:
+        try:
+            kept = json.loads(place.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(kept, dict):
+            seen.append(kept)
     try:
-        seen = json.loads((folder / checked_name).read_text())
-    except (OSError, ValueError):
-        seen = {}
-    seen = seen if isinstance(seen, dict) else {}
-    try:
-        changed = [n for n in files if seen.get(n) != stamp(folder / n)]
+        stamps = {n: stamp(folder / n) for n in files}
     except FileNotFoundError as e:
         raise DamagedError(e.filename, "the file is missing") from None
+    changed = [n for n in files if all(s.get(n) != stamps[n] for s in seen)]
     if not changed:
         return
     t0 = time.perf_counter()
     check_files(folder, trips, m, changed)
     record(folder, files)
     size = sum(files[n]["bytes"] for n in changed)
-    log.info("%s: %d files changed since last checked (%.2f GB): intact (%.1f s)", folder, len(changed), size / 1e9,
+    why = "changed since last checked" if seen else "checked (no earlier check recorded)"
+    log.info("%s: %d files %s (%.2f GB): intact (%.1f s)", folder, len(changed), why, size / 1e9,
              time.perf_counter() - t0)
 
 
