@@ -465,7 +465,9 @@ def test_a_checkpoint_on_a_full_disk_is_one_line_and_keeps_the_old(tmp_path, mon
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     real_open = builtins.open
-    monkeypatch.setattr(ckpt, "open", lambda p, mode="r", *a, **k: io.BufferedWriter(Full()) if "w" in mode
+    from stfast.data import durable
+
+    monkeypatch.setattr(durable, "open", lambda p, mode="r", *a, **k: io.BufferedWriter(Full()) if "w" in mode
                         else real_open(p, mode, *a, **k), raising=False)
     with pytest.raises(ValueError, match=rf"cannot write {path}: No space left on device; the disk is full"):
         ckpt.save_atomic({"step": 2}, path, keep_previous=True)

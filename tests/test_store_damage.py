@@ -145,14 +145,14 @@ def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_pat
     import stfast.data.store_checks as sc
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    real_write = st._write_json
+    real_atomic_file = st.atomic_file
 
-    def write(path, obj):  # the store's folder refuses writes, as a read-only mount does
+    def atomic_file(path, *a, **kw):  # the store's folder refuses writes, as a read-only mount does
         if path.parent == store:
             raise PermissionError(13, "Read-only file system", str(path))
-        real_write(path, obj)
+        return real_atomic_file(path, *a, **kw)
 
-    monkeypatch.setattr(st, "_write_json", write)
+    monkeypatch.setattr(st, "atomic_file", atomic_file)
     (store / st.CHECKED).unlink()
     hashed = []
     real = sc.file_checksum
@@ -266,3 +266,26 @@ def test_checks_on_every_core_name_the_first_damage_in_order(made, store, monkey
     (store / "lng.npy").write_bytes((made / "lng.npy").read_bytes())
     with pytest.raises(DamagedError, match=r"dist.npy.*checksum"):
         open_store(store)
+
+
+def test_checks_not_started_when_one_fails_are_not_run(monkeypatch):
+    """After the first failed check (in order) the checks not yet started are dropped: their outcome cannot change
+    the error raised (before: every check of a 14 GB store ran to the end after the first damage was found)."""
+    import time
+
+    from stfast.data import store_checks
+
+    monkeypatch.setattr(store_checks, "_workers", lambda: 1)
+    ran = []
+
+    def bad():
+        raise DamagedError("lng.npy", "damaged")
+
+    def slow(i):
+        ran.append(i)
+        time.sleep(0.2)
+
+    tasks = [bad] + [lambda i=i: slow(i) for i in range(5)]
+    with pytest.raises(DamagedError, match="lng.npy"):
+        store_checks._in_order(tasks)
+    assert len(ran) < 5, ran

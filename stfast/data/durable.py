@@ -12,13 +12,14 @@ finds those whose process is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable, Iterator
 
 log = logging.getLogger("stfast.data")
 
@@ -62,20 +63,32 @@ def fsync_tree(folder: str | os.PathLike) -> None:
         fsync_dir(root)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` durably and atomically: a temporary file beside it (:func:`aside`), fsynced, renamed
-    into place, the folder fsynced; on failure the temporary is removed and ``path`` is as it was. Raises OSError."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", before_replace: Callable[[], None] | None = None,
+                **open_kw) -> Iterator[IO]:
+    """A file to write ``path`` through, durably and atomically: the block writes a temporary file beside it
+    (:func:`aside`), which is fsynced, renamed into place (after ``before_replace()``, where given) and its folder
+    fsynced when the block ends; on any failure (in the block too) the temporary is removed and ``path`` is as it
+    was. ``mode`` and ``open_kw`` are :func:`open`'s (a writing mode). Raises OSError."""
     path = Path(path)
     tmp = aside(path, "tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with open(tmp, mode, **open_kw) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` durably and atomically (:func:`atomic_file`). Raises OSError."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def pid_alive(pid: int) -> bool:

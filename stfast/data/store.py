@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from .derived import DERIVED
-from .durable import aside, dead_leftovers, fsync_file, recover_folder, replace_folder
+from .durable import aside, atomic_file, dead_leftovers, fsync_file, recover_folder, replace_folder
 from .fingerprint import compute_fingerprint
 from .integrity import CHECKSUM, DamagedError, file_checksum, seal, unseal
 from .store_checks import check_changed, file_record, read_npy_header, value_record
@@ -326,9 +326,8 @@ def _record_checked(folder: Path, files: dict) -> None:
     for place in _checked_records(folder):
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
-            tmp = aside(place, "tmp")
-            _write_json(tmp, stamps)
-            os.replace(tmp, place)
+            with atomic_file(place, "w") as f:
+                json.dump(stamps, f, indent=1)
             return
         except OSError as e:
             log.debug("%s: %s not written (%s)", folder, place, e)

@@ -104,12 +104,18 @@ def _workers() -> int:
 
 def _in_order(tasks: list[Callable[[], None]]) -> None:
     """Run ``tasks`` on :func:`_workers` threads; the first task's error in list order is raised (as when they run
-    one after another), once every task has ended."""
+    one after another), once the tasks running then have ended; tasks not started by then are not run (every
+    task before the failed one has ended without error, so no later error could be the one raised)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(min(_workers(), max(len(tasks), 1))) as ex:
-        for f in [ex.submit(t) for t in tasks]:
-            f.result()
+        futures = [ex.submit(t) for t in tasks]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            ex.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def _range_check(folder: Path, trips, name: str, lo, hi) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.durable import fsync_dir, os_error_line
+from ..data.durable import atomic_file, os_error_line
 
 FORMAT = "stfast-checkpoint/1"
 log = logging.getLogger("stfast.train")
@@ -66,22 +66,17 @@ def save_atomic(obj: dict, path: str | os.PathLike, keep_previous: bool = False)
     payload = buf.getvalue()
     buf = io.BytesIO()  # torch.save into a file turns its OSError (a full disk) into a bare RuntimeError
     torch.save({"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "payload": payload}, buf)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(buf.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
+
+    def previous_kept():  # after the new file is whole, right before it replaces the old
         if keep_previous and path.is_file():
             _keep_previous(path)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, before_replace=previous_kept) as f:
+            f.write(buf.getbuffer())
     except OSError as e:
         raise ValueError(os_error_line(e, f"cannot write {path}")) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _folder_given(path: Path) -> str:

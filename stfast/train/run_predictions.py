@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.durable import fsync_dir, os_error_line
+from ..data.durable import atomic_file, os_error_line
 
 FILE = "test_predictions.csv"
 COLUMNS = ("trip_id", "segment", "driver", "n_points", "dist_km", "weekday", "departure_min", "true_time_s",
@@ -45,22 +45,15 @@ def write_columns(path: str | Path, columns: dict) -> Path:
     """
     path = Path(path)
     path = Path(os.path.realpath(path)) if path.is_symlink() else path  # the link's file replaced, the link kept
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     n = len(next(iter(columns.values()))[0]) if columns else 0
     try:
-        with open(tmp, "w", newline="") as f:
+        with atomic_file(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(list(columns))
             for s in range(0, n, CHUNK_ROWS):
                 w.writerows(zip(*(_text(np.asarray(v[s:s + CHUNK_ROWS]), fmt) for v, fmt in columns.values())))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
     except OSError as e:
         raise ValueError(os_error_line(e, f"cannot write {path}")) from None
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
