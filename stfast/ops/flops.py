@@ -24,6 +24,8 @@ I_k = H above; the products are the ones written in :mod:`stfast.ops.lstm`'s doc
   (2·G·H·I_k) and the recurrent product h_{t−1}·W_hhᵀ (2·G·H·H). N = Σ len_b, the positions alive (varlen:
   a padded input's positions past each length are not computed, so not counted); the packed layouts' N is the
   input's rows. Under a fake tensor (tracing) a padded input's lengths cannot be read: every row counts there.
+  The count is the math's, as for torch.nn.LSTM: where h0 is zero the kernels skip step 0's recurrent product
+  (B rows fewer; ``benchmarks/bench_lstm.py``'s ``gemm_list`` lists the products that run).
 - ``stfast::lstm_backward``: Σ_k 2·N·G·H·(2·I_k + 2·H), less 2·N·G·H·I_0 when ``input_grad`` is false — per
   layer dX = dG·W_ih (skipped for layer 0 without ``input_grad``; layers above always need it), dH_{t−1} = dG·W_hh,
   dW_ih = Σ_t dG_tᵀ·x_t and dW_hh = Σ_t dG_tᵀ·h_{t−1}, each over the N alive positions.
@@ -33,8 +35,8 @@ I_k = H above; the products are the ones written in :mod:`stfast.ops.lstm`'s doc
   the hidden activations' gradient and the convolution weight's (2·N_out·C·H·k each).
 - ``stfast::gemm_mm``: ``mm_flop`` (2·R·K·C); its backward is two more ``gemm_mm`` calls, counted themselves.
 - ``aten::mkldnn_rnn_layer``: 2·R·G·H·(I + H) with R = every row of the (padded) input — oneDNN's RNN computes
-  all T·B positions; G = ``weight0``'s rows / H. ``aten::mkldnn_rnn_layer_backward``: 2·R·G·H·(2·I + 2·H) (oneDNN's
-  backward computes the input's, the state's and both weights' gradients).
+  all T·B positions; G = ``weight0``'s rows / H. ``aten::mkldnn_rnn_layer_backward``: 2·R·G·H·(2·I + 2·H)
+  (oneDNN's backward computes the input's, the state's and both weights' gradients).
 """
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def _alive_positions(input: torch.Tensor, lengths: torch.Tensor, layout: int) ->
 def lstm_flops(positions: int, input_size: int, hidden_size: int, num_layers: int, backward: bool = False,
                input_grad: bool = True, gates: int = 4) -> int:
     """FLOPs of a multi-layer LSTM's matrix products over ``positions`` alive positions (module docstring):
-    forward Σ_k 2·N·G·H·(I_k + H); backward Σ_k 2·N·G·H·(2·I_k + 2·H), less layer 0's dX without ``input_grad``."""
+    forward Σ_k 2·N·G·H·(I_k + H); backward Σ_k 2·N·G·H·(2·I_k + 2·H), less layer 0's dX without
+    ``input_grad``."""
     total = 0
     for k in range(num_layers):
         i_k = input_size if k == 0 else hidden_size
