@@ -6,11 +6,12 @@ float32 under ``torch.autocast``; the faster is its figure), side by side in one
 
 Batches are formed as training forms them (stfast.data.batches.epoch_batches: shuffled, sorted by length
 inside chunks), from the trip lengths of the samples in ../shared/data (Chengdu B = 64, 256; GeoLife B = 64;
-synthetic stand-ins without them): the batch of median total length of epoch 0. Each row reports GFLOP/s
-(GEMM work of the valid positions for stfast, of the padded ones for torch) beside the rate of the best GEMM
-library on exactly the fused LSTM's GEMMs (its projections, per-step recurrent products and backward
-products at this batch's step sizes), measured in the same run. Also the end-to-end DeepTTE training step,
-kernels="fused" vs "reference".
+synthetic stand-ins without them): the batch of median total length of epoch 0. Each row reports GFLOP/s of
+every path (GEMM work as torch's FlopCounterMode counts it with stfast.ops.flops: the valid positions for
+stfast, the padded ones for torch) beside the rate of each GEMM library (the micro-kernel, brgemm, among them)
+on exactly the fused LSTM's GEMMs (its projections, per-step recurrent products and backward products at this
+batch's step sizes), measured in the same run. Also the end-to-end DeepTTE training step, kernels="fused" vs
+"reference".
 
     pytest benchmarks/bench_lstm.py --benchmark-only --benchmark-group-by=param:dtype,param:shape,param:mode
     python benchmarks/bench_lstm.py [--device cuda] [--threads N] [--json out.json]    # acceptance table
@@ -38,6 +39,7 @@ from _timing import sync, time_side_by_side
 from bench_geo_conv import source_lengths  # (it puts the repository root on the path)
 
 from stfast.nn import LSTM
+from stfast.ops.flops import lstm_flops
 from stfast.ops.gemm import LIBRARIES, USES, gemm_library
 from stfast.train.precision import stock_bf16_lstm_error
 from stfast.data.batches import epoch_batches
@@ -173,11 +175,14 @@ class Case:
         return ["stfast", "torch"] + (["torch_autocast"] if autocast else [])
 
     def gflop(self, impl: str, mode: str) -> float:
-        """GEMM work of ``impl``: per layer 2·n·4H·(I_k + H) forward over its n positions (valid for stfast,
-        padded for torch), twice that again backward (input and weight gradients)."""
-        n = self.positions[impl]
-        fwd = sum(2 * n * 4 * H * ((I if k == 0 else H) + H) for k in range(LAYERS))
-        return (fwd if mode == "fwd" else 3 * fwd) / 1e9
+        """GEMM work of ``impl`` as torch's FlopCounterMode counts it with stfast.ops.flops: per layer
+        2·n·4H·(I_k + H) forward over its n positions (valid for stfast, padded for torch), twice that again
+        backward (input and weight gradients), less layer 0's input gradient for stfast, which this benchmark
+        does not ask for and the kernel skips (oneDNN's backward computes it regardless)."""
+        if mode == "fwd":
+            return lstm_flops(self.positions[impl], I, H, LAYERS) / 1e9
+        return (lstm_flops(self.positions[impl], I, H, LAYERS) + lstm_flops(
+            self.positions[impl], I, H, LAYERS, backward=True, input_grad=impl != "stfast")) / 1e9
 
 
 @cache
@@ -263,6 +268,7 @@ def acceptance_rows(device: str, rounds: int, shapes=SHAPES, dtypes=tuple(DTYPES
                     "torch_best": best_torch, "speedup": t[best_torch] / t["stfast"],
                     "stfast_gflops": case.gflop("stfast", mode) / t["stfast"],
                     "torch_gflops": case.gflop(best_torch, mode) / t[best_torch],
+                    "gflops": {i: case.gflop(i, mode) / t[i] for i in case.impls()},
                     "gemm_gflops": gemm_gflop(gemms) / lib["gemm_only_s"], "gemm_rates": lib["rates"],
                     "gemm_chosen": lib["chosen"], "gemm_best": lib["best"], "gemm_only_ms": lib["gemm_only_s"] * 1e3})
     return rows
@@ -279,12 +285,13 @@ def print_rows(rows) -> None:
               f"{r['padded_positions']:6d} {r['stfast_ms']:9.2f} {r[r['torch_best'] + '_ms']:9.2f} "
               f"{r['torch_best']:>15} {r['speedup']:7.2f} {r['stfast_gflops']:11.1f} {r['torch_gflops']:10.1f} "
               f"{r['gemm_gflops']:9.1f} {r['gemm_only_ms']:12.2f}")
-    print("GEMM GF/s per use on each row's own products (* stfast's choice):")
+    print("GF/s of every path, then each GEMM library's GF/s per use on the row's own products (* stfast's choice):")
     for r in rows:
         per_use = "; ".join(f"{use}: " + ", ".join(f"{lib}{'*' if lib == r['gemm_chosen'][use] else ''} {v:.0f}"
                                                    for lib, v in rates.items())
                             for use, rates in r["gemm_rates"].items())
-        print(f"  {r['dtype']:9} {r['shape']:8} {r['batch']:4d} {r['mode']:7} {per_use}")
+        paths = ", ".join(f"{i} {v:.0f}" for i, v in r["gflops"].items())
+        print(f"  {r['dtype']:9} {r['shape']:8} {r['batch']:4d} {r['mode']:7} {paths} | {per_use}")
 
 
 def main(argv=None) -> int:

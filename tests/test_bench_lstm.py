@@ -37,3 +37,18 @@ def test_gemm_list_counts_the_fused_work():
     want_bwd = sum(2 * 4 * H * ((n * H if k > 0 else 0) + n * (I if k == 0 else H) + 2 * (n - B) * H)
                    for k in range(L))
     assert bwd == want_bwd
+
+
+def test_each_paths_gflop_is_what_torchs_flop_counter_counts():
+    """A row's GF/s divides the work each path does, as FlopCounterMode counts it (stfast.ops.flops): the fused
+    LSTM over the valid positions without layer 0's input gradient (not asked for here, skipped by the kernel),
+    torch.nn.LSTM over the padded ones with it (oneDNN computes it regardless)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    case = bench_lstm.Case("chengdu", 64)
+    for impl in case.impls():
+        for mode in ("fwd", "fwdbwd"):
+            with FlopCounterMode(display=False) as m:
+                case.fn(impl, mode)()
+            assert m.get_total_flops() == round(case.gflop(impl, mode) * 1e9), (impl, mode)
+    assert case.positions["stfast"] < case.positions["torch"]  # the batch pads: the paths differ
