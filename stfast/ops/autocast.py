@@ -17,7 +17,8 @@ come back in the parameters' float32 (master weights), as for built-in ops.
 - ``stfast::gemm_mm``: lower precision on the CPU and CUDA, as ``aten::mm`` / ``aten::linear`` (the model's
   ``stfast.nn.Linear`` layers on the chosen GEMM library; a float32 ``out_dtype`` keeps the float32 sums).
 
-The backward ops need none: autograd calls them outside autocast with the dtypes of the saved forward.
+The backward ops need none: autograd calls them outside autocast with the dtypes of the saved forward
+(``gemm_mm``'s backward is ``gemm_mm`` on the forward's operands: already in the autocast dtype).
 :func:`register` adds only what is missing (idempotent). Run when :mod:`stfast.ops` is imported, so the ops and
 the modules on them (``stfast.nn.LSTM``, ``GeoConv``) take part in autocast in any training loop.
 """
