@@ -54,6 +54,31 @@ def shared_data() -> Path:
     return d
 
 
+@pytest.fixture
+def fresh_gemm_choices():
+    """Every CPU GEMM library choice forgotten before and after the test (stfast.ops.gemm): choices a test pins
+    do not leak into the next one."""
+    from stfast.ops.gemm import reset_gemm_library
+
+    reset_gemm_library()
+    yield
+    reset_gemm_library()
+
+
+def require_gemm_library(library: str, dtype=None, out=None) -> None:
+    """Skip unless CPU GEMM ``library`` takes ``dtype`` operands (default float32) with an ``out`` output here,
+    saying why (the paths this CPU lacks run on the CPUs that have them, and by capping oneDNN in subprocesses)."""
+    import torch
+
+    from stfast.ops.gemm import gemm_libraries_available
+
+    dtype = torch.float32 if dtype is None else dtype
+    if library not in gemm_libraries_available(dtype, out):
+        why = {"onednn": "torch's oneDNN matmul needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3",
+               "brgemm": "oneDNN's micro-kernel packs 16-bit operands only on AMX (cpublas::could_pack is false)"}
+        pytest.skip(f"{library} does not take {dtype} on this CPU: {why.get(library, '')}")
+
+
 def one_line_error(capsys, rc, expect_rc=2) -> str:
     """The CLI's stderr after it returned ``rc``: exactly one line, and ``rc`` is ``expect_rc``."""
     err = capsys.readouterr().err.strip()

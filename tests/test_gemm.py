@@ -10,25 +10,12 @@ import pytest
 import torch
 
 from _accuracy import fresh_seed
+from conftest import require_gemm_library
 
-from stfast.ops.gemm import (LIBRARIES, USES, gemm_libraries_available, gemm_library, gemm_rates, linear, mm,
-                             reset_gemm_library, select_gemm_library)
+from stfast.ops.gemm import (LIBRARIES, USES, bulk_library, gemm_libraries_available, gemm_library, gemm_rates,
+                             linear, mm, reset_gemm_library, select_gemm_library)
 
-
-@pytest.fixture(autouse=True)
-def _fresh_choices():
-    reset_gemm_library()
-    yield
-    reset_gemm_library()
-
-
-def _available(library, dtype=torch.float32, out=None):
-    """Skip unless ``library`` takes ``dtype`` operands here, saying why (the paths this CPU lacks run on the CPUs
-    that have them, and by capping oneDNN in the subprocess tests below)."""
-    if library not in gemm_libraries_available(dtype, out):
-        why = {"onednn": "torch's oneDNN matmul needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3",
-               "brgemm": "oneDNN's micro-kernel packs 16-bit operands only on AMX (cpublas::could_pack is false)"}
-        pytest.skip(f"{library} does not take {dtype} on this CPU: {why.get(library, '')}")
+pytestmark = pytest.mark.usefixtures("fresh_gemm_choices")
 
 
 @pytest.mark.parametrize("other", ["onednn", "brgemm"])
@@ -43,7 +30,7 @@ def _available(library, dtype=torch.float32, out=None):
     ({"aten": 0.0, "other": 50.0}, "other"),
 ])
 def test_selection_follows_the_rates(rates, want, use, other):
-    _available(other)
+    require_gemm_library(other)
     rates = {other if k == "other" else k: v for k, v in rates.items()}
     want = want[use] if isinstance(want, dict) else want
     want = other if want == "other" else want
@@ -53,7 +40,7 @@ def test_selection_follows_the_rates(rates, want, use, other):
 
 def test_selection_among_three():
     for lib in ("onednn", "brgemm"):
-        _available(lib)
+        require_gemm_library(lib)
     rates = {"aten": 100.0, "onednn": 150.0, "brgemm": 160.0}  # brgemm within 10 % of oneDNN: oneDNN stays
     assert select_gemm_library(torch.float32, rates) == "onednn"
     assert select_gemm_library(torch.float32, {**rates, "brgemm": 170.0}) == "brgemm"
@@ -83,6 +70,27 @@ def test_selection_rejects_bad_input():
         select_gemm_library(torch.float32, {"aten": -1.0})
     with pytest.raises(ValueError, match="use must be one of"):
         gemm_library(torch.float32, use="tall")
+
+
+def test_bulk_library_remembers_the_choice_per_thread_count():
+    """bulk_library (the model layers' per-forward query) answers what the C++ side chose: after a selection, after
+    a reset, and at another thread count (the C++ choice is per thread count: there it asks again)."""
+    select_gemm_library(torch.float32, "brgemm")
+    assert bulk_library(torch.float32) == "brgemm" == gemm_library(torch.float32)
+    select_gemm_library(torch.float32, "aten")
+    assert bulk_library(torch.float32) == "aten"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        torch.ops.stfast.gemm_select(torch.float32, torch.float32, [0.0, 0.0, 1.0], 0)  # C++ only: brgemm
+        assert bulk_library(torch.float32) == "brgemm"
+    finally:
+        torch.set_num_threads(threads)
+    reset_gemm_library()
+    select_gemm_library(torch.float32, "brgemm", use="bulk")
+    assert bulk_library(torch.float32, torch.float32) == "brgemm"
+    assert bulk_library(torch.float64) == "aten"  # float64: ATen's alone
+    assert bulk_library(torch.bfloat16, torch.float32) == gemm_library(torch.bfloat16, torch.float32)
 
 
 @pytest.mark.parametrize("use", USES)
@@ -150,7 +158,7 @@ def test_gemm_mm_errors():
 
 @pytest.mark.parametrize("forced", ["onednn", "brgemm"])
 def test_environment_forces_a_library(forced):
-    _available(forced)
+    require_gemm_library(forced)
     code = ("import torch, stfast.ops as o; o.select_gemm_library(torch.float32, 'aten');"
             "print(o.gemm_library(torch.float32), o.gemm_library(torch.float32, use='step'), o.gemm_library(torch.float64))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "STFAST_GEMM": forced},
@@ -192,7 +200,7 @@ def test_capped_isa_runs_the_smaller_cpus_paths(isa):
 
 def test_amx_bfloat16_micro_kernel():
     """Where the CPU has AMX, the bfloat16 micro-kernel path: a float32 output of exact bfloat16 products."""
-    _available("brgemm", torch.bfloat16, torch.float32)
+    require_gemm_library("brgemm", torch.bfloat16, torch.float32)
     g = torch.Generator().manual_seed(fresh_seed())
     a, w = torch.randn(70, 128, generator=g).bfloat16(), torch.randn(96, 128, generator=g).bfloat16()
     select_gemm_library(torch.bfloat16, "brgemm", torch.float32)

@@ -14,8 +14,11 @@ come back in the parameters' float32 (master weights), as for built-in ops.
 - ``stfast::geo_conv_forward``: lower precision on CUDA; on the CPU where its kernel takes the autocast
   dtype (checked once per dtype on a 1-trip input), else float32 (autocast's "fp32" policy: an op without a
   low-precision kernel runs in float32 — the geo-conv is ~1 % of a step's FLOPs).
+- ``stfast::gemm_mm``: lower precision on the CPU and CUDA, as ``aten::mm`` / ``aten::linear`` (the model's
+  ``stfast.nn.Linear`` layers on the chosen GEMM library; a float32 ``out_dtype`` keeps the float32 sums).
 
-The backward ops need none: autograd calls them outside autocast with the dtypes of the saved forward.
+The backward ops need none: autograd calls them outside autocast with the dtypes of the saved forward
+(``gemm_mm``'s backward is ``gemm_mm`` on the forward's operands: already in the autocast dtype).
 :func:`register` adds only what is missing (idempotent). Run when :mod:`stfast.ops` is imported, so the ops and
 the modules on them (``stfast.nn.LSTM``, ``GeoConv``) take part in autocast in any training loop.
 """
@@ -74,7 +77,7 @@ def _kernel(op: str, device_type: str, key: torch._C.DispatchKey):
     return kernel
 
 
-def register(ops_: tuple[str, ...] = ("lstm_forward", "geo_conv_forward"),
+def register(ops_: tuple[str, ...] = ("lstm_forward", "geo_conv_forward", "gemm_mm"),
              device_types: tuple[str, ...] = ("cpu", "cuda")) -> None:
     """Register the Autocast kernel of each op of ``ops_`` (names in the stfast namespace) on each device type,
     where none is registered yet. Idempotent."""

@@ -13,6 +13,7 @@ cuBLAS (through ATen, float32 compute for 16-bit operands).
 
 - :func:`gemm_libraries_available` — the libraries that take a dtype pair on this CPU;
 - :func:`gemm_library` — the library chosen for a dtype and use (probes on first use);
+- :func:`bulk_library` — the same for bulk products, remembered in Python (for a model layer's every forward);
 - :func:`gemm_rates` — the probe's measurement, GFLOP/s per library;
 - :func:`select_gemm_library` — fix the choice (a library name, or rates as the probe would give them);
 - :func:`reset_gemm_library` — forget every choice;
@@ -25,8 +26,8 @@ from torch import Tensor
 
 from .fake import refuse_mixed_meta
 
-__all__ = ["LIBRARIES", "USES", "gemm_libraries_available", "gemm_library", "gemm_rates", "linear", "mm", "reset_gemm_library",
-           "select_gemm_library"]
+__all__ = ["LIBRARIES", "USES", "bulk_library", "gemm_libraries_available", "gemm_library", "gemm_rates", "linear",
+           "mm", "reset_gemm_library", "select_gemm_library"]
 
 LIBRARIES = ("aten", "onednn", "brgemm")  # csrc/common/gemm.h, enum Library, in order
 USES = ("bulk", "step")  # csrc/common/gemm.h, enum Use, in order
@@ -59,6 +60,26 @@ def gemm_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None, use: 
     return torch.ops.stfast.gemm_library(dtype, _out(dtype, out_dtype), _use(use))
 
 
+# (operands, out) -> (thread count, library): bulk_library's memory of the C++ choice, which is kept per pair for
+# one thread count too (csrc/common/gemm_cpu.cpp, library_for); select_gemm_library / reset_gemm_library clear it
+_BULK: dict[tuple[torch.dtype, torch.dtype], tuple[int, str]] = {}
+
+
+def bulk_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> str:
+    """:func:`gemm_library` of ``dtype`` operands with an ``out_dtype`` output for ``"bulk"`` use, remembered
+    here per pair for the thread count it was chosen at, as the C++ side remembers it (another thread count asks
+    it again, which may probe); :func:`select_gemm_library` and :func:`reset_gemm_library` forget it. For a
+    model layer's every forward (``stfast.nn.Linear``): a dict lookup (~0.3 µs) instead of an op call (~5 µs)."""
+    key = (dtype, _out(dtype, out_dtype))
+    threads = torch.get_num_threads()
+    known = _BULK.get(key)
+    if known is not None and known[0] == threads:
+        return known[1]
+    library = gemm_library(*key)
+    _BULK[key] = (threads, library)
+    return library
+
+
 def gemm_rates(dtype: torch.dtype, out_dtype: torch.dtype | None = None, use: str = "bulk") -> dict[str, float]:
     """The probe, run now: GFLOP/s of each library (:data:`LIBRARIES`) for ``dtype`` operands with an
     ``out_dtype`` output on the fused LSTM's shapes at H 128 for ``use`` — ``"bulk"``: 1,024 rows × 128 ×
@@ -86,12 +107,14 @@ def select_gemm_library(dtype: torch.dtype, choice: str | dict[str, float],
     chosen = ""
     for u in (USES if use is None else (use,)):
         chosen = torch.ops.stfast.gemm_select(dtype, _out(dtype, out_dtype), rates, _use(u))
+    _BULK.clear()
     return chosen
 
 
 def reset_gemm_library() -> None:
     """Forget every choice: the next GEMM of each dtype pair probes again."""
     torch.ops.stfast.gemm_reset()
+    _BULK.clear()
 
 
 def mm(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
