@@ -152,7 +152,7 @@ def test_no_stale_cast_after_the_weights_change(monkeypatch):
     assert torch.equal(after_swap, fresh()) and torch.equal(out, after_swap)
 
 
-def test_a_step_made_under_a_weights_change_uses_the_new_weights_for_torch_ops_too():
+def test_torch_ops_kept_casts_are_dropped_when_a_weight_changes():
     """torch's own cast cache (linear layers) kept for the block is dropped when a weight changes."""
     lin = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)
