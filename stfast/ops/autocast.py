@@ -7,7 +7,9 @@ bfloat16. The kernels registered here give each op autocast's "lower precision" 
 ``aten::mm``, ``aten::conv1d``, ``aten::mkldnn_rnn_layer``): floating tensors on the autocast device, except
 float64 ones, are cast to the autocast dtype (``torch.get_autocast_dtype``: bfloat16 or float16, whatever the
 caller chose) and the op runs with autocast off below it. Autograd records the casts, so parameter gradients
-come back in the parameters' float32 (master weights), as for built-in ops.
+come back in the parameters' float32 (master weights), as for built-in ops. Inside a
+:class:`stfast.ops.weight_casts.KeptCasts` block a weight's cast is made once and reused, as torch's own cast
+cache does for built-in ops.
 
 - ``stfast::lstm_forward``: lower precision on the CPU and CUDA (the kernels take float16/bfloat16 with
   float32 accumulation and cell state).
@@ -29,16 +31,18 @@ import functools
 import torch
 
 from .. import _C  # noqa: F401  (the ops must exist before kernels are added to them)
+from . import weight_casts
 
 _LIB = torch.library.Library("stfast", "IMPL")  # kept alive: the registrations live as long as the module
 
 
 def _cast(value, device_type: str, dtype: torch.dtype):
     """``value`` with its floating tensors on ``device_type`` (float64 excepted) cast to ``dtype``; lists and
-    tuples element by element (the LSTM's weights come as a list)."""
+    tuples element by element (the LSTM's weights come as a list). Weights keep their casts inside a
+    :class:`stfast.ops.weight_casts.KeptCasts` block (one per optimizer step), as torch's cast cache does."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() and value.device.type == device_type and value.dtype != torch.float64:
-            return value.to(dtype)
+            return weight_casts.cast(value, dtype)
         return value
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(v, device_type, dtype) for v in value)

@@ -8,6 +8,10 @@
   operands (linear layers, the convolution, the LSTM: torch's and stfast's fused ops, see
   :mod:`stfast.ops.autocast`) are bfloat16 with float32 accumulation. No loss scaling (bfloat16
   has float32's exponent range). The backward pass runs outside autocast, in the dtypes the forward saved.
+  Each weight is cast to bfloat16 once per optimizer step, not once per forward pass (k per step with
+  gradient accumulation): the forward passes of a step (of an evaluation) share the casts
+  (:func:`weight_casts`, :mod:`stfast.ops.weight_casts`), made again whenever a weight changes; the
+  results are bitwise those of a cast per forward pass.
 
 The precision is a run setting applied once around the forward (:func:`autocast`), never decided inside a
 layer; the checkpoint records it (``train_config["precision"]``), and evaluation, prediction, ``eta`` and
@@ -63,7 +67,26 @@ def autocast(precision: str, device) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     import torch
 
+    from ..ops import weight_casts as kept
+
+    if (block := kept.active()) is not None:  # inside weight_casts(): casts of weights changed since are dropped
+        block.check()
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def weight_casts(precision: str, device, weights) -> contextlib.AbstractContextManager:
+    """The block whose forward passes in ``precision`` on ``device`` share their weights' casts: one optimizer
+    step's micro-batches, or an evaluation's batches (``weights``: the model's parameters, an iterable of
+    tensors). bf16-mixed: :class:`stfast.ops.weight_casts.KeptCasts`, each weight cast to bfloat16 once,
+    again when it changes (checked by :func:`autocast` before each forward); 32 and 64: a no-op. Enter it
+    outside :func:`autocast`."""
+    if precision != "bf16-mixed":
+        return contextlib.nullcontext()
+    import torch
+
+    from ..ops.weight_casts import KeptCasts
+
+    return KeptCasts(torch.device(device).type, weights, torch.bfloat16)
 
 
 @functools.cache

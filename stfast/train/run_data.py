@@ -80,7 +80,7 @@ def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.Dis
     """Predicted travel times [T] (s, float64) of every trip of ``ds``, the forward passes in ``precision``
     (stfast.train.precision; the model's parameters and ``ds`` in its parameter dtype); under data parallelism
     each rank predicts its share and the result is summed over ranks (every rank gets all T)."""
-    from .precision import autocast
+    from .precision import autocast, weight_casts
 
     was = model.training
     model.eval()
@@ -88,9 +88,10 @@ def predict(model: DeepTTE, ds: TripDataset, batch_size: int = 256, info: dp.Dis
     order = np.argsort(ds.lengths, kind="stable")
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     mine = batches[info.rank::info.world_size]
-    for idx in progress_bar(mine, progress, desc="evaluate", leave=False, unit="batch"):
-        with autocast(precision, device):
-            out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
+    with weight_casts(precision, device, model.parameters()):  # bf16-mixed: each weight cast once, not per batch
+        for idx in progress_bar(mine, progress, desc="evaluate", leave=False, unit="batch"):
+            with autocast(precision, device):
+                out[idx] = model(ds.batch(idx).to(device)).time.double().cpu().numpy()
     model.train(was)
     return dp.all_reduce_sum(out, info)
 

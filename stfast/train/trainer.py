@@ -31,6 +31,7 @@ from . import checkpoint as ckpt
 from . import gemm_plan, guards, run_predictions, steps, swa
 from .config import TrainConfig
 from .metrics import errors, fit_baselines, format_summary
+from .precision import weight_casts
 from .resume import restore, resume_state, trainer_state
 from .run_data import RunData, epoch_batches, evaluate, predict, preflight, progress_bar
 from .run_log import RunLog
@@ -149,13 +150,15 @@ class Trainer:
         self.accum.begin_step()
         self.steps.begin_step()
         loss, compute = 0.0, []  # this rank's forward + backward seconds per micro-batch
-        for i, m in enumerate(micro):
-            last = i == len(micro) - 1
-            t = time.perf_counter()
-            n_shard, part = self.steps.micro_step(m, last, loss_fn)
-            loss += part
-            compute.append(time.perf_counter() - t)
-            self.accum.after_micro_step(n_shard, n_trips, last)
+        # bf16-mixed: the micro-batches' forwards share one bfloat16 cast of each weight (precision.weight_casts)
+        with weight_casts(self.cfg.precision, self.device, self.model.parameters()):
+            for i, m in enumerate(micro):
+                last = i == len(micro) - 1
+                t = time.perf_counter()
+                n_shard, part = self.steps.micro_step(m, last, loss_fn)
+                loss += part
+                compute.append(time.perf_counter() - t)
+                self.accum.after_micro_step(n_shard, n_trips, last)
         t_sync = time.perf_counter()
         extra = self.steps.statistics(self.accum.extra(loss))
         reduced = self.grad_sync.finish(extra) if self.grad_sync is not None else extra
