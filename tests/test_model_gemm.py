@@ -229,3 +229,20 @@ def test_autocast_path_on_any_cpu(monkeypatch):
     w, bias = layer.weight.detach(), layer.bias.detach()
     once = (x.bfloat16().double() @ w.bfloat16().double().t() + bias.double()).bfloat16()
     assert float((y.double() - once.double()).abs().max()) <= 2.0 ** -8 * float(once.double().abs().max())
+
+
+def test_autocast_path_keeps_one_weight_cast_per_step(monkeypatch):
+    """Inside a KeptCasts block (one optimizer step, stfast.ops.weight_casts) the layer's weight is cast to
+    bfloat16 once for all the step's forward passes, as torch.nn.Linear's is (before: gemm.linear handed
+    gemm_mm's Autocast kernel the weight's transpose, a view, which was cast anew in every forward pass)."""
+    from stfast.ops.weight_casts import KeptCasts
+
+    monkeypatch.setattr(linear_module, "_through_chosen_library", lambda operands: True)
+    layer, _ = _layer_pair(32, 16, fresh_seed(), torch.float32)
+    x = torch.randn(4, 32)
+    with KeptCasts("cpu", layer.parameters()) as block:
+        for _ in range(3):
+            with torch.autocast("cpu", torch.bfloat16):
+                layer(x).float().sum().backward()
+    assert block.made == 1
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32

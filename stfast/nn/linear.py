@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops import gemm
+from ..ops import gemm, weight_casts
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -43,6 +43,8 @@ class Linear(nn.Linear):
             return F.linear(x, weight, bias)  # its own dtype error
         if not _through_chosen_library(operands):
             return F.linear(x, weight, bias)
-        if operands in _HALF:  # operands cast by stfast::gemm_mm's Autocast kernel (stfast.ops.autocast)
-            return gemm.linear(x, weight, bias, out_dtype=torch.float32).to(operands)
+        if operands in _HALF:  # x cast by stfast::gemm_mm's Autocast kernel (stfast.ops.autocast); the weight here,
+            # before its transpose (a view, which a KeptCasts block would cast anew per forward pass)
+            w = weight_casts.cast(weight, operands) if weight.dtype != operands else weight
+            return gemm.linear(x, w, bias, out_dtype=torch.float32).to(operands)
         return gemm.linear(x, weight, bias)
