@@ -147,3 +147,13 @@ def test_without_a_cpp_compiler_compile_is_refused_in_one_line_and_writes_nothin
 
 def test_unavailable_is_none_where_inductor_builds_kernels():
     assert compiled.unavailable("cpu") is None
+
+
+def test_warm_up_runs_the_epochs_smallest_and_largest_batch_once_each():
+    """Padded size = trips × the longest trip's points: inductor picks some kernels by size (a guard
+    B·(L − 2) ≤ 4096 was seen on the Chengdu sample), so both ends compile before the clock."""
+    lengths = np.array([5, 30, 10, 10, 7])
+    batches = [np.array([0, 4]), np.array([1, 2]), np.array([3])]  # sizes 14, 60, 10
+    got = compiled.warm_up_batches(batches, lengths)
+    assert [b.tolist() for b in got] == [[1, 2], [3]]
+    assert [b.tolist() for b in compiled.warm_up_batches(batches[:1], lengths)] == [[0, 4]]

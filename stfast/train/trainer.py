@@ -184,15 +184,20 @@ class Trainer:
         return lambda out, b: training_loss(self.model, out, b, n_trips, n_local, use_local)
 
     def _compile(self) -> None:
-        """--compile: compile the model's forward (and its backward) now, before the first epoch's clock, with
-        one forward + backward of the epoch's next batch (gradients discarded, random streams restored:
-        stfast.train.compiled.warm_up); its seconds go to the log and to summary.json's ``compile_s``."""
+        """--compile: compile the model's forward (and its backward) now, before the first epoch's clock, with a
+        forward + backward of the epoch's smallest and largest batch (trips × padded length; gradients discarded,
+        random streams restored: stfast.train.compiled.warm_up); its seconds go to the log and to summary.json's
+        ``compile_s``."""
         batches = self.data.epoch_batches(self.cfg.batch_size, self.cfg.seed, self.epoch)
-        idx = batches[min(self.epoch_batch, len(batches) - 1)]
         use_local = self.cfg.compat != "original" or self.epoch == 0
-        self.steps.begin_step()
-        self.compile_s = compiled.warm_up(lambda: self.steps.micro_step(idx, True, self._loss_fn([idx], use_local)),
-                                          self.model, self.device)
+        lengths = self.data.train_ds.lengths
+
+        def run():
+            for idx in compiled.warm_up_batches(batches, lengths):
+                self.steps.begin_step()
+                self.steps.micro_step(idx, True, self._loss_fn([idx], use_local))
+
+        self.compile_s = compiled.warm_up(run, self.model, self.device)
         self.say(f"torch.compile: the model's forward and backward compiled in {self.compile_s:.1f} s (before the "
                  "epochs' clocks: trips/s excludes it, wall_s includes it)")
 
@@ -206,8 +211,8 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         self.t_start = time.perf_counter()
-        if self.cfg.compile:
-            self._compile()
+        if self.cfg.compile and self.epoch < self.cfg.epochs and not self.cfg.steps_reached(self.step):
+            self._compile()  # (a resumed run with no step left compiles nothing)
         self.accum.start_clock()
         stopped = out_of_time = False
         stale = 0  # epochs since the best validation MAPE (early stopping)
