@@ -157,3 +157,18 @@ def test_warm_up_runs_the_epochs_smallest_and_largest_batch_once_each():
     got = compiled.warm_up_batches(batches, lengths)
     assert [b.tolist() for b in got] == [[1, 2], [3]]
     assert [b.tolist() for b in compiled.warm_up_batches(batches[:1], lengths)] == [[0, 4]]
+
+
+def test_a_job_launched_by_torchrun_is_refused_with_compile(monkeypatch, tmp_path):
+    """--nproc is refused by the config; a job torchrun started itself (world size from its environment) is
+    refused by the Trainer, before anything is read or written (rank 0 here, of 2)."""
+    from stfast.parallel import data_parallel as dp
+    from stfast.train import trainer
+
+    monkeypatch.setattr(trainer.dp, "init_from_env", lambda device, timeout_s: dp.DistInfo(0, 2, 0))
+    monkeypatch.setattr(trainer.guards, "agree_out_dir", lambda cfg, info: None)  # no process group here
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"^--compile runs in one process; this job has world size 2: train "
+                                         r"without --compile$"):
+        Trainer(TrainConfig(n_synthetic=50, compile=True, out=str(out), progress=False))
+    assert not out.exists()

@@ -82,6 +82,9 @@ class Trainer:
             if why := stock_bf16_lstm_error():
                 raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
                                  "LSTM runs bfloat16 here) or --precision 32")
+        if cfg.compile and self.info.distributed:  # launched by torchrun itself (--nproc is refused in validate)
+            raise ValueError(f"--compile runs in one process; this job has world size {self.info.world_size}: "
+                             "train without --compile")
         if cfg.compile and (why := compiled.unavailable(str(self.device))):
             raise ValueError(f"--compile: {why}; train without --compile")
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
