@@ -8,7 +8,7 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 --select) have the flag default None, "not given", and TrainConfig fills them when it is built; the
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
 --preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
-(stfast.models.members) since."""
+(stfast.models.members) since; --compile (issue 51: off unless given, on --resume the run's)."""
 import argparse
 import dataclasses
 import re
@@ -67,6 +67,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'split_by': (('--split-by',), 'random', ('random', 'date'), None, 'StoreAction', False, None),
         'split_days': (('--split-days',), None, None, None, 'StoreAction', False, None),
         'max_steps': (('--max-steps',), None, None, 'int', 'StoreAction', False, None),
+        'compile': (('--compile',), False, None, None, 'StoreTrueAction', False, 0),
         'out': (('--out',), 'runs/latest', None, None, 'StoreAction', False, None),
         'resume': (('--resume',), False, None, None, 'StoreTrueAction', False, 0),
         'overwrite': (('--overwrite',), False, None, None, 'StoreTrueAction', False, 0),
@@ -206,6 +207,7 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'slicer': None,
     'threads': None,
     'max_steps': None,
+    'compile': False,
     'out': 'runs/latest',
     'resume': False,
     'overwrite': False,
@@ -230,7 +232,7 @@ EVERY_FLAG = shlex.split(
     "--ema-decay 0.9 --alpha 0.5 --compat original --head prior --loss log --dropout 0.1 --driver-dim 4 "
     "--time-bin-min 15 --kernels reference --patience 2 --nproc 2 --comm nccl --slicer equal --threads 2 "
     "--device cuda --dtype float64 --seed 3 --data-seed 4 --ensemble 2 --split 0.8/0.1/0.1 --split-by date "
-    "--split-days 1-2/3/4 --max-steps 5 --out o --resume --overwrite --no-progress --accumulation 4 "
+    "--split-days 1-2/3/4 --max-steps 5 --compile --out o --resume --overwrite --no-progress --accumulation 4 "
     "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
     "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
     "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2 --subtrips-resample epoch")  # --swa-start: not with --ema-decay (filled: none)
@@ -241,7 +243,7 @@ EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.t
     "head": "prior", "loss": "log", "dropout": 0.1, "driver_dim": 4, "time_bin_min": 15, "kernels": "reference",
     "patience": 2, "seed": 3, "data_seed": 4, "ensemble": 2, "split": "0.8/0.1/0.1", "split_by": "date",
     "split_days": "1-2/3/4", "device": "cuda", "precision": "64", "dtype": "float64", "nproc": 2, "comm": "nccl", "slicer": "equal",
-    "threads": 2, "max_steps": 5, "out": "o", "resume": True, "overwrite": True, "progress": False,
+    "threads": 2, "max_steps": 5, "compile": True, "out": "o", "resume": True, "overwrite": True, "progress": False,
     "accumulation": "4", "accum_window": 3, "accum_start": 1, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
     "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
     "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none",

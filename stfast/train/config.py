@@ -18,8 +18,8 @@ from ..accum.noise import NOISE_KINDS
 from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
 from ..data.splits import DEFAULT_SPLIT
 from ..models.deeptte import DeepTTEConfig
+from . import compiled, presets, swa
 from . import precision as prec
-from . import presets, swa
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
@@ -153,6 +153,10 @@ class TrainConfig:
                                       "dealt round-robin)", choices=("balanced", "equal", "sorted"))
     threads: int | None = option(None, "torch threads per process", ge=1, check=_check_threads)  # None: cores / processes
     max_steps: int | None = option(None, "stop after this many optimizer steps", ge=1)  # tests, smoke runs
+    # None: not given (--resume: the run's own; else off)
+    compile: bool | None = option(None, "run the model's forward through torch.compile (inductor, dynamic shapes); "
+                                        "compiled before the first epoch's clock (stfast.train.compiled); default "
+                                        "off, on --resume the run's", cli=SwitchTo(True))
     out: str = option("runs/latest", "output folder: one run per folder (must be empty or new)")
     resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt), with the run's own values of the "
                                  "[preset] options not given")
@@ -200,6 +204,7 @@ class TrainConfig:
             fill_from_checkpoint(self)
         presets.fill(self)
         self.precision, self.dtype = prec.resolve(self.precision, self.dtype)
+        self.compile = bool(self.compile)  # not given (and not the resumed run's): off
 
     @property
     def split_seed(self) -> int:
@@ -280,6 +285,7 @@ class TrainConfig:
             check_start(self.accumulation, self.accum_start, self.nproc)
         if self.cp_plan != "components" and self.parallel == "dp":
             raise ValueError(f"--cp-plan {self.cp_plan} places components: use it with --parallel cp or dp+cp")
+        compiled.check(self)
 
 
 #: the data settings (field names), in flag order

@@ -29,7 +29,7 @@ def fill_from_checkpoint(cfg) -> None:
     """On ``--resume``: each preset option not given (None; stfast.train.presets.FIELDS) takes the value of
     the run being continued, read from the train_config of its first loadable checkpoint in ``cfg.out``, in
     place; so do the preset name when ``--preset`` is left at auto (checkpoints before presets: paper) and the
-    precision when neither ``--precision`` nor ``--dtype`` is given.
+    precision when neither ``--precision`` nor ``--dtype`` is given, and ``--compile`` when not given.
     A resumed run therefore ends where it was going (its --epochs, its averaging start, its width) even where
     the preset's values differ; options given on the command line still win. Nothing happens when no
     checkpoint loads: :func:`resume_checkpoint` raises then, naming the folder. Called by TrainConfig before
@@ -38,7 +38,8 @@ def fill_from_checkpoint(cfg) -> None:
     from .presets import FIELDS
 
     precision_given = cfg.precision is not None or cfg.dtype is not None  # --precision or its alias --dtype
-    if cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS) and precision_given:
+    if (cfg.preset != "auto" and all(getattr(cfg, k) is not None for k in FIELDS) and precision_given
+            and cfg.compile is not None):
         return  # nothing left to fill (every option given, or a checkpoint's own config)
     for path in _candidates(Path(cfg.out)):
         if not path.is_file():
@@ -59,6 +60,8 @@ def fill_from_checkpoint(cfg) -> None:
             cfg.preset = saved.get("preset", "paper")
         if not precision_given:  # the run continues in its own precision
             cfg.precision = of_train_config(saved)
+        if cfg.compile is None:  # a compiled run continues compiled (checkpoints before --compile: not)
+            cfg.compile = bool(saved.get("compile"))
         return
 
 

@@ -47,12 +47,14 @@ class WholeModelSteps:
     """Each rank runs the whole ``model`` on its equal-count shard (``info``: the data-parallel group) of
     every micro-batch; ``batch_of(idx)`` builds the batch of trip indices [n] on the model's device;
     ``grad_sync`` (None: one process) skips the gradient sync on micro-steps 1..k−1; ``autocast``: the context of
-    the forward passes (the run's precision)."""
+    the forward passes (the run's precision); ``forward``: what runs the model on a batch (default the model;
+    ``--compile``: stfast.train.compiled.CompiledForward)."""
 
     def __init__(self, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sync=None,
-                 autocast: Autocast = contextlib.nullcontext):
+                 autocast: Autocast = contextlib.nullcontext, forward: Callable | None = None):
         self.model, self.batch_of, self.info, self.grad_sync = model, batch_of, info, grad_sync
         self.autocast = autocast
+        self.forward = forward if forward is not None else model
         self.data_s = 0.0  # this step's data-side seconds on this rank: the shard's cut and its collation
 
     def describe(self) -> str | None:
@@ -74,7 +76,7 @@ class WholeModelSteps:
 
     def _forward_backward(self, batch, loss_fn: LossFn) -> float:
         with self.autocast():
-            loss = loss_fn(self.model(batch), batch)
+            loss = loss_fn(self.forward(batch), batch)
         loss.backward()
         return float(loss.detach())
 
@@ -220,14 +222,18 @@ def for_mode(cfg, model: DeepTTE, batch_of: Callable, info: dp.DistInfo, grad_sy
              lengths: np.ndarray, batches: Callable[[int], list[np.ndarray]]) -> WholeModelSteps:
     """The executor of ``cfg.parallel`` (a TrainConfig): components for cp / dp+cp; under data parallelism
     the slicer (``cfg.slicer_method``) over the training trips' ``lengths`` and the epoch's
-    global ``batches``; else whole batches. Forward passes run in ``cfg.precision``."""
+    global ``batches``; else whole batches. Forward passes run in ``cfg.precision``; with ``cfg.compile``
+    (one process, whole batches: stfast.train.compiled.check) through torch.compile."""
     from .precision import autocast as precision_autocast
 
     autocast = functools.partial(precision_autocast, cfg.precision, device)
     if cfg.parallel != "dp":
         return ComponentSteps(model, batch_of, info, grad_sync, device, cfg.cp_plan, cfg.micro_batches, autocast)
     if not info.distributed:
-        return WholeModelSteps(model, batch_of, info, grad_sync, autocast)
+        from .compiled import CompiledForward
+
+        return WholeModelSteps(model, batch_of, info, grad_sync, autocast,
+                               CompiledForward(model) if cfg.compile else None)
     sampler = BalancedBatchSampler(lengths, cfg.batch_size, info.world_size, info.rank, cfg.seed,
                                    method=cfg.slicer_method, batches=batches,
                                    all_gather=lambda a: dp.all_gather_floats(a, info),

@@ -28,7 +28,7 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import gemm_plan, guards, run_predictions, steps, swa
+from . import compiled, gemm_plan, guards, run_predictions, steps, swa
 from .config import TrainConfig
 from .metrics import errors, fit_baselines, format_summary
 from .precision import weight_casts
@@ -64,6 +64,7 @@ class Trainer:
         self.guards = guards.RunGuards(self.info, cfg.max_bad_steps, cfg.time_budget_s, self.log)
         self.epoch, self.step, self.best, self.t_start = 0, 0, math.inf, time.perf_counter()
         self.epoch_batch, self.epoch_progress = 0, (0.0, 0)  # of self.epoch: batches done, (loss sum, steps)
+        self.compile_s: float | None = None  # --compile: seconds of the compilation before the first epoch
         with guards.naming_rank_failures(self.info, cfg.timeout_s, lambda: self.step):
             key = guards.agree_out_dir(cfg, self.info)  # rank 0 holds the folder's lock until release_out_dir
             self.release_out_dir = weakref.finalize(self, guards.unlock_out_dir, key) if key else (lambda: None)
@@ -82,6 +83,11 @@ class Trainer:
             if why := stock_bf16_lstm_error():
                 raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
                                  "LSTM runs bfloat16 here) or --precision 32")
+        if cfg.compile and self.info.distributed:  # launched by torchrun itself (--nproc is refused in validate)
+            raise ValueError(f"--compile runs in one process; this job has world size {self.info.world_size}: "
+                             "train without --compile")
+        if cfg.compile and (why := compiled.unavailable(str(self.device))):
+            raise ValueError(f"--compile: {why}; train without --compile")
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
         # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
         if resume is not None and "gemm_plan" in resume:
@@ -143,9 +149,8 @@ class Trainer:
         step was skipped (a non-finite loss or gradient, the same on every rank after the sync) or None."""
         t0 = time.perf_counter()
         micro = [gb] if isinstance(gb, np.ndarray) else list(gb)
-        lengths, kernel = self.data.train_ds.lengths, self.model.cfg.kernel_size
-        n_trips, n_local = sum(len(m) for m in micro), sum(local_count(lengths[m], kernel) for m in micro)
-        loss_fn = lambda out, b: training_loss(self.model, out, b, n_trips, n_local, use_local)  # noqa: E731
+        n_trips = sum(len(m) for m in micro)
+        loss_fn = self._loss_fn(micro, use_local)
         self.opt.zero_grad(set_to_none=True)
         self.accum.begin_step()
         self.steps.begin_step()
@@ -177,6 +182,31 @@ class Trainer:
             self.log.append("step", {"step": self.step, "epoch": self.epoch + 1, **row})  # the epoch in progress
         return StepLoss(loss)
 
+    def _loss_fn(self, micro: list[np.ndarray], use_local: bool):
+        """The loss of one optimizer step's micro-batches ``micro`` ([b] trip indices each): (model output, its
+        batch) → the shard's part of the mean over all their trips and local points (training_loss)."""
+        lengths, kernel = self.data.train_ds.lengths, self.model.cfg.kernel_size
+        n_trips, n_local = sum(len(m) for m in micro), sum(local_count(lengths[m], kernel) for m in micro)
+        return lambda out, b: training_loss(self.model, out, b, n_trips, n_local, use_local)
+
+    def _compile(self) -> None:
+        """--compile: compile the model's forward (and its backward) now, before the first epoch's clock, with a
+        forward + backward of the epoch's smallest and largest batch (trips × padded length; gradients discarded,
+        random streams restored: stfast.train.compiled.warm_up); its seconds go to the log and to summary.json's
+        ``compile_s``."""
+        batches = self.data.epoch_batches(self.cfg.batch_size, self.cfg.seed, self.epoch)
+        use_local = self.cfg.compat != "original" or self.epoch == 0
+        lengths = self.data.train_ds.lengths
+
+        def run():
+            for idx in compiled.warm_up_batches(batches, lengths):
+                self.steps.begin_step()
+                self.steps.micro_step(idx, True, self._loss_fn([idx], use_local))
+
+        self.compile_s = compiled.warm_up(run, self.model, self.device)
+        self.say(f"torch.compile: the model's forward and backward compiled in {self.compile_s:.1f} s (before the "
+                 "epochs' clocks: trips/s excludes it, wall_s includes it)")
+
     def fit(self) -> dict:
         """Train (see the class doc). SIGTERM/SIGINT stop after the current step with last.pt written;
         a failed collective is reported naming the ranks that stopped responding (guards)."""
@@ -187,6 +217,8 @@ class Trainer:
         if self.info.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         self.t_start = time.perf_counter()
+        if self.cfg.compile and self.epoch < self.cfg.epochs and not self.cfg.steps_reached(self.step):
+            self._compile()  # (a resumed run with no step left compiles nothing)
         self.accum.start_clock()
         stopped = out_of_time = False
         stale = 0  # epochs since the best validation MAPE (early stopping)
@@ -298,6 +330,8 @@ class Trainer:
         summary = d.summary(errors(pred, d.test.time), self.best, self.epoch, self.step, self.info.world_size)
         # the final evaluation's rate, beside training's (metrics.jsonl): a forward pass is ~1/3 of a step
         summary["test_trips_per_s"] = len(d.test) / max(time.perf_counter() - t0, 1e-9)
+        if self.compile_s is not None:  # --compile: this process's compilation (stfast.train.compiled)
+            summary["compile_s"] = self.compile_s
         if self.info.is_main:  # every trip of the test split beside both baselines: what the report plots
             fitted = fit_baselines(d.train)
             run_predictions.write(self.out, d.test, pred, {n: f.predict(d.test.dist) for n, f in fitted.items()})
