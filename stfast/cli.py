@@ -409,7 +409,7 @@ def cmd_evaluate(a) -> int:
         notes.append(f"{k} outside the training area, scored{inside}")
     unseen = int(unseen_drivers.sum())
     if unseen:
-        notes.append(f"{unseen} of drivers the model did not train on")
+        notes.append(f"{unseen} by drivers the model did not train on")
     print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
           + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0

@@ -351,7 +351,7 @@ def test_trips_of_drivers_the_model_never_saw_are_counted(trained, tmp_path, cap
                             (tmp_path / "drv" / "checkpoint.pt", data, False),
                             (tmp_path / "drv" / "checkpoint.pt", other, True)):
         assert main(["evaluate", "--checkpoint", str(ck), "--data", str(data_)]) == 0
-        assert ("4 of drivers the model did not train on" in capsys.readouterr().out) == said
+        assert ("4 by drivers the model did not train on" in capsys.readouterr().out) == said
 
 
 @pytest.mark.parametrize("mine", ["file", "folder"])

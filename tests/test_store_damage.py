@@ -169,6 +169,38 @@ def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_pat
     assert hashed[n:] == ["lat.npy"]
 
 
+def test_a_check_kept_nowhere_is_warned_once_and_a_relative_cache_home_ignored(store, monkeypatch, tmp_path,
+                                                                                caplog):
+    """Where neither the store nor the cache folder can be written, every open checks the store again: a warning
+    says so once, naming the cache path (before: silent). A relative XDG_CACHE_HOME is invalid (XDG spec) and
+    ignored: ~/.cache is used (before: a folder made in the working directory)."""
+    import stfast.data.store as st
+
+    real_atomic_file = st.atomic_file
+
+    def atomic_file(path, *a, **kw):  # the store's folder refuses writes, as a read-only mount does
+        if path.parent == store:
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_atomic_file(path, *a, **kw)
+
+    monkeypatch.setattr(st, "atomic_file", atomic_file)
+    monkeypatch.setattr(st, "_warned_unrecorded", set())
+    (store / st.CHECKED).unlink()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    with caplog.at_level(logging.WARNING, logger="stfast.data"):
+        open_store(store)
+        open_store(store)
+    assert caplog.text.count("its check could not be recorded") == 1 and str(tmp_path / "a-file") in caplog.text
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-cache")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert st._checked_records(store)[-1].parent == tmp_path / "home" / ".cache" / "stfast" / "checked"
+    open_store(store)
+    assert not (tmp_path / "relative-cache").exists()
+    assert len(list((tmp_path / "home" / ".cache" / "stfast" / "checked").iterdir())) == 1
+
+
 def _derive(path):
     train, val, test = split_trips(open_store(path), TrainConfig(data=str(path)))
     return ([list(v.index) for v in (train, val, test)], dataset.NormStats.of_split(train, 3).__dict__,

@@ -288,6 +288,7 @@ class StoreWriter:
 _COLUMNS = ("offsets", *Trips._POINT_FIELDS, *Trips._TRIP_FIELDS)
 _DROPPED = tuple(f"dropped_{c}" for c in ("trip_id", "segment", "reason"))
 CHECKED = "checked.json"  # the stamps of the files as last found intact (store_checks.check_changed)
+_warned_unrecorded: set = set()  # stores whose check could be kept nowhere (warned once per process)
 
 
 def _fix(store, m: dict | None = None) -> str:
@@ -309,8 +310,9 @@ def _checked_records(folder: Path) -> list[Path]:
     (``$XDG_CACHE_HOME`` or ``~/.cache``, ``stfast/checked/``) named by the store's absolute path; without one a
     read-only store of 10 M trips was hashed again (~2 s) at every open."""
     places = [folder / CHECKED]
-    try:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    given = os.environ.get("XDG_CACHE_HOME", "")
+    try:  # a relative XDG_CACHE_HOME is invalid (the XDG spec): ignored
+        base = Path(given) if os.path.isabs(given) else Path.home() / ".cache"
     except RuntimeError:  # no home directory to find
         return places
     key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]
@@ -323,7 +325,8 @@ def _record_checked(folder: Path, files: dict) -> None:
     from .integrity import stamp
 
     stamps = {n: stamp(folder / n) for n in files}
-    for place in _checked_records(folder):
+    places = _checked_records(folder)
+    for place in places:
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(place, "w") as f:
@@ -331,6 +334,12 @@ def _record_checked(folder: Path, files: dict) -> None:
             return
         except OSError as e:
             log.debug("%s: %s not written (%s)", folder, place, e)
+            why = e.strerror or str(e)
+    if str(folder) not in _warned_unrecorded:  # else every open checks the whole store again, silently
+        _warned_unrecorded.add(str(folder))
+        log.warning("%s: its check could not be recorded (%s: %s), so every open checks its files again; make the "
+                    "store or that cache folder writable, or set XDG_CACHE_HOME to a writable folder", folder,
+                    places[-1], why)
 
 
 def read_manifest(path: str | os.PathLike) -> dict:

@@ -24,32 +24,47 @@ test evaluation stay eager. The backward of the compiled forward is AOTAutograd'
 
 Refused with one line (ValueError, exit 2 from the CLI): where torch.compile cannot build a kernel on the run's
 device (:func:`unavailable`: no C++ compiler or Python headers for inductor on the CPU, no Triton for CUDA),
-with ``--nproc`` > 1 and with ``--parallel cp`` / ``dp+cp`` (:func:`check`).
+with ``--nproc`` > 1 and with ``--parallel cp`` / ``dp+cp`` (:func:`check`). A resumed compiled run (``--resume``
+without ``--compile``) that cannot compile there continues eagerly, with a warning (:func:`refuse`).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+log = logging.getLogger("stfast.train")
+
 #: dynamo settings under which the fused geo-conv's data-dependent packing stays inside the graph
 DYNAMO_CONFIG = {"capture_dynamic_output_shape_ops": True, "capture_scalar_outputs": True}
 
 
+def refuse(cfg, why: str) -> None:
+    """``--compile`` cannot run here, ``why``: a ValueError naming the fix where the user gave ``--compile``; where
+    the setting came from the resumed run (``cfg.compile_inherited``), the run continues without torch.compile
+    and a warning says so (the same model: compiling changes no value beyond the order of float sums)."""
+    if getattr(cfg, "compile_inherited", False):
+        log.warning("--resume: the run was trained with --compile, but %s; it continues without torch.compile", why)
+        cfg.compile = False
+        return
+    raise ValueError(f"--compile: {why}; train without --compile")
+
+
 def check(cfg) -> None:
-    """The rules between ``cfg.compile`` (a TrainConfig) and the other options. Raises ValueError naming the
-    flags: --compile with --nproc > 1 or with component parallelism."""
+    """The rules between ``cfg.compile`` (a TrainConfig) and the other options: --compile with --nproc > 1 or with
+    component parallelism is refused (:func:`refuse`: a ValueError naming the flags, or, for a resumed compiled
+    run, a warning and an eager run)."""
     if not cfg.compile:
         return
     if cfg.parallel != "dp":
-        raise ValueError(f"--compile compiles the whole model's forward; --parallel {cfg.parallel} runs its "
-                         "components separately: use --parallel dp, or train without --compile")
-    if cfg.nproc > 1:
-        raise ValueError(f"--compile runs in one process; with --nproc {cfg.nproc} (data parallel) it is not "
-                         "supported: use --nproc 1, or train without --compile")
+        refuse(cfg, f"it compiles the whole model's forward, and --parallel {cfg.parallel} runs its components "
+                    "separately (use --parallel dp)")
+    elif cfg.nproc > 1:
+        refuse(cfg, f"it runs in one process, not with --nproc {cfg.nproc} (use --nproc 1)")
 
 
 @functools.cache
@@ -62,7 +77,13 @@ def unavailable(device: str) -> str | None:
         torch.compile(lambda t: torch.tanh(t) * 2.0 + 1.0, dynamic=False)(x)
     except Exception as e:  # noqa: BLE001 - any failure of the toolchain is the answer
         text = " ".join(str(e).split())
-        return f"torch.compile cannot build kernels on {device} here ({type(e).__name__}: {text[:160]})"
+        if "InvalidCxxCompiler" in type(e).__name__ + text:
+            return (f"torch.compile cannot build kernels on {device} here: inductor found no working C++ compiler "
+                    "(install g++, or set CXX to a working one)")
+        text = text.split(" Set TORCHDYNAMO_VERBOSE")[0]  # torch's hint about its own stack trace
+        if len(text) > 200:
+            text = text[:200].rsplit(" ", 1)[0] + " …"
+        return f"torch.compile cannot build kernels on {device} here ({type(e).__name__}: {text})"
     return None
 
 

@@ -60,8 +60,8 @@ def fill_from_checkpoint(cfg) -> None:
             cfg.preset = saved.get("preset", "paper")
         if not precision_given:  # the run continues in its own precision
             cfg.precision = of_train_config(saved)
-        if cfg.compile is None:  # a compiled run continues compiled (checkpoints before --compile: not)
-            cfg.compile = bool(saved.get("compile"))
+        if cfg.compile is None:  # a compiled run continues compiled where it can (checkpoints before --compile: not)
+            cfg.compile = cfg.compile_inherited = bool(saved.get("compile"))
         return
 
 

@@ -5,9 +5,10 @@ writes test_predictions.csv before, stfast.train.run_predictions).
 
 Row types and their keys (epochs are numbered from 1 in every row type: ``epoch`` N is the N-th):
 - ``epoch``: epoch, step, train_loss, val_mape (fraction), val_mae and val_rmse (s), samples_per_s, lr,
-  wall_s (s since the run's start);
+  wall_s (s since this process began training: a --compile warm-up included);
 - ``window``: an accumulation window (stfast.accum.controller): window, k, steps, trips, wall times, noise
-  scale, k_next, …, step, wall_s, accumulation (the spec);
+  scale, k_next, …, step, wall_s (the training clock --time-budget reads: a --compile warm-up excluded, kept
+  across --resume), accumulation (the spec);
 - ``step``: under data parallelism with the slicer, per optimizer step: step, epoch (the one it is in), shard
   sizes, predicted and measured imbalance, compute and idle seconds per rank, the cost model
   (BalancedBatchSampler.observe_step);

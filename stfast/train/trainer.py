@@ -84,10 +84,9 @@ class Trainer:
                 raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
                                  "LSTM runs bfloat16 here) or --precision 32")
         if cfg.compile and self.info.distributed:  # launched by torchrun itself (--nproc is refused in validate)
-            raise ValueError(f"--compile runs in one process; this job has world size {self.info.world_size}: "
-                             "train without --compile")
+            compiled.refuse(cfg, f"it runs in one process, and this job has world size {self.info.world_size}")
         if cfg.compile and (why := compiled.unavailable(str(self.device))):
-            raise ValueError(f"--compile: {why}; train without --compile")
+            compiled.refuse(cfg, why)
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
         # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
         if resume is not None and "gemm_plan" in resume:
