@@ -137,6 +137,20 @@ def test_touched_store_is_hashed_once(store, monkeypatch):
     assert hashed == ["lat.npy"]
 
 
+def _refuse_writes_into(store, monkeypatch):
+    """The store's folder refuses writes, as a read-only mount does (root ignores a folder's mode)."""
+    import stfast.data.store as st
+
+    real_atomic_file = st.atomic_file
+
+    def atomic_file(path, *a, **kw):
+        if path.parent == store:
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_atomic_file(path, *a, **kw)
+
+    monkeypatch.setattr(st, "atomic_file", atomic_file)
+
+
 def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_path, caplog):
     """A store whose folder cannot be written (a read-only mount) keeps its check in the user's cache: the
     second open hashes nothing (before: every open hashed every changed file again, ~2 s at 10 M trips, and
@@ -145,14 +159,7 @@ def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_pat
     import stfast.data.store_checks as sc
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    real_atomic_file = st.atomic_file
-
-    def atomic_file(path, *a, **kw):  # the store's folder refuses writes, as a read-only mount does
-        if path.parent == store:
-            raise PermissionError(13, "Read-only file system", str(path))
-        return real_atomic_file(path, *a, **kw)
-
-    monkeypatch.setattr(st, "atomic_file", atomic_file)
+    _refuse_writes_into(store, monkeypatch)
     (store / st.CHECKED).unlink()
     hashed = []
     real = sc.file_checksum
@@ -176,14 +183,7 @@ def test_a_check_kept_nowhere_is_warned_once_and_a_relative_cache_home_ignored(s
     ignored: ~/.cache is used (before: a folder made in the working directory)."""
     import stfast.data.store as st
 
-    real_atomic_file = st.atomic_file
-
-    def atomic_file(path, *a, **kw):  # the store's folder refuses writes, as a read-only mount does
-        if path.parent == store:
-            raise PermissionError(13, "Read-only file system", str(path))
-        return real_atomic_file(path, *a, **kw)
-
-    monkeypatch.setattr(st, "atomic_file", atomic_file)
+    _refuse_writes_into(store, monkeypatch)
     monkeypatch.setattr(st, "_warned_unrecorded", set())
     (store / st.CHECKED).unlink()
     (tmp_path / "a-file").write_text("")
