@@ -322,6 +322,8 @@ def train_row(n: int, out: str, steps: int, batch_size: int, test_trips: int) ->
                 m = _memory(pid)
             except OSError:
                 continue
+            if "VmHWM" not in m:  # a rank that has exited (a zombie's status has no memory lines)
+                continue
             peak[r] = {k: max(v, peak.get(r, {}).get(k, 0.0)) for k, v in m.items()}
         time.sleep(0.2)
     log = proc.stdout.read()
