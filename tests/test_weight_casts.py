@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import random_trips
 from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig
+from stfast.nn import Linear
 from stfast.ops import weight_casts as kept
 from stfast.train import precision, run_data
 from stfast.train import trainer as trainer_module
@@ -88,9 +89,11 @@ def test_each_weight_is_cast_once_per_optimizer_step_whatever_k(trips_file, tmp_
     for s in (1, 2):  # after an optimizer step the weights are cast again, once
         with _WeightCasts(tr.model) as casts:
             tr.train_step(batches[s * k] if k == 1 else batches[s * k:(s + 1) * k], True)
-        embeddings = {n for n, m in tr.model.named_modules() if isinstance(m, torch.nn.Embedding)}
-        # every weight but the embeddings' (not an autocast op: they stay float32), the fused LSTM's included
-        expected = {n for n, _ in tr.model.named_parameters() if n.rpartition(".")[0] not in embeddings}
+        # every weight but the embeddings' (not an autocast op: they stay float32) and stfast.nn.Linear's biases
+        # (added in float32 to the library's float32 sums), the fused LSTM's included
+        uncast = {f"{n}.weight" for n, m in tr.model.named_modules() if isinstance(m, torch.nn.Embedding)}
+        uncast |= {f"{n}.bias" for n, m in tr.model.named_modules() if isinstance(m, Linear)}
+        expected = {n for n, _ in tr.model.named_parameters() if n not in uncast}
         assert casts.count == dict.fromkeys(expected, 1), casts.count
         assert any(n.startswith("spatio_temporal.lstm.") for n in casts.count)
 

@@ -22,13 +22,16 @@ class Linear(nn.Linear):
     keys and initialization, so checkpoints load both ways and a seed gives the same weights; only where the
     CPU product runs changes.
 
-    ``forward(x)``: x (..., in_features) → (..., out_features). On a CPU tensor whose operand dtype (x's, or
-    under ``torch.autocast("cpu")`` autocast's 16-bit dtype, as for torch's ``linear``) has ``"aten"`` as its
-    chosen bulk library (:func:`stfast.ops.gemm_library`; float64 always), and on every other device, it is
-    ``torch.nn.functional.linear``, bit for bit. Otherwise the product runs in the chosen library
-    (``stfast.ops.gemm.linear``, differentiable): float32 in float32; 16-bit operands (autocast's casts of x
-    and the weight, or a 16-bit model) summed in float32, the bias added in float32, then rounded once to the
-    16-bit dtype, which is also F.linear's output dtype there. Errors: F.linear's RuntimeError for mismatched
+    ``forward(x)``: x (..., in_features) → (..., out_features). On a float32 or float64 CPU tensor whose dtype
+    has ``"aten"`` as its chosen bulk library (:func:`stfast.ops.gemm_library`; float64 always), and on every
+    other device, it is ``torch.nn.functional.linear``, bit for bit. Otherwise the product runs in the chosen
+    library (``stfast.ops.gemm.linear``, differentiable): float32 in float32; 16-bit operands (under
+    ``torch.autocast("cpu")`` autocast's casts of x and the weight, as for torch's ``linear``, or a 16-bit
+    model) always, whichever library is chosen for them with a float32 output (``"aten"``: widened to float32,
+    exact products), summed in float32, the bias added in float32, then rounded once to the 16-bit dtype, which
+    is also F.linear's output dtype there. Why always: where no 16-bit library beats ATen's widened float32
+    GEMM, torch's own 16-bit CPU ``linear`` is slower still (AMD EPYC Zen 3, AVX2: 3.6–5.5 GFLOP/s under
+    autocast against 36–58 widened, at the model's shapes). Errors: F.linear's RuntimeError for mismatched
     dtypes; for an x whose last dimension is not in_features, F.linear's RuntimeError, or on the library path
     stfast.gemm_mm's ValueError."""
 
@@ -41,10 +44,11 @@ class Linear(nn.Linear):
             operands = torch.get_autocast_dtype("cpu")  # what autocast's linear casts x and the weight to
         elif operands != weight.dtype:
             return F.linear(x, weight, bias)  # its own dtype error
-        if not _through_chosen_library(operands):
-            return F.linear(x, weight, bias)
-        if operands in _HALF:  # x cast by stfast::gemm_mm's Autocast kernel (stfast.ops.autocast); the weight here,
-            # before its transpose (a view, which a KeptCasts block would cast anew per forward pass)
+        if operands in _HALF:  # whatever library is chosen (ATen: the operands widened, see the class docstring).
+            # x cast by stfast::gemm_mm's Autocast kernel (stfast.ops.autocast); the weight here, before its
+            # transpose (a view, which a KeptCasts block would cast anew per forward pass)
             w = weight_casts.cast(weight, operands) if weight.dtype != operands else weight
             return gemm.linear(x, w, bias, out_dtype=torch.float32).to(operands)
+        if not _through_chosen_library(operands):
+            return F.linear(x, weight, bias)
         return gemm.linear(x, weight, bias)
