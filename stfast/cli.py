@@ -168,6 +168,10 @@ def _data_args(d: argparse.ArgumentParser) -> None:
                         "memory-mapped columns that --data takes) or DeepTTE JSON lines",
                         formatter_class=_HelpFormatter)
     _add_data_args(c, required=True)
+    from ._options import add_arguments
+    from .data.options import TripFilterOptions
+
+    add_arguments(c, TripFilterOptions)  # convert's alone: a store keeps them, and train takes the store
     c.add_argument("--out", required=True, help="the trips store (folder) to write; a name ending in .jsonl: "
                    "DeepTTE JSON lines")
     v = dsub.add_parser("verify", help="check every file of a trips store against the checksums and values recorded "
@@ -483,12 +487,12 @@ def cmd_data_verify(a) -> int:
 
 def cmd_data_convert(a) -> int:
     from .data.load import load_trips, require_trips
-    from .data.options import preprocess_options_from_args
+    from .data.options import preprocess_options_from_args, trip_filters_from_args
 
     opts = preprocess_options_from_args(a)
     done = ""  # what was derived for the default run (a store only)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
-              gap_s=opts["gap_s"], tz=opts["tz"])
+              gap_s=opts["gap_s"], tz=opts["tz"], **trip_filters_from_args(a))
     if str(a.out).endswith(".jsonl"):
         from .data.durable import os_error_line
 
