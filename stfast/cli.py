@@ -272,7 +272,7 @@ def given_dests(argv: list[str]) -> set[str]:
 
 def _check_store_flags(a, given: set[str]) -> None:
     """``train`` / ``data convert`` with ``--data`` a trips store: each preprocessing flag given on the
-    command line (its default value included) must be the store's setting. Raises ValueError naming the flag
+    command line (its default value included; convert's trip filters too) must be the store's setting. Raises ValueError naming the flag
     and both values (the store cannot be preprocessed again; a flag that is not given takes the store's)."""
     from .data.store import is_store
 
@@ -281,17 +281,21 @@ def _check_store_flags(a, given: set[str]) -> None:
     from ._options import dest, flag
     from ._options import show as _show
     from .data.load import store_settings
-    from .data.options import DataOptions, preprocess_options_from_args
+    from .data.options import DataOptions, TripFilterOptions, preprocess_options_from_args, trip_filters_from_args
     from .data.tz import check_tz
 
-    def show(k, v):
-        return _show(DataOptions, k, v)
-
+    asked = [(DataOptions, k, v) for k, v in preprocess_options_from_args(a).items()]
+    if a.command == "data":  # convert's trip filters (None: not given)
+        asked += [(TripFilterOptions, k, v) for k, v in trip_filters_from_args(a).items()]
     have = store_settings(a.data)
-    for k, v in preprocess_options_from_args(a).items():
-        if dest(DataOptions, k) not in given:
+    for cls, k, v in asked:
+        if dest(cls, k) not in given:
             continue
-        f = flag(DataOptions, k)
+        f = flag(cls, k)
+
+        def show(k, v, cls=cls):
+            return _show(cls, k, v)
+
         if k not in have:
             raise ValueError(f"{f} does not apply to {a.data}, a trips store of DeepTTE records (which are not "
                              "preprocessed); omit it")

@@ -112,3 +112,17 @@ def test_deeptte_records_take_min_points_only(tmp_path, capsys):
         assert "20 (all) have fewer than --min-points 1000 points (the most 30)" in err, err
         assert "lower --min-points to keep any trip" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trips.jsonl"]
+
+
+def test_a_trip_filter_flag_against_a_store_must_be_the_stores(minute, tmp_path, capsys):
+    store = tmp_path / "s.store"
+    assert main(["data", "convert", "--data", str(minute), "--min-spacing-km", "0", "--min-time-s", "30",
+                 "--min-dist-km", "0.1", "--out", str(store)]) == 0
+    capsys.readouterr()
+    err = one_line_error(capsys, main(["data", "convert", "--data", str(store), "--min-time-s", "45",
+                                       "--out", str(tmp_path / "t.jsonl")]))
+    assert f"--min-time-s 45 differs from the trips store {store}'s --min-time-s 30" in err, err
+    assert not (tmp_path / "t.jsonl").exists()
+    assert main(["data", "convert", "--data", str(store), "--min-time-s", "30", "--min-points", "3",
+                 "--out", str(tmp_path / "t.jsonl")]) == 0
+    assert "wrote 3 trips" in capsys.readouterr().out

@@ -158,8 +158,10 @@ def store_settings(path) -> dict:
     """The settings the trips store at ``path`` was made with, from its manifest alone, in the terms of
     :func:`load_trips`'s arguments: ``tz`` (resolved: an IANA name or
     :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`) and, for preprocessed trips (not DeepTTE records), ``modes``
-    (sorted tuple; empty: all), ``min_spacing_km`` (float; 0: every point kept) and ``gap_s`` (float, s).
+    (sorted tuple; empty: all), ``min_spacing_km`` (float; 0: every point kept), ``gap_s`` (float, s) and the
+    trip filters ``min_points`` (int), ``min_time_s`` (float, s), ``min_dist_km`` (float, km).
     Raises ValueError when ``path`` is not a trips store."""
+    from .preprocess import PreprocessConfig
     from .store import read_manifest
 
     m = read_manifest(path)
@@ -168,6 +170,7 @@ def store_settings(path) -> dict:
     if cfg is not None:
         out.update(modes=tuple(sorted(cfg.get("modes") or ())), min_spacing_km=float(cfg.get("min_spacing_km") or 0.0),
                    gap_s=float(cfg["gap_s"]))
+        out.update({k: cfg.get(k, getattr(PreprocessConfig, k)) for k in ("min_points", "min_time_s", "min_dist_km")})
     return out
 
 
