@@ -168,6 +168,10 @@ def _data_args(d: argparse.ArgumentParser) -> None:
                         "memory-mapped columns that --data takes) or DeepTTE JSON lines",
                         formatter_class=_HelpFormatter)
     _add_data_args(c, required=True)
+    from ._options import add_arguments
+    from .data.options import TripFilterOptions
+
+    add_arguments(c, TripFilterOptions)  # convert's alone: a store keeps them, and train takes the store
     c.add_argument("--out", required=True, help="the trips store (folder) to write; a name ending in .jsonl: "
                    "DeepTTE JSON lines")
     v = dsub.add_parser("verify", help="check every file of a trips store against the checksums and values recorded "
@@ -268,7 +272,7 @@ def given_dests(argv: list[str]) -> set[str]:
 
 def _check_store_flags(a, given: set[str]) -> None:
     """``train`` / ``data convert`` with ``--data`` a trips store: each preprocessing flag given on the
-    command line (its default value included) must be the store's setting. Raises ValueError naming the flag
+    command line (its default value included; convert's trip filters too) must be the store's setting. Raises ValueError naming the flag
     and both values (the store cannot be preprocessed again; a flag that is not given takes the store's)."""
     from .data.store import is_store
 
@@ -277,17 +281,21 @@ def _check_store_flags(a, given: set[str]) -> None:
     from ._options import dest, flag
     from ._options import show as _show
     from .data.load import store_settings
-    from .data.options import DataOptions, preprocess_options_from_args
+    from .data.options import DataOptions, TripFilterOptions, preprocess_options_from_args, trip_filters_from_args
     from .data.tz import check_tz
 
-    def show(k, v):
-        return _show(DataOptions, k, v)
-
+    asked = [(DataOptions, k, v) for k, v in preprocess_options_from_args(a).items()]
+    if a.command == "data":  # convert's trip filters (None: not given)
+        asked += [(TripFilterOptions, k, v) for k, v in trip_filters_from_args(a).items()]
     have = store_settings(a.data)
-    for k, v in preprocess_options_from_args(a).items():
-        if dest(DataOptions, k) not in given:
+    for cls, k, v in asked:
+        if dest(cls, k) not in given:
             continue
-        f = flag(DataOptions, k)
+        f = flag(cls, k)
+
+        def show(k, v, cls=cls):
+            return _show(cls, k, v)
+
         if k not in have:
             raise ValueError(f"{f} does not apply to {a.data}, a trips store of DeepTTE records (which are not "
                              "preprocessed); omit it")
@@ -483,12 +491,12 @@ def cmd_data_verify(a) -> int:
 
 def cmd_data_convert(a) -> int:
     from .data.load import load_trips, require_trips
-    from .data.options import preprocess_options_from_args
+    from .data.options import preprocess_options_from_args, trip_filters_from_args
 
     opts = preprocess_options_from_args(a)
     done = ""  # what was derived for the default run (a store only)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
-              gap_s=opts["gap_s"], tz=opts["tz"])
+              gap_s=opts["gap_s"], tz=opts["tz"], **trip_filters_from_args(a))
     if str(a.out).endswith(".jsonl"):
         from .data.durable import os_error_line
 

@@ -158,6 +158,10 @@ PARSERS["predict"] = {**PARSERS["evaluate"],
 PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_error", "modes", "min_spacing_km", "gap_min",
                                                                 "tz")},
                            'data': (('--data',), None, None, None, 'StoreAction', True, None),
+                           # the trip filters: convert's alone (a store keeps them); None: PreprocessConfig's default
+                           'min_points': (('--min-points',), None, None, 'int', 'StoreAction', False, None),
+                           'min_time_s': (('--min-time-s',), None, None, 'float', 'StoreAction', False, None),
+                           'min_dist_km': (('--min-dist-km',), None, None, 'float', 'StoreAction', False, None),
                            'out': (('--out',), None, None, None, 'StoreAction', True, None)}
 PARSERS["data verify"] = {'store': (None, None, None, None, 'StoreAction', True, None)}
 

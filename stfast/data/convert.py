@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from .durable import aside, os_error_line
-from .load import DEFAULT_TZ, load_trips, require_trips
+from .load import DEFAULT_TZ, load_trips, refuse_record_filters, require_trips
 from .store import StoreWriter, check_out, write_store
+from .trip_filters import TripFilterTally
 from .trips import Trajectories, Trips, lengths_to_offsets
 
 log = logging.getLogger("stfast.data")
@@ -170,6 +171,7 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
     if data is not None and fmt != "synthetic":
         fmt = detect_format(data) if fmt == "auto" else fmt
     if data is not None and fmt == "deeptte":
+        refuse_record_filters(data, options)
         return _convert_deeptte(data, out, on_error, tz, options.get("min_points"))
     if data is None or fmt not in _STREAMED:
         trips = load_trips(data, fmt, n_synthetic=n_synthetic, seed=seed, **kw)
@@ -186,7 +188,7 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
                            gap_s=gap_s, **options)
     if tz is not None:
         cfg.tz = tz
-    probs, codes = _Problems(on_error), _TripCodes()
+    probs, codes, tally = _Problems(on_error), _TripCodes(), TripFilterTally()
     out = Path(out)
     with StoreWriter(out, {"data": str(data), "format": fmt}) as w, _large_arrays_reused():
         spill = aside(out, "spill")
@@ -222,12 +224,12 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
 
             try:
                 for _, cleaned in _read_ahead(sp.parts(len(codes)), clean, depth=2, workers=2):
-                    w.append(_cut(cleaned, carry))  # in order: the running sums continue from part to part
+                    w.append(_cut(cleaned, carry, tally))  # in order: the running sums continue from part to part
             finally:
                 data_log.setLevel(level)
             if w.n_trips == 0:
                 none = Trips.empty()
-                none.dropped = w.dropped
+                none.dropped, none.preprocess_config, none.trip_filters = w.dropped, cfg, tally
                 require_trips(none, str(data))
             done = w.finish()
         finally:
@@ -248,11 +250,12 @@ def _convert_deeptte(data, out, on_error: str, tz: str | None, min_points: int |
     files = [(f, f"{f.name}:") for f in deeptte_files(p)] if p.is_dir() else [(p, "")]
     min_points = PreprocessConfig.min_points if min_points is None else int(min_points)
     zones: set = set()
+    tally = TripFilterTally()
     with StoreWriter(out, {"data": str(data), "format": "deeptte"}) as w, _large_arrays_reused():
         for f, prefix in files:
             done: dict = {}
             for trips in iter_file_blocks(f, on_error, 1.0, prefix, done):
-                w.append(drop_short_records(trips, min_points))
+                w.append(drop_short_records(trips, min_points, tally))
             w.add_dropped(done["dropped"], done["dropped_trips"])
             zones |= set(done["tz"].split(", "))
         w.tz = ", ".join(sorted(zones))
@@ -261,6 +264,6 @@ def _convert_deeptte(data, out, on_error: str, tz: str | None, min_points: int |
                         "does not change them", data, w.tz, tz)
         if w.n_trips == 0:
             none = Trips.empty()
-            none.dropped = w.dropped
+            none.dropped, none.trip_filters = w.dropped, tally
             require_trips(none, str(data))
         return w.finish()

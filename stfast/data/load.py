@@ -11,7 +11,7 @@ from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
 from .readers.porto import PORTO_TZ
 from .readers.tdrive import TDRIVE_TZ
-from .drops import describe
+from .trip_filters import TripFilterTally, no_trips_line
 from .synthetic import SyntheticCityConfig
 from .trips import DroppedTrips, Trajectories, Trips
 from .tz import TZ_FROM_TIMESTAMPS, check_tz
@@ -112,6 +112,7 @@ def load_trips(data: str | None, fmt: str = "auto", *, on_error: str = "raise", 
                                                     min_spacing_km=min_spacing_km or None, gap_s=gap_s,
                                                     **options)
         return preprocess(got, with_tz(cfg))
+    refuse_record_filters(data, options if preprocess_config is None else {})
     if tz is not None and tz != got.tz:
         log.warning("%s: DeepTTE records carry their own weekID/timeID/dateID (computed in %s); tz=%s "
                     "does not change them", data, got.tz, tz)
@@ -157,8 +158,10 @@ def store_settings(path) -> dict:
     """The settings the trips store at ``path`` was made with, from its manifest alone, in the terms of
     :func:`load_trips`'s arguments: ``tz`` (resolved: an IANA name or
     :data:`~stfast.data.tz.TZ_FROM_TIMESTAMPS`) and, for preprocessed trips (not DeepTTE records), ``modes``
-    (sorted tuple; empty: all), ``min_spacing_km`` (float; 0: every point kept) and ``gap_s`` (float, s).
+    (sorted tuple; empty: all), ``min_spacing_km`` (float; 0: every point kept), ``gap_s`` (float, s) and the
+    trip filters ``min_points`` (int), ``min_time_s`` (float, s), ``min_dist_km`` (float, km).
     Raises ValueError when ``path`` is not a trips store."""
+    from .preprocess import PreprocessConfig
     from .store import read_manifest
 
     m = read_manifest(path)
@@ -167,26 +170,42 @@ def store_settings(path) -> dict:
     if cfg is not None:
         out.update(modes=tuple(sorted(cfg.get("modes") or ())), min_spacing_km=float(cfg.get("min_spacing_km") or 0.0),
                    gap_s=float(cfg["gap_s"]))
+        out.update({k: cfg.get(k, getattr(PreprocessConfig, k)) for k in ("min_points", "min_time_s", "min_dist_km")})
     return out
 
 
-def require_trips(trips: Trips, source: str) -> Trips:
-    """``trips`` if it holds any; else ValueError saying that nothing survived reading and preprocessing
-    of ``source``, with the counts of what was dropped and why."""
+def require_trips(trips: Trips, source: str, convert_flags: bool = True) -> Trips:
+    """``trips`` if it holds any; else ValueError saying in one line that nothing survived reading and
+    preprocessing of ``source``: each trip filter that drops trips on its own, how many and the flag that relaxes
+    it, then the counts of what was dropped and why (:func:`stfast.data.trip_filters.no_trips_line`;
+    ``convert_flags`` as there)."""
     if len(trips) == 0:
-        drops = describe(trips.dropped) if any(trips.dropped.values()) else "nothing was dropped: no input trips"
-        raise ValueError(f"{source}: reading and preprocessing left no trip: {drops}; check --format, "
-                         "--modes, --min-spacing-km and --gap-min")
+        raise ValueError(no_trips_line(source, trips.dropped, trips.trip_filters, trips.preprocess_config,
+                                       convert_flags))
     return trips
 
 
-def drop_short_records(trips: Trips, min_points: int) -> Trips:
+def refuse_record_filters(data, options: dict) -> None:
+    """DeepTTE records are used as written: ``min_time_s`` or ``min_dist_km`` in ``options`` (PreprocessConfig
+    fields; None counts as not given) would be ignored, so it is refused (ValueError naming flag and field)."""
+    unused = sorted(k for k in ("min_time_s", "min_dist_km") if options.get(k) is not None)
+    if unused:
+        said = " and ".join(f"--{k.replace('_', '-')} ({k})" for k in unused)
+        raise ValueError(f"{said}: not for {data}, DeepTTE records, used as written (only --min-points drops any); "
+                         "omit it")
+
+
+def drop_short_records(trips: Trips, min_points: int, tally: TripFilterTally | None = None) -> Trips:
     """DeepTTE records are used as written, but one with fewer than ``min_points`` points (default 3,
     DeepTTE's geo-conv kernel) has no geo-conv output and would stop a whole training or prediction
     batch: such trips are dropped and counted as preprocessing counts them ("too_short" in ``dropped``,
-    one ``dropped_trips`` row each), so every input trip stays accounted for."""
+    one ``dropped_trips`` row each), so every input trip stays accounted for. The records are counted in
+    ``tally`` (None: a new one), which the Trips returned carry as ``trip_filters``."""
     short = trips.lengths < min_points
+    tally = TripFilterTally() if tally is None else tally
+    tally.add(trips.lengths, None, None, [("too_short", short)], {"min_points": min_points})
     if not short.any():
+        trips.trip_filters = tally
         return trips
     kept = trips.subset(np.flatnonzero(~short))
     kept.dropped = dict(trips.dropped or {})
@@ -195,7 +214,6 @@ def drop_short_records(trips: Trips, min_points: int) -> Trips:
                                                + int(trips.lengths[short].sum()))
     kept.dropped_trips = DroppedTrips.concat([trips.dropped_trips, DroppedTrips(
         trips.trip_id[short], trips.segment[short], np.full(int(short.sum()), "too_short", dtype=object))])
-    kept.tz, kept.preprocess_config = trips.tz, trips.preprocess_config
-    log.warning("%d trips with fewer than %d points dropped (too_short): DeepTTE's geo-convolution needs %d",
-                int(short.sum()), min_points, min_points)
+    kept.tz, kept.preprocess_config, kept.trip_filters = trips.tz, trips.preprocess_config, tally
+    log.warning("%d trips with fewer than %d points (min_points) dropped (too_short)", int(short.sum()), min_points)
     return kept

@@ -46,6 +46,28 @@ class DataOptions:
                             check=_check_tz, unset="(the format's default)")
 
 
+@dataclass
+class TripFilterOptions:
+    """The trip filters of ``stfast data convert`` (each field is a flag; None: PreprocessConfig's default). A
+    store keeps the values in its manifest, so ``stfast train --data STORE`` trains on the trips they kept."""
+
+    min_points: int | None = option(None, "drop trips with fewer points than this, after resampling (default: "
+                                          f"{PreprocessConfig.min_points}, DeepTTE's geo-conv kernel)", ge=1)
+    min_time_s: float | None = option(None, "drop trips whose travel time is under this many seconds (default: "
+                                            f"{PreprocessConfig.min_time_s:g})", unit="s", ge=0.0)
+    min_dist_km: float | None = option(None, "drop trips that cover less than this many km (default: "
+                                             f"{PreprocessConfig.min_dist_km:g})", unit="km", ge=0.0)
+
+
+def trip_filters_from_args(args) -> dict:
+    """The trip filter flags given in parsed ``args`` ({PreprocessConfig field: value}, those not given left out),
+    each checked. Raises ValueError naming the flag."""
+    opts = {k: v for k, v in _options.values_from_args(TripFilterOptions, args).items() if v is not None}
+    for k, v in opts.items():
+        _options.check_value(TripFilterOptions, k, v)
+    return opts
+
+
 def preprocess_options_from_args(args) -> dict:
     """The preprocessing flags of parsed ``args`` as field values (:data:`PREPROCESS_OPTIONS`; None: not given,
     where the parser's default is None), each given value checked. Raises ValueError naming the flag."""

@@ -62,6 +62,7 @@ import numpy as np
 from stfast.data.drops import POINT_KEYS, TRIP_KEYS  # noqa: F401  (re-exported: the keys by unit)
 from stfast.data.geo import haversine_km, path_km
 from stfast.data.resample import resample_mask
+from stfast.data.trip_filters import TripFilterTally
 from stfast.data.trips import DroppedTrips, Trajectories, Trips, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS, calendar_ids, check_tz, utc_offset_s
 
@@ -367,8 +368,9 @@ def preprocess(traj: Trajectories, config: PreprocessConfig | None = None, carry
         Trips keep the order of their trajectories and of time. ``dropped`` holds the counts (keys in
         the module docstring) plus ``traj.dropped``; ``dropped_trips`` the dropped trips and pieces
         after ``traj.dropped_trips``; ``tz`` the time zone used; ``preprocess_config`` a copy of
-        ``config`` whose ``tz`` is that zone. One INFO line on the ``stfast.data`` logger summarises
-        the counts.
+        ``config`` whose ``tz`` is that zone; ``trip_filters`` a
+        :class:`~stfast.data.trip_filters.TripFilterTally` (each trip filter's count on its own). One INFO
+        line on the ``stfast.data`` logger summarises the counts.
 
     ``carry`` (streaming, :mod:`stfast.data.convert`): a one-element list holding the running sum of the
     distances between consecutive points that ``dist_gap`` takes differences of (start with ``[0.0]``);
@@ -500,8 +502,11 @@ def _clean(traj: Trajectories, config: PreprocessConfig | None) -> _Cleaned:
     return _Cleaned(traj, cfg, lng_all, lat_all, t_all, idx, tid, trip_traj, trip_seg, dropped, gone)
 
 
-def _cut(c: _Cleaned, carry: list | None) -> Trips:
-    """Steps 5–7 of :func:`preprocess` on what :func:`_clean` left (``carry`` as there)."""
+def _cut(c: _Cleaned, carry: list | None, tally: TripFilterTally | None = None) -> Trips:
+    """Steps 5–7 of :func:`preprocess` on what :func:`_clean` left (``carry`` as there). ``tally``: the trip
+    filters' counts are added to it (streaming: one tally over all chunks); None: a new one. The Trips returned
+    carry it as ``trip_filters``."""
+    tally = TripFilterTally() if tally is None else tally
     traj, cfg, lng_all, lat_all, t_all = c.traj, c.cfg, c.lng_all, c.lat_all, c.t_all
     idx, tid, trip_traj, trip_seg, dropped, gone = c.idx, c.tid, c.trip_traj, c.trip_seg, c.dropped, c.gone
     n_in = traj.n_points
@@ -514,7 +519,7 @@ def _cut(c: _Cleaned, carry: list | None) -> Trips:
 
     n = len(idx)
     if n == 0:
-        return _finish(Trips.empty(), traj, n_in, dropped, _dropped_rows(traj, gone), cfg)
+        return _finish(Trips.empty(), traj, n_in, dropped, _dropped_rows(traj, gone), cfg, tally)
 
     # 6. DeepTTE fields
     t, lng, lat = t_all[idx], lng_all[idx], lat_all[idx]
@@ -545,6 +550,8 @@ def _cut(c: _Cleaned, carry: list | None) -> Trips:
     ]
     if cfg.max_points is not None:
         rules.append(("too_long", lengths > cfg.max_points))
+    tally.add(lengths, time, dist, rules, {"min_points": cfg.min_points, "min_time_s": cfg.min_time_s,
+                                           "min_dist_km": cfg.min_dist_km, "max_points": cfg.max_points})
     for r, (name, bad) in enumerate(rules):
         hit = bad & (reason < 0)
         reason[hit] = r
@@ -568,17 +575,17 @@ def _cut(c: _Cleaned, carry: list | None) -> Trips:
         week_id=week_id, time_id=time_id, date_id=date_id,
         trip_id=np.asarray(traj.trip_id, dtype=object)[trip_traj[ok]], segment=trip_seg[ok],
     )
-    return _finish(trips, traj, n_in, dropped, _dropped_rows(traj, gone), cfg)
+    return _finish(trips, traj, n_in, dropped, _dropped_rows(traj, gone), cfg, tally)
 
 
 def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict, rows: DroppedTrips,
-            cfg: PreprocessConfig) -> Trips:
+            cfg: PreprocessConfig, tally: TripFilterTally) -> Trips:
     merged = dict(traj.dropped or {})
     for k, v in dropped.items():
         merged[k] = merged.get(k, 0) + v
     trips.dropped = merged
     trips.dropped_trips = DroppedTrips.concat([traj.dropped_trips, rows])
-    trips.tz, trips.preprocess_config = cfg.tz, cfg
+    trips.tz, trips.preprocess_config, trips.trip_filters = cfg.tz, cfg, tally
     # the drops are said once, by the command (stfast.data.drops.describe): here only the totals
     log.info("preprocess: %d trajectories (%d points) -> %d trips (%d points)", len(traj), n_in, len(trips),
              trips.n_points)

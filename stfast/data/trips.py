@@ -303,6 +303,9 @@ class Trips(_CSR):
     dropped_trips: DroppedTrips = field(default_factory=DroppedTrips.empty, compare=False)
     tz: str | None = field(default=None, compare=False)
     preprocess_config: object = field(default=None, compare=False)
+    # what the trip filters saw (stfast.data.trip_filters.TripFilterTally), to say why no trip was left: set by the
+    # load that made the trips; not kept by subset or concat
+    trip_filters: object = field(default=None, compare=False, repr=False)
     # the data fingerprint when known without hashing (a trips store records it at conversion); not kept by
     # subset or concat, which make other trips
     fingerprint: str | None = field(default=None, compare=False, repr=False)

@@ -43,7 +43,7 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
     trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
                        min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
                        seed=cfg.split_seed, preprocess_config=preprocess_config)
-    return require_trips(trips, cfg.data or "the synthetic city")
+    return require_trips(trips, cfg.data or "the synthetic city", convert_flags=False)
 
 
 def run_setup(cfg: TrainConfig) -> Setup:
