@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from ._plural import counted
 
 
 def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_checkpoint: bool = False) -> None:
@@ -361,9 +362,8 @@ def _predict(a):
     t0 = time.perf_counter()
     pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
     dt = time.perf_counter() - t0
-    logging.getLogger("stfast").info("scored %d trips in %.1f s (%.0f trips/s, %d thread%s)", len(parts[0]), dt,
-                                     len(parts[0]) / max(dt, 1e-9), torch.get_num_threads(),
-                                     "" if torch.get_num_threads() == 1 else "s")
+    logging.getLogger("stfast").info("scored %s in %.1f s (%.0f trips/s, %s)", counted(len(parts[0]), "trip"), dt,
+                                     len(parts[0]) / max(dt, 1e-9), counted(torch.get_num_threads(), "thread"))
     return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
 
 
@@ -410,7 +410,8 @@ def cmd_evaluate(a) -> int:
     unseen = int(unseen_drivers.sum())
     if unseen:
         notes.append(f"{unseen} by drivers the model did not train on")
-    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
+    print(f"{counted(len(trips), 'trip')}{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  "
+          f"RMSE {m['rmse']:.1f} s"
           + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0
 
@@ -445,8 +446,8 @@ def cmd_predict(a) -> int:
     write_columns(dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})
     k = int(outside.sum())
     flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
-    print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
-          f"segments of them) dropped in preprocessing, with their reason, to {dropped}")
+    print(f"wrote {counted(len(tr), 'prediction')}{flagged} to {out}; {counted(len(tr.dropped_trips), 'trip')} (input "
+          f"trajectories or segments of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
 
 
@@ -509,7 +510,7 @@ def cmd_data_convert(a) -> int:
             done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
     from .data.drops import describe
 
-    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; "
+    print(f"wrote {counted(len(trips), 'trip')} ({counted(trips.n_points, 'point')}) to {a.out} as {what}; "
           f"{describe(trips.dropped, trips.n_points)}" + (f"; {done}" if done else ""))
     return 0
 

@@ -13,6 +13,7 @@ import html
 import json
 from pathlib import Path
 
+from .._plural import counted
 from ..data.drops import describe as describe_dropped
 from ..data.durable import write_bytes_atomic
 from . import report_figure, run_predictions
@@ -57,7 +58,7 @@ def _title(name: str, s: dict | None) -> str:
         return f"stfast run {name}"
     const = s.get("baseline_const_speed_mape")
     vs = f" (constant speed {100 * const:.1f} %)" if const is not None else ""
-    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {s.get('n_test', '?')} test trips"
+    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {counted(s.get('n_test', '?'), 'test trip')}"
 
 
 def _metrics_table(s: dict | None) -> str:
@@ -66,7 +67,7 @@ def _metrics_table(s: dict | None) -> str:
         return ""
     cells = "".join(f"<tr><td>{html.escape(n)}</td><td>{100 * m:.2f} %</td><td>{mae:.1f} s</td>"
                     f"<td>{rmse:.1f} s</td></tr>" for n, m, mae, rmse in summary_rows(s))
-    return (f"<h2>Test split ({s.get('n_test', '?')} trips)</h2><table><tr><th></th><th>MAPE</th><th>MAE</th>"
+    return (f"<h2>Test split ({counted(s.get('n_test', '?'), 'trip')})</h2><table><tr><th></th><th>MAPE</th><th>MAE</th>"
             f"<th>RMSE</th></tr>{cells}</table>")
 
 
