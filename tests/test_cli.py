@@ -232,6 +232,7 @@ def test_max_steps_within_the_first_epoch_keeps_the_checkpoint_it_scores(trained
                  "--no-progress", "--threads", "1"]) == 0
     test_mape = json.load(open(out / "summary.json"))["test_mape"]
     assert (out / "checkpoint.pt").is_file()
+    assert "stopped after 1 step (--max-steps)" in capsys.readouterr().out
     # no epoch ended, so there is nothing to plot: said as such, not as a failure to write the report
     assert not [r for r in caplog.records if "could not write the report" in r.getMessage()]
     assert any("no epoch ended before the run stopped" in r.getMessage() for r in caplog.records)
