@@ -18,21 +18,23 @@ from ..data.drops import describe as describe_dropped
 from ..data.durable import write_bytes_atomic
 from . import report_figure, run_predictions
 from .metrics import summary_rows
-from .run_log import FILE, read_rows
+from .run_log import FILE, TYPES, read_rows
 
 
 def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.html`` (the test metrics beside the baselines, the run's facts, the PNG
-    embedded) into ``out_dir`` (default: ``run_dir``); returns both paths. Raises FileNotFoundError/ValueError
-    (see run_log.read_rows, run_predictions.read), ValueError when the run log has no row to plot."""
+    embedded) into ``out_dir`` (default: ``run_dir``); returns both paths. A run folder with summary.json and no
+    metrics.jsonl (stopped before its first row) gets the test metrics alone. Raises FileNotFoundError/ValueError
+    (see run_log.read_rows, run_predictions.read), ValueError when nothing is there to plot."""
     run_dir = Path(run_dir)
     if run_dir.is_file():  # a checkpoint or log given for its run folder: name the folder to give instead
         raise ValueError(f"{run_dir} is a file; stfast report takes a run folder (the --out of stfast train), "
                          f"e.g. {run_dir.parent}")
     out_dir = Path(out_dir) if out_dir else run_dir
     summary_path = run_dir / "summary.json"
-    rows = read_rows(run_dir)
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    # a run that stopped before its first log row (--max-steps within the first epoch) has a summary, no log
+    rows = read_rows(run_dir) if summary is None or (run_dir / FILE).is_file() else {t: [] for t in TYPES}
     preds = run_predictions.read(run_dir)
     name = run_dir.resolve().name
     image = report_figure.png(rows, summary, preds, _title(name, summary))
