@@ -60,7 +60,8 @@ def _title(name: str, s: dict | None) -> str:
         return f"stfast run {name}"
     const = s.get("baseline_const_speed_mape")
     vs = f" (constant speed {100 * const:.1f} %)" if const is not None else ""
-    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {counted(s.get('n_test', '?'), 'test trip')}"
+    n = counted(s.get('n_test', '?'), 'test trip')
+    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {n}"
 
 
 def _metrics_table(s: dict | None) -> str:
@@ -69,8 +70,8 @@ def _metrics_table(s: dict | None) -> str:
         return ""
     cells = "".join(f"<tr><td>{html.escape(n)}</td><td>{100 * m:.2f} %</td><td>{mae:.1f} s</td>"
                     f"<td>{rmse:.1f} s</td></tr>" for n, m, mae, rmse in summary_rows(s))
-    return (f"<h2>Test split ({counted(s.get('n_test', '?'), 'trip')})</h2><table><tr><th></th><th>MAPE</th><th>MAE</th>"
-            f"<th>RMSE</th></tr>{cells}</table>")
+    return (f"<h2>Test split ({counted(s.get('n_test', '?'), 'trip')})</h2><table><tr><th></th><th>MAPE</th>"
+            f"<th>MAE</th><th>RMSE</th></tr>{cells}</table>")
 
 
 def _facts(s: dict | None) -> str:
