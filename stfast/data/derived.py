@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from .durable import aside, dead_leftovers, fsync_dir, fsync_tree, os_error_line
-from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
+from .integrity import CHECKSUM, DamagedError, checksum_differs, file_checksum, read_sealed, seal
 from .store_checks import read_npy_header
 
 log = logging.getLogger("stfast.data")
@@ -180,8 +180,8 @@ def read_arrays(folder: Path) -> dict:
     for k, want in files.items():
         p = folder / f"{k}.npy"
         read_npy_header(p, want)
-        if file_checksum(p) != want[CHECKSUM]:
-            raise DamagedError(p, f"its {CHECKSUM} checksum differs from the one recorded when it was kept")
+        if (got := file_checksum(p)) != want[CHECKSUM]:
+            raise checksum_differs(p, got, want[CHECKSUM])
         out[k] = np.load(p, mmap_mode="r", allow_pickle=False)
     return out
 
