@@ -487,10 +487,10 @@ def cmd_data_convert(a) -> int:
     from .data.options import preprocess_options_from_args
 
     opts = preprocess_options_from_args(a)
-    done = ""  # what was derived for the default run (a store only)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"])
-    if str(a.out).endswith(".jsonl"):
+    store = not str(a.out).endswith(".jsonl")
+    if not store:
         from .data.durable import os_error_line
 
         trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
@@ -501,17 +501,26 @@ def cmd_data_convert(a) -> int:
         what = "DeepTTE JSON lines"
     else:  # a trips store: streamed in bounded memory from DiDi / point CSV
         from .data.convert import convert_to_store
-        from .data.setup import derive_default
 
         trips = convert_to_store(a.data, a.out, a.format, **kw)
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
-        setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
-        if setup_s is not None:
-            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
     from .data.drops import describe
 
+    # said before deriving: the derive step's warnings (a value not kept) follow the line of what they are about
     print(f"wrote {counted(len(trips), 'trip')} ({counted(trips.n_points, 'point')}) to {a.out} as {what}; "
-          f"{describe(trips.dropped, trips.n_points)}" + (f"; {done}" if done else ""))
+          f"{describe(trips.dropped, trips.n_points)}", flush=True)
+    if store:
+        from .data.derived import not_kept
+        from .data.setup import derive_default
+
+        with not_kept() as missed:
+            setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
+        if setup_s is not None:
+            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
+            if missed:
+                done += (f", but could not keep {', '.join(missed)} (see the warnings above): each `stfast "
+                         f"train` on {a.out} computes them again")
+            print(done)
     return 0
 
 

@@ -23,6 +23,7 @@ kept, as before.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -30,7 +31,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -118,9 +119,28 @@ def _remove_dead_temporaries(folder: Path) -> None:
             pass
 
 
+_missed: list[list[str]] = []  # the lists of the not_kept() blocks now open
+
+
+@contextlib.contextmanager
+def not_kept() -> Iterator[list[str]]:
+    """A list that the block fills with the names of the values computed but not kept (a full disk, a read-only
+    store), in the order computed: what ``stfast data convert`` says after deriving, not to claim a value it
+    could not keep."""
+    names: list[str] = []
+    _missed.append(names)
+    try:
+        yield names
+    finally:
+        _missed.remove(names)
+
+
 def _not_kept(folder: Path, name: str, e: OSError) -> None:
     """Say that value ``name`` could not be kept in ``folder``: a warning for a full disk (each later run computes it
     again, and convert's derive step did not do its work), at debug level for a read-only store (expected)."""
+    for names in _missed:
+        if name not in names:
+            names.append(name)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         log.warning("%s: derived value %s not kept, computed again by each run: %s", folder, name,
                     os_error_line(e, "writing it failed"))
