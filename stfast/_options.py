@@ -16,7 +16,9 @@ naming the flag (``--batch-size must be ≥ 1, got 0``) or, for a Python API con
 that repeats another config's option (a model option of the training config) takes its declaration
 with :func:`same_option` (``default=None`` where the config fills the value in itself, as TrainConfig does
 from its preset). The flag's text can differ from the field's value: :class:`Scaled` (another unit),
-:class:`CommaList`, :class:`SwitchTo`, :class:`OrWord` (a number or one word, ``--swa-start none``).
+:class:`CommaList`, :class:`SwitchTo`, :class:`OrWord` (a number or one word, ``--swa-start none``). A
+``bool | None`` field with default None and no ``cli`` is a pair of flags, ``--compile`` / ``--no-compile``
+(True / False; neither: None, "not given", for the config to decide, as on ``--resume``).
 Adding an option is one such field; nothing else needs to change.
 """
 from __future__ import annotations
@@ -191,7 +193,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, names: Iterable[str] | N
         opt, f = decl[name], _field(cls, name)
         typ, _ = _value_type(cls, name)
         kw: dict = {"help": opt.help}
-        if isinstance(opt.cli, SwitchTo) or typ is bool:
+        if typ is bool and f.default is None and opt.cli is None:  # None: not given, then the config decides
+            kw.update(action=argparse.BooleanOptionalAction, default=None)
+        elif isinstance(opt.cli, SwitchTo) or typ is bool:
             kw["action"] = "store_true"
         else:
             kw["default"] = f.default if f.default is None or opt.cli is None else opt.cli.to_flag(f.default)

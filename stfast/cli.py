@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from ._plural import counted
 
 
 def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_checkpoint: bool = False) -> None:
@@ -369,9 +370,8 @@ def _predict(a):
     t0 = time.perf_counter()
     pred = predict_ensemble(models, parts[0], a.device, progress=sys.stderr.isatty(), allow_outside=True)
     dt = time.perf_counter() - t0
-    logging.getLogger("stfast").info("scored %d trips in %.1f s (%.0f trips/s, %d thread%s)", len(parts[0]), dt,
-                                     len(parts[0]) / max(dt, 1e-9), torch.get_num_threads(),
-                                     "" if torch.get_num_threads() == 1 else "s")
+    logging.getLogger("stfast").info("scored %s in %.1f s (%.0f trips/s, %s)", counted(len(parts[0]), "trip"), dt,
+                                     len(parts[0]) / max(dt, 1e-9), counted(torch.get_num_threads(), "thread"))
     return parts[0], pred, outside, models[0].unseen_drivers(parts[0])
 
 
@@ -418,7 +418,8 @@ def cmd_evaluate(a) -> int:
     unseen = int(unseen_drivers.sum())
     if unseen:
         notes.append(f"{unseen} by drivers the model did not train on")
-    print(f"{len(trips)} trips{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  RMSE {m['rmse']:.1f} s"
+    print(f"{counted(len(trips), 'trip')}{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  "
+          f"RMSE {m['rmse']:.1f} s"
           + (f"  ({'; '.join(notes)})" if notes else ""))
     return 0
 
@@ -453,8 +454,8 @@ def cmd_predict(a) -> int:
     write_columns(dropped, {h: (np.asarray(c, dtype=object), None) for h, c in zip(DROPPED_HEADER, drops)})
     k = int(outside.sum())
     flagged = f" ({k} outside the training area: outside_area 1)" if k else ""
-    print(f"wrote {len(tr)} predictions{flagged} to {out}; {len(tr.dropped_trips)} trips (input trajectories or "
-          f"segments of them) dropped in preprocessing, with their reason, to {dropped}")
+    print(f"wrote {counted(len(tr), 'prediction')}{flagged} to {out}; {counted(len(tr.dropped_trips), 'trip')} (input "
+          f"trajectories or segments of them) dropped in preprocessing, with their reason, to {dropped}")
     return 0
 
 
@@ -494,10 +495,10 @@ def cmd_data_convert(a) -> int:
     from .data.options import preprocess_options_from_args, trip_filters_from_args
 
     opts = preprocess_options_from_args(a)
-    done = ""  # what was derived for the default run (a store only)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"], **trip_filters_from_args(a))
-    if str(a.out).endswith(".jsonl"):
+    store = not str(a.out).endswith(".jsonl")
+    if not store:
         from .data.durable import os_error_line
 
         trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
@@ -508,17 +509,26 @@ def cmd_data_convert(a) -> int:
         what = "DeepTTE JSON lines"
     else:  # a trips store: streamed in bounded memory from DiDi / point CSV
         from .data.convert import convert_to_store
-        from .data.setup import derive_default
 
         trips = convert_to_store(a.data, a.out, a.format, **kw)
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
-        setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
-        if setup_s is not None:
-            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
     from .data.drops import describe
 
-    print(f"wrote {len(trips)} trips ({trips.n_points} points) to {a.out} as {what}; "
-          f"{describe(trips.dropped, trips.n_points)}" + (f"; {done}" if done else ""))
+    # said before deriving: the derive step's warnings (a value not kept) follow the line of what they are about
+    print(f"wrote {counted(len(trips), 'trip')} ({counted(trips.n_points, 'point')}) to {a.out} as {what}; "
+          f"{describe(trips.dropped, trips.n_points)}", flush=True)
+    if store:
+        from .data.derived import not_kept
+        from .data.setup import derive_default
+
+        with not_kept() as missed:
+            setup_s = derive_default(trips)  # the first default `stfast train` then computes nothing
+        if setup_s is not None:
+            done = f"derived the default run's split, statistics, sub-trips and route profile in {setup_s:.2f} s"
+            if missed:
+                done += (f", but could not keep {', '.join(missed)} (see the warnings above): each `stfast "
+                         f"train` on {a.out} computes them again")
+            print(done)
     return 0
 
 

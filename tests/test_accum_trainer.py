@@ -193,6 +193,9 @@ def test_time_budget_stops_at_a_window_end(trips_file, tmp_path):
     Trainer(cfg(trips_file, tmp_path, epochs=50, batch_size=8, accum_window=1, time_budget_s=1e-6)).fit()
     st = ckpt.load(tmp_path / "last.pt")
     assert st["step"] == 1 and st["epoch"] == 0
+    # no epoch ended: the final evaluation's report, no learning curve (before: one with no curve on it, and a
+    # --max-steps run stopped alike wrote no report)
+    assert (tmp_path / "report.html").is_file() and not (tmp_path / "learning_curve.png").exists()
 
 
 def test_time_budget_stops_within_a_window(trips_file, tmp_path):

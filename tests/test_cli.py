@@ -98,7 +98,7 @@ import sys
 from stfast.cli import main
 rc = main(["data", "convert", "--data", {str(raw)!r}, "--out", {str(tmp_path / out)!r}, "--gap-min", "10"])
 above = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "stfast") and not m.startswith(
-    ("stfast.data", "stfast.cli", "stfast._options", "stfast._lazy", "stfast._prep")) and m != "stfast")
+    ("stfast.data", "stfast.cli", "stfast._options", "stfast._lazy", "stfast._prep", "stfast._plural")) and m != "stfast")
 print(rc, above)
 """
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -232,11 +232,14 @@ def test_max_steps_within_the_first_epoch_keeps_the_checkpoint_it_scores(trained
                  "--no-progress", "--threads", "1"]) == 0
     test_mape = json.load(open(out / "summary.json"))["test_mape"]
     assert (out / "checkpoint.pt").is_file()
-    # no epoch ended, so there is nothing to plot: said as such, not as a failure to write the report
+    assert "stopped after 1 step (--max-steps)" in capsys.readouterr().out
+    # no epoch ended, so there is no learning curve, said as such; the report has the final evaluation, as after
+    # a --time-budget stop (before: no report here, though the --time-budget run wrote one)
     assert not [r for r in caplog.records if "could not write the report" in r.getMessage()]
-    assert any("no epoch ended before the run stopped" in r.getMessage() for r in caplog.records)
-    assert not (out / "report.html").exists()
-    capsys.readouterr()
+    assert any("no epoch ended before the run stopped, so no learning curve" in r.getMessage()
+               for r in caplog.records)
+    assert not (out / "learning_curve.png").exists() and not (out / "metrics.jsonl").exists()
+    assert (out / "report.png").is_file() and f"{100 * test_mape:.2f} %" in (out / "report.html").read_text()
     assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--split", "test"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * test_mape, abs=0.006)
@@ -277,6 +280,21 @@ def test_data_outside_the_training_area_is_refused_unless_allowed(trained, tmp_p
         model.predict(far_trips)
     assert (ei.value.n_outside, ei.value.n_trips) == (20, 20)
     assert model.predict(far_trips, allow_outside=True).shape == (20,)
+
+
+def test_one_trip_is_said_in_the_singular(trained, tmp_path, capsys):
+    """evaluate, predict and data convert of a file of one trip say "1 trip" (before: "1 trips")."""
+    d, data = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    one = tmp_path / "one.jsonl"
+    one.write_text(open(data).readline())
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck, "--data", str(one)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("1 trip  MAPE")
+    assert main(["predict", "--checkpoint", ck, "--data", str(one), "--out", str(tmp_path / "p.csv")]) == 0
+    assert "wrote 1 prediction to " in capsys.readouterr().out
+    assert main(["data", "convert", "--data", str(one), "--out", str(tmp_path / "conv.jsonl")]) == 0
+    assert re.search(r"wrote 1 trip \(\d+ points\)", capsys.readouterr().out)
 
 
 def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, capsys):

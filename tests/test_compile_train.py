@@ -131,6 +131,26 @@ def test_a_compiled_run_resumes_eagerly_where_it_cannot_compile(varied_file, tmp
     assert cfg.compile is False
 
 
+def test_no_compile_resumes_a_compiled_run_eagerly(varied_file, tmp_path, caplog):
+    """--compile/--no-compile: neither given is None (a fresh run eager, a resumed one the run's setting);
+    --no-compile turns a compiled run's resume eager, without the warning of a run that cannot compile. Before,
+    there was only --compile: --no-compile was refused as an unknown argument."""
+    parse = cli.build_parser("train").parse_args
+    assert [parse(["train", *f]).compile for f in ([], ["--compile"], ["--no-compile"])] == [None, True, False]
+    out = tmp_path / "run"
+    Trainer(_cfg(varied_file, out, max_steps=1)).fit()
+    state = ckpt.load(out / "last.pt")
+    state["train_config"]["compile"] = True  # as a compiled run's checkpoint records it
+    ckpt.save_atomic(state, out / "last.pt")
+    cfg = TrainConfig.from_args(parse(["train", "--resume", "--no-compile", "--out", str(out)]))
+    assert cfg.compile is False
+    with caplog.at_level(logging.WARNING, logger="stfast.train"):
+        summary = Trainer(_cfg(varied_file, out, resume=True, compile=False, max_steps=2)).fit()
+    assert summary["steps"] == 2 and "compile_s" not in summary
+    assert "compile" not in caplog.text
+    assert ckpt.load(out / "last.pt")["train_config"]["compile"] is False  # the run continues eager from here on
+
+
 def test_compile_is_off_unless_given_and_off_for_checkpoints_before_it(tmp_path):
     assert TrainConfig().compile is False
     assert cli.build_parser("train").parse_args(["train", "--compile"]).compile is True

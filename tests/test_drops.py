@@ -26,6 +26,12 @@ def test_describe_puts_points_and_trips_apart():
     assert describe({}) == describe({"too_short": 0}) == "nothing dropped"
 
 
+def test_describe_says_one_in_the_singular():
+    assert describe({"stay_point": 1, "too_short": 1, "bad_line": 1}, kept_points=5) == (
+        "dropped 1 point of 6 (stay_point 1); dropped 1 trip (too_short 1); "
+        "skipped 1 input record (lines, files) (bad_line 1)")
+
+
 def test_every_reason_is_explained_in_docs_data_md():
     text = DOCS.read_text()
     section = text.split("## What is dropped", 1)[1].split("\n## ", 1)[0]

@@ -8,7 +8,7 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 --select) have the flag default None, "not given", and TrainConfig fills them when it is built; the
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
 --preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
-(stfast.models.members) since; --compile (issue 51: off unless given, on --resume the run's)."""
+(stfast.models.members) since; --compile (issue 51: off unless given, on --resume the run's), and its --no-compile (off, also on --resume)."""
 import argparse
 import dataclasses
 import re
@@ -67,7 +67,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'split_by': (('--split-by',), 'random', ('random', 'date'), None, 'StoreAction', False, None),
         'split_days': (('--split-days',), None, None, None, 'StoreAction', False, None),
         'max_steps': (('--max-steps',), None, None, 'int', 'StoreAction', False, None),
-        'compile': (('--compile',), False, None, None, 'StoreTrueAction', False, 0),
+        'compile': (('--compile', '--no-compile'), None, None, None, 'BooleanOptionalAction', False, 0),
         'out': (('--out',), 'runs/latest', None, None, 'StoreAction', False, None),
         'resume': (('--resume',), False, None, None, 'StoreTrueAction', False, 0),
         'overwrite': (('--overwrite',), False, None, None, 'StoreTrueAction', False, 0),

@@ -212,7 +212,7 @@ def test_input_dropped_merged_and_logged_once(caplog):
     assert out.dropped == {"empty_file": 2, "too_short": 2, "points_of_dropped_trips": 2}
     infos = [r for r in caplog.records if r.levelno == logging.INFO and r.name == "stfast.data"]
     # the totals, once; the drop counts are the command's to say, once (stfast.data.drops, tests/test_drops.py)
-    assert len(infos) == 1 and "-> 1 trips (6 points)" in infos[0].getMessage()
+    assert len(infos) == 1 and "preprocess: 2 trajectories (8 points) -> 1 trip (6 points)" in infos[0].getMessage()
     assert "too_short" not in infos[0].getMessage()
 
 

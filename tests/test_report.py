@@ -8,7 +8,7 @@ import pytest
 
 from conftest import random_trips
 from stfast.cli import main
-from stfast.train import run_predictions
+from stfast.train import report, run_predictions
 from stfast.train.report import render
 from stfast.train.run_log import read_rows
 
@@ -143,6 +143,31 @@ def test_html_shows_the_metrics_in_percent_beside_the_baselines(tmp_path):
                  "dropped 12 points (stay_point 12); dropped 2 trips (too_short 2)"):
         assert want in text, want
     assert "0.234568" not in text and "n_test" not in text and "test_mape" not in text  # no raw key/value table
+
+
+def test_one_trip_is_said_in_the_singular(tmp_path):
+    """A test split of one trip: "test split (1 trip)" in the summary table, the page and the figure (before:
+    "1 trips" in each), and "dropped 1 trip"."""
+    import matplotlib.pyplot as plt
+
+    from stfast.train.metrics import format_summary
+
+    d = _run_dir(tmp_path, windows=False, slicer=False, preds=False)
+    one = {**SUMMARY, "n_test": 1, "dropped": {"too_short": 1}}
+    (d / "summary.json").write_text(json.dumps(one))
+    head = format_summary(one).splitlines()[0]
+    assert head.startswith("test split (1 trip) ") and head.index("MAPE") == 27  # over the rows' values, as for 13
+    assert format_summary(SUMMARY).splitlines()[0].index("MAPE") == 27
+    _, page = render(d)
+    text = page.read_text()
+    for want in ("Test split (1 trip)<", "dropped 1 trip (too_short 1)"):
+        assert want in text, want
+    assert report._title("r", one).endswith("on 1 test trip")  # report.png's heading
+    fig = _figure(d)
+    try:
+        assert "test split (1 trip): MAPE, MAE, RMSE" in _titles(fig)
+    finally:
+        plt.close(fig)
 
 
 def test_a_run_writes_its_test_predictions_and_the_report_reads_them(tmp_path, capsys):

@@ -260,6 +260,26 @@ def test_damaged_derived_value_is_computed_again(store, caplog, case):
     assert not [r for r in caplog.records if "damaged" in r.getMessage()]  # the replacement is intact
 
 
+def test_every_checksum_mismatch_is_worded_alike(store, caplog):
+    """A kept derived value's array, a sealed derived record (JSON) and a store's column whose checksum differs: one
+    wording (integrity.checksum_differs). Before, a derived array said "checksum differs from the one recorded when
+    it was kept" and a sealed record "its content differs from what was written (checksum mismatch)"."""
+    import re
+
+    said = r"damaged \(its xxh3_64 checksum [0-9a-f]{16} differs from [0-9a-f]{16}, recorded %s\)"
+    _derive(store)
+    CACHE_CASES["split index flipped"](store)
+    CACHE_CASES["norm_stats edited"](store)
+    with caplog.at_level(logging.WARNING, logger="stfast.data"):
+        _derive(store)
+    warned = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(warned) == 2 and all(re.search(said % "when it was written", w) for w in warned), warned
+    _flip_bits(store / "dist.npy", n=1, low=True)
+    with pytest.raises(DamagedError) as e:
+        load_trips(str(store))
+    assert re.search(said % "at conversion", str(e.value)), str(e.value)
+
+
 def test_verify_removes_a_damaged_derived_value(store, capsys):
     _derive(store)
     _flip_bits(_kept(store, "split") / "val.npy", n=1, low=True)

@@ -137,6 +137,39 @@ def test_a_convert_replaced_meanwhile_gets_none_of_the_old_stores_values(tmp_pat
     assert _listing(store) == before
 
 
+def test_convert_says_what_it_could_not_keep_after_the_store_line(tmp_path):
+    """convert onto a disk that fits the store, not its derived values: the store's line first, then the warnings of
+    the values not kept, then the derive line naming them. Before, the store's line came last, after the warnings,
+    and ended "derived the default run's split, statistics, sub-trips and route profile in N s" as if all were kept.
+    A fresh process, its stderr and stdout in one stream, a full disk simulated in stfast.data.derived."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "trips.jsonl"
+    random_trips(90, seed=31, max_len=20).to_jsonl(data)
+    store = tmp_path / "store"
+    code = f"""
+import errno, os, sys
+from stfast.data import derived
+def full(*a, **k):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+derived.seal = full  # writing every derived value fails, within derived's own error handling
+from stfast.cli import main
+sys.exit(main(["data", "convert", "--data", {str(data)!r}, "--out", {str(store)!r}]))
+"""
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout
+    lines = p.stdout.strip().splitlines()
+    wrote = next(i for i, ln in enumerate(lines) if ln.startswith("wrote 90 trips"))
+    warned = [i for i, ln in enumerate(lines) if "not kept, computed again by each run" in ln]
+    assert len(warned) == 5 and wrote < min(warned), lines
+    assert lines[-1].startswith("derived the default run's split, statistics, sub-trips and route profile in "), lines
+    assert lines[-1].endswith(", but could not keep split, drivers, norm_stats, subtrips, route_profile (see the "
+                              f"warnings above): each `stfast train` on {store} computes them again"), lines
+    assert (store / "manifest.json").is_file()
+
+
 def test_a_value_not_kept_on_a_full_disk_is_said_and_leaves_no_temporary(tmp_path, capsys, caplog, monkeypatch):
     """convert onto a nearly full disk (a tmpfs that fits the store, not its derived values) said "derived the
     default run's ..." and left ``derived/.route_profile-KEY.json.tmpPID``; the values were silently (debug level)

@@ -113,7 +113,7 @@ def test_leftovers_of_killed_conversions_are_removed_by_the_next(tmp_path, jsonl
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", alive.name, foreign.name])
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EBUSY])
 def test_os_errors_are_one_line_naming_the_path(tmp_path, jsonl, capsys, monkeypatch, code):
     real = durable.os.replace
 
@@ -179,4 +179,26 @@ def test_an_os_error_on_a_relative_out_is_named_as_a_write(tmp_path, jsonl, caps
 
     monkeypatch.setattr(durable.os, "replace", busy)
     rc, err = _convert(jsonl, "s", capsys)
-    assert rc == 2 and err == f"stfast: error: cannot write the trips store s: s: {os.strerror(errno.EBUSY)}", err
+    assert rc == 2 and err == (f"stfast: error: cannot write the trips store s: s: {os.strerror(errno.EBUSY)}; a mount "
+                               "point (or a path in use) cannot be replaced: write to a folder inside it, or to a new "
+                               "path"), err
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_a_mount_point_out_is_refused_before_reading_naming_a_folder_inside(tmp_path, capsys, monkeypatch, store):
+    """``--out DIR`` where DIR is a bind mount's folder (read-only or not): the conversion wrote its store beside it,
+    then failed to rename DIR aside (EBUSY, "Device or resource busy"). Now refused before the input is read, in one
+    line naming DIR and the fix, writing nothing. (A test cannot mount: os.path.ismount says DIR is one.)"""
+    out = tmp_path / "mnt"
+    if store:
+        write_store(synthetic_trips(10, seed=1), out)
+    else:
+        out.mkdir()
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: os.path.abspath(p) == str(out) or real(p))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    rc, err = _convert(RAW, out, capsys)
+    assert rc == 2 and err == (f"stfast: error: --out {out} is a mount point, which a conversion cannot replace (it "
+                               f"writes the store beside it, then renames it into place): write to a folder inside it "
+                               f"(--out {out / 'store'}) or to a new path"), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

@@ -23,6 +23,7 @@ kept, as before.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -30,12 +31,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .durable import aside, dead_leftovers, fsync_dir, fsync_tree, os_error_line
-from .integrity import CHECKSUM, DamagedError, file_checksum, read_sealed, seal
+from .integrity import CHECKSUM, DamagedError, checksum_differs, file_checksum, read_sealed, seal
 from .store_checks import read_npy_header
 
 log = logging.getLogger("stfast.data")
@@ -118,9 +119,28 @@ def _remove_dead_temporaries(folder: Path) -> None:
             pass
 
 
+_missed: list[list[str]] = []  # the lists of the not_kept() blocks now open
+
+
+@contextlib.contextmanager
+def not_kept() -> Iterator[list[str]]:
+    """A list that the block fills with the names of the values computed but not kept (a full disk, a read-only
+    store), in the order computed: what ``stfast data convert`` says after deriving, not to claim a value it
+    could not keep."""
+    names: list[str] = []
+    _missed.append(names)
+    try:
+        yield names
+    finally:
+        _missed.remove(names)
+
+
 def _not_kept(folder: Path, name: str, e: OSError) -> None:
     """Say that value ``name`` could not be kept in ``folder``: a warning for a full disk (each later run computes it
     again, and convert's derive step did not do its work), at debug level for a read-only store (expected)."""
+    for names in _missed:
+        if name not in names:
+            names.append(name)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         log.warning("%s: derived value %s not kept, computed again by each run: %s", folder, name,
                     os_error_line(e, "writing it failed"))
@@ -180,8 +200,8 @@ def read_arrays(folder: Path) -> dict:
     for k, want in files.items():
         p = folder / f"{k}.npy"
         read_npy_header(p, want)
-        if file_checksum(p) != want[CHECKSUM]:
-            raise DamagedError(p, f"its {CHECKSUM} checksum differs from the one recorded when it was kept")
+        if (got := file_checksum(p)) != want[CHECKSUM]:
+            raise checksum_differs(p, got, want[CHECKSUM])
         out[k] = np.load(p, mmap_mode="r", allow_pickle=False)
     return out
 

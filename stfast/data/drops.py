@@ -14,6 +14,8 @@ A reason not listed here (none today) is shown with the input records.
 """
 from __future__ import annotations
 
+from .._plural import counted
+
 #: reasons counted in points
 POINT_KEYS = (
     "nonfinite_point",
@@ -48,12 +50,14 @@ def describe(dropped: dict, kept_points: int | None = None) -> str:
     when all are zero. ``kept_points``: the points left, to say "of N" input points (None: not said)."""
     parts = []
     kinds = by_kind(dropped)
-    for kind, what in (("points", "points"), ("trips", "trips"), ("input", "input records (lines, files)")):
+    for kind, noun, note in (("points", "point", ""), ("trips", "trip", ""),
+                             ("input", "input record", " (lines, files)")):
         counts = kinds[kind]
         if not counts:
             continue
         total = sum(counts.values())
         of = f" of {total + kept_points:,}" if kind == "points" and kept_points is not None else ""
         verb = "skipped" if kind == "input" else "dropped"
-        parts.append(f"{verb} {total:,} {what}{of} (" + ", ".join(f"{k} {v:,}" for k, v in counts.items()) + ")")
+        reasons = ", ".join(f"{k} {v:,}" for k, v in counts.items())
+        parts.append(f"{verb} {counted(total, noun, spec=',')}{note}{of} ({reasons})")
     return "; ".join(parts) or "nothing dropped"

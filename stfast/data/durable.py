@@ -167,7 +167,10 @@ _HINTS = {errno.EROFS: "the file system is read-only: choose a folder on a writa
           errno.ENOSPC: "the disk is full: free space or choose a folder on another disk",
           errno.EDQUOT: "the disk quota is exceeded: free space or choose a folder on another disk",
           errno.EACCES: "permission denied: choose a folder you may write, or change its permissions",
-          errno.EPERM: "operation not permitted: choose a folder you may write, or change its permissions"}
+          errno.EPERM: "operation not permitted: choose a folder you may write, or change its permissions",
+          # a rename of a mount point (the folder a bind mount is attached to, read-only or not)
+          errno.EBUSY: "a mount point (or a path in use) cannot be replaced: write to a folder inside it, or to a "
+                       "new path"}
 
 
 def os_error_line(e: OSError, doing: str, writing: bool = True) -> str:

@@ -33,6 +33,14 @@ class DamagedError(ValueError):
         return (type(self), (self.path, self.reason, self.fix))
 
 
+def checksum_differs(path: str | os.PathLike, got: str, recorded: str,
+                     when: str = "when it was written") -> DamagedError:
+    """The damage of ``path`` whose checksum is ``got`` where ``recorded`` (hex :data:`CHECKSUM`s) was recorded
+    ``when`` ("at conversion"): one wording for every checksum stfast checks (a store's file, a sealed record, a
+    kept derived value)."""
+    return DamagedError(path, f"its {CHECKSUM} checksum {got} differs from {recorded}, recorded {when}")
+
+
 def file_checksum(path: str | os.PathLike) -> str:
     """Hex XXH3-64 of the file's bytes, read in pieces of 8 MiB. Raises OSError."""
     h = xxhash.xxh3_64()
@@ -70,8 +78,9 @@ def unseal(record, path: str | os.PathLike) -> dict:
     if not isinstance(record, dict) or CHECKSUM not in record:
         raise DamagedError(path, f"no {CHECKSUM} checksum in it")
     body = {k: v for k, v in record.items() if k != CHECKSUM}
-    if xxhash.xxh3_64_hexdigest(_canonical(body)) != record[CHECKSUM]:
-        raise DamagedError(path, "its content differs from what was written (checksum mismatch)")
+    got = xxhash.xxh3_64_hexdigest(_canonical(body))
+    if got != record[CHECKSUM]:
+        raise checksum_differs(path, got, record[CHECKSUM])
     return body
 
 

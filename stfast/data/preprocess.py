@@ -59,6 +59,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stfast._plural import counted
 from stfast.data.drops import POINT_KEYS, TRIP_KEYS  # noqa: F401  (re-exported: the keys by unit)
 from stfast.data.geo import haversine_km, path_km
 from stfast.data.resample import resample_mask
@@ -587,6 +588,6 @@ def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict, rows: Dr
     trips.dropped_trips = DroppedTrips.concat([traj.dropped_trips, rows])
     trips.tz, trips.preprocess_config, trips.trip_filters = cfg.tz, cfg, tally
     # the drops are said once, by the command (stfast.data.drops.describe): here only the totals
-    log.info("preprocess: %d trajectories (%d points) -> %d trips (%d points)", len(traj), n_in, len(trips),
-             trips.n_points)
+    log.info("preprocess: %s (%s) -> %s (%s)", counted(len(traj), "trajectory", "trajectories"),
+             counted(n_in, "point"), counted(len(trips), "trip"), counted(trips.n_points, "point"))
     return trips

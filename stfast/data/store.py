@@ -100,7 +100,8 @@ def _only_temporary_files(folder: Path) -> bool:
 def check_out(out: str | os.PathLike) -> Path:
     """The folder a conversion with ``--out out`` writes: ``out``, or where it points when it is a symbolic link (the
     link is kept, its target replaced). Refuses (ValueError, one line saying why) unless that is new, an empty folder,
-    or a trips store holding nothing but a store's files: stfast deletes nothing it did not write."""
+    or a trips store holding nothing but a store's files: stfast deletes nothing it did not write; a mount point
+    (a bind mount's folder: no rename replaces it) is refused naming a folder inside it."""
     out = Path(out)
     if out.is_symlink():
         out = Path(os.path.realpath(out))
@@ -108,6 +109,10 @@ def check_out(out: str | os.PathLike) -> Path:
         recover_folder(out, _only_store_files)  # a store a stopped conversion left aside comes back, to be replaced
     if not os.path.lexists(out):
         return out
+    if os.path.ismount(out):  # the rename that puts the new store in place would fail (EBUSY) after all the work
+        raise ValueError(f"--out {out} is a mount point, which a conversion cannot replace (it writes the store beside "
+                         f"it, then renames it into place): write to a folder inside it (--out {out / 'store'}) or to "
+                         "a new path")
     if not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder: choose a new folder for the trips store (or a .jsonl "
                          "file for DeepTTE JSON lines)")

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from .cores import usable_cores
-from .integrity import CHECKSUM, DamagedError, file_checksum, stamp
+from .integrity import CHECKSUM, DamagedError, checksum_differs, file_checksum, stamp
 
 log = logging.getLogger("stfast.data")
 
@@ -141,8 +141,7 @@ def _hash_tasks(folder: Path, files: dict, names) -> list[Callable[[], None]]:
     def check(n):
         got = file_checksum(folder / n)
         if got != files[n][CHECKSUM]:
-            raise DamagedError(folder / n, f"its {CHECKSUM} checksum {got} differs from {files[n][CHECKSUM]}, "
-                               "recorded at conversion")
+            raise checksum_differs(folder / n, got, files[n][CHECKSUM], "at conversion")
     return [lambda n=n: check(n) for n in names]
 
 

@@ -25,7 +25,8 @@ test evaluation stay eager. The backward of the compiled forward is AOTAutograd'
 Refused with one line (ValueError, exit 2 from the CLI): where torch.compile cannot build a kernel on the run's
 device (:func:`unavailable`: no C++ compiler or Python headers for inductor on the CPU, no Triton for CUDA),
 with ``--nproc`` > 1 and with ``--parallel cp`` / ``dp+cp`` (:func:`check`). A resumed compiled run (``--resume``
-without ``--compile``) that cannot compile there continues eagerly, with a warning (:func:`refuse`).
+with neither ``--compile`` nor ``--no-compile``) that cannot compile there continues eagerly, with a warning
+(:func:`refuse`); ``--no-compile`` resumes it eagerly anywhere.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def refuse(cfg, why: str) -> None:
     the setting came from the resumed run (``cfg.compile_inherited``), the run continues without torch.compile
     and a warning says so (the same model: compiling changes no value beyond the order of float sums)."""
     if getattr(cfg, "compile_inherited", False):
-        log.warning("--resume: the run was trained with --compile, but %s; it continues without torch.compile", why)
+        log.warning("--resume: the run was trained with --compile, but %s; it continues without torch.compile "
+                    "(--no-compile: the same, without this warning)", why)
         cfg.compile = False
         return
     raise ValueError(f"--compile: {why}; train without --compile")

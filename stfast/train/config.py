@@ -153,10 +153,10 @@ class TrainConfig:
                                       "dealt round-robin)", choices=("balanced", "equal", "sorted"))
     threads: int | None = option(None, "torch threads per process", ge=1, check=_check_threads)  # None: cores / processes
     max_steps: int | None = option(None, "stop after this many optimizer steps", ge=1)  # tests, smoke runs
-    # None: not given (--resume: the run's own; else off)
+    # None: not given (--resume: the run's own; else off); --no-compile: off, also on --resume
     compile: bool | None = option(None, "run the model's forward through torch.compile (inductor, dynamic shapes); "
                                         "compiled before the first epoch's clock (stfast.train.compiled); default "
-                                        "off, on --resume the run's", cli=SwitchTo(True))
+                                        "off, on --resume the run's; --no-compile: eager")
     out: str = option("runs/latest", "output folder: one run per folder (must be empty or new)")
     resume: bool = option(False, "continue from OUT/last.pt (or checkpoint.pt), with the run's own values of the "
                                  "[preset] options not given")

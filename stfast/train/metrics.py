@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._plural import counted
+
 
 @dataclass
 class ErrorSums:
@@ -104,6 +106,7 @@ def summary_rows(s: dict) -> list[tuple[str, float, float, float]]:
 
 def format_summary(s: dict) -> str:
     """The test split's MAPE / MAE / RMSE of the model and both baselines, as a table for people."""
-    lines = [f"test split ({s['n_test']} trips)      MAPE       MAE      RMSE"]
+    head = f"test split ({counted(s['n_test'], 'trip')})"
+    lines = [f"{head:<27}MAPE       MAE      RMSE"]  # the header padded alike for 1 trip or 10,000
     lines += [f"  {n:<24}{100 * a:7.2f} %{b:8.1f} s{c:8.1f} s" for n, a, b, c in summary_rows(s)]
     return "\n".join(lines)

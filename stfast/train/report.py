@@ -13,25 +13,28 @@ import html
 import json
 from pathlib import Path
 
+from .._plural import counted
 from ..data.drops import describe as describe_dropped
 from ..data.durable import write_bytes_atomic
 from . import report_figure, run_predictions
 from .metrics import summary_rows
-from .run_log import FILE, read_rows
+from .run_log import FILE, TYPES, read_rows
 
 
 def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.html`` (the test metrics beside the baselines, the run's facts, the PNG
-    embedded) into ``out_dir`` (default: ``run_dir``); returns both paths. Raises FileNotFoundError/ValueError
-    (see run_log.read_rows, run_predictions.read), ValueError when the run log has no row to plot."""
+    embedded) into ``out_dir`` (default: ``run_dir``); returns both paths. A run folder with summary.json and no
+    metrics.jsonl (stopped before its first row) gets the test metrics alone. Raises FileNotFoundError/ValueError
+    (see run_log.read_rows, run_predictions.read), ValueError when nothing is there to plot."""
     run_dir = Path(run_dir)
     if run_dir.is_file():  # a checkpoint or log given for its run folder: name the folder to give instead
         raise ValueError(f"{run_dir} is a file; stfast report takes a run folder (the --out of stfast train), "
                          f"e.g. {run_dir.parent}")
     out_dir = Path(out_dir) if out_dir else run_dir
     summary_path = run_dir / "summary.json"
-    rows = read_rows(run_dir)
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    # a run that stopped before its first log row (--max-steps within the first epoch) has a summary, no log
+    rows = read_rows(run_dir) if summary is None or (run_dir / FILE).is_file() else {t: [] for t in TYPES}
     preds = run_predictions.read(run_dir)
     name = run_dir.resolve().name
     image = report_figure.png(rows, summary, preds, _title(name, summary))
@@ -57,7 +60,8 @@ def _title(name: str, s: dict | None) -> str:
         return f"stfast run {name}"
     const = s.get("baseline_const_speed_mape")
     vs = f" (constant speed {100 * const:.1f} %)" if const is not None else ""
-    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {s.get('n_test', '?')} test trips"
+    n = counted(s.get('n_test', '?'), 'test trip')
+    return f"stfast run {name}: test MAPE {100 * s['test_mape']:.1f} %{vs} on {n}"
 
 
 def _metrics_table(s: dict | None) -> str:
@@ -66,8 +70,8 @@ def _metrics_table(s: dict | None) -> str:
         return ""
     cells = "".join(f"<tr><td>{html.escape(n)}</td><td>{100 * m:.2f} %</td><td>{mae:.1f} s</td>"
                     f"<td>{rmse:.1f} s</td></tr>" for n, m, mae, rmse in summary_rows(s))
-    return (f"<h2>Test split ({s.get('n_test', '?')} trips)</h2><table><tr><th></th><th>MAPE</th><th>MAE</th>"
-            f"<th>RMSE</th></tr>{cells}</table>")
+    return (f"<h2>Test split ({counted(s.get('n_test', '?'), 'trip')})</h2><table><tr><th></th><th>MAPE</th>"
+            f"<th>MAE</th><th>RMSE</th></tr>{cells}</table>")
 
 
 def _facts(s: dict | None) -> str:

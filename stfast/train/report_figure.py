@@ -20,6 +20,7 @@ import io
 
 import numpy as np
 
+from .._plural import counted
 from .metrics import BASELINES, summary_rows
 from .plots import pyplot
 
@@ -69,7 +70,7 @@ def _test_metrics(ax, summary: dict) -> None:
     for yi, (_, m, mae, rmse) in zip(y, rows):
         ax.text(100 * m + top * 0.02, yi, f"{100 * m:.1f} %   MAE {mae:.0f} s   RMSE {rmse:.0f} s", va="center",
                 fontsize=8)
-    ax.set(xlabel="test MAPE (%)", title=f"test split ({summary.get('n_test', '?')} trips): MAPE, MAE, RMSE")
+    ax.set(xlabel="test MAPE (%)", title=f"test split ({counted(summary.get('n_test', '?'), 'trip')}): MAPE, MAE, RMSE")
 
 
 def _validation(ax, epochs: list[dict], summary: dict) -> None:
@@ -103,7 +104,7 @@ def _scatter(ax, p: dict) -> None:
     ax.plot([0, hi], [0, hi], "k-", lw=0.8, label="perfect prediction")
     ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="actual travel time (min)", ylabel="predicted travel time (min)",
            title="predicted against actual, test split" + (f" ({MAX_SCATTER:,} of {n:,} trips)" if n > MAX_SCATTER
-                                                          else f" ({n} trips)"))
+                                                          else f" ({counted(n, 'trip')})"))
     _legend(ax, loc="upper left")
 
 
@@ -129,7 +130,7 @@ def _by_bins(ax, p: dict, bin_of: np.ndarray, n_bins: int, labels: list[str], xl
             ax.annotate(f"{vi:.0f} %", (xi, top * 0.97), textcoords="offset points", xytext=(0, -10), ha="center",
                         fontsize=6, color=COLOR[key])
     ax.set_ylim(0, top)
-    ax.set_xticks(x, [f"{labels[i]}\n{count[i]} trips" for i in used], fontsize=7)
+    ax.set_xticks(x, [f"{labels[i]}\n{counted(count[i], 'trip')}" for i in used], fontsize=7)
     ax.set(xlabel=xlabel, ylabel="MAPE (%)", title=title)
     ax.legend(fontsize=7, loc="best")
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .._plural import counted
 from ..data.batches import LENGTH_SORT_CHUNK, epoch_batches  # noqa: F401  (re-exported: stfast.train.trainer)
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.derived import kept
@@ -62,7 +63,7 @@ def split_trips(trips: Trips, cfg: TrainConfig) -> tuple[TripsView, TripsView, T
     parts = split(trips, run_setup(cfg))
     for name, p in zip(("training", "validation", "test"), parts):
         if len(p) < MIN_SPLIT_WARN:
-            log.warning("the %s split has only %d trip%s: its metrics are noisy", name, len(p), "" if len(p) == 1 else "s")
+            log.warning("the %s split has only %s: its metrics are noisy", name, counted(len(p), "trip"))
     return parts  # type: ignore[return-value]
 
 
@@ -193,7 +194,8 @@ class RunData:
         extra = len(self.train_ds) - len(self.train)
         pieces = (f" (+{self.piece_sets[0]} sub-trips, fresh every epoch)" if self.piece_sets
                   else f" (+{extra} sub-trips)" if extra else "")
-        return f"{self.n_trips} trips → train {len(self.train)}{pieces}, val {len(self.val)}, test {len(self.test)}"
+        return (f"{counted(self.n_trips, 'trip')} → train {len(self.train)}{pieces}, val {len(self.val)}, "
+                f"test {len(self.test)}")
 
     def dropped_text(self) -> str:
         """What reading and preprocessing dropped, points apart from trips (stfast.data.drops.describe)."""

@@ -89,22 +89,26 @@ class RunLog:
 
     def write_outputs(self, summary: dict) -> list[str]:
         """At the end of a run: summary.json (atomically), learning_curve.png (the epoch rows and the
-        baselines) and report.png + report.html (stfast.train.report; a plotting failure is logged, never
+        baselines; only when an epoch ended) and report.png + report.html (stfast.train.report: the final
+        evaluation's test metrics, with whatever the run log holds; a plotting failure is logged, never
         fatal to a finished run). Returns the names of the run's files now in the folder."""
         from . import plots
         from .report import render
 
         out = self.path.parent
         write_summary(out, summary)
-        if not self.path.is_file():  # stopped (--max-steps) before its first epoch ended: no row to plot
-            log.info("%s: no epoch ended before the run stopped, so no learning curve or report; summary.json has "
-                     "the test metrics", out)
+        # stopped (--max-steps, --time-budget) before its first epoch ended: no curve to draw, and no metrics.jsonl
+        # at all before the first accumulation window ended; the test evaluation is still reported
+        epochs = read_rows(out)["epoch"] if self.path.is_file() else []
+        if epochs:
+            plots.learning_curve(epochs, summary, out / "learning_curve.png")
         else:
-            plots.learning_curve(read_rows(out)["epoch"], summary, out / "learning_curve.png")
-            try:
-                render(out)
-            except (ValueError, OSError, RuntimeError) as e:
-                log.warning("could not write the report in %s: %s", out, e)
+            log.info("%s: no epoch ended before the run stopped, so no learning curve; the report has the test "
+                     "metrics", out)
+        try:
+            render(out)
+        except (ValueError, OSError, RuntimeError) as e:
+            log.warning("could not write the report in %s: %s", out, e)
         names = ("summary.json", FILE, "test_predictions.csv", "learning_curve.png", "report.png", "report.html",
                  "checkpoint.pt", "last.pt", "last.prev.pt")
         return [n for n in names if (out / n).exists()]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .._plural import counted
 from ..accum.controller import AccumulationController
 from ..data.cores import usable_cores
 from ..accum.noise import noise_parameters, squared_norm
@@ -230,7 +231,7 @@ class Trainer:
         if stopped:
             ckpt.save_last(self)
             why = self.guards.signals.received or ("--time-budget" if out_of_time else "--max-steps")
-            self.say(f"stopped after {self.step} steps ({why}); state in {self.out / 'last.pt'}"
+            self.say(f"stopped after {counted(self.step, 'step')} ({why}); state in {self.out / 'last.pt'}"
                      + ("; continue with --resume" if self.guards.signals.received else ""))
             if self.guards.signals.received:  # exit promptly: no test evaluation (a scheduler's grace period is short)
                 return {"stopped_by": self.guards.signals.received, "steps": self.step, "epochs": self.epoch}
