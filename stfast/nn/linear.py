@@ -46,8 +46,14 @@ class Linear(nn.Linear):
             return F.linear(x, weight, bias)  # its own dtype error
         if operands in _HALF:  # whatever library is chosen (ATen: the operands widened, see the class docstring).
             # x cast by stfast::gemm_mm's Autocast kernel (stfast.ops.autocast); the weight here, before its
-            # transpose (a view, which a KeptCasts block would cast anew per forward pass)
-            w = weight_casts.cast(weight, operands) if weight.dtype != operands else weight
+            # transpose (a view, which a KeptCasts block would cast anew per forward pass). Traced by torch.compile:
+            # a plain cast in the graph (a KeptCasts block reads the eager weight's data pointer and version)
+            if weight.dtype == operands:
+                w = weight
+            elif torch.compiler.is_compiling():
+                w = weight.to(operands)
+            else:
+                w = weight_casts.cast(weight, operands)
             return gemm.linear(x, w, bias, out_dtype=torch.float32).to(operands)
         if not _through_chosen_library(operands):
             return F.linear(x, weight, bias)
