@@ -89,6 +89,25 @@ def weight_casts(precision: str, device, weights) -> contextlib.AbstractContextM
     return KeptCasts(torch.device(device).type, weights, torch.bfloat16)
 
 
+def cpu_bf16_note(device) -> str | None:
+    """A note for ``--precision bf16-mixed`` on ``device`` where it cannot be faster than float32, or None: on a CPU
+    where no GEMM library takes bfloat16 operands but ATen, which widens them to float32
+    (:func:`stfast.ops.gemm_libraries_available`, as the libraries report it; never by CPU name), the products run
+    at float32's rate and the casts come on top (AMD EPYC Zen 3, AVX2, Chengdu B 64, 1 thread: 0.85× the trips/s of
+    --precision 32)."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return None
+    from ..ops.gemm import gemm_libraries_available
+
+    if gemm_libraries_available(torch.bfloat16, torch.float32) != ("aten",):
+        return None
+    return ("note: no GEMM library on this CPU takes bfloat16 operands (oneDNN's matmul and micro-kernel refuse "
+            "them), so bf16-mixed widens them to float32: it trains at float32's rate plus the casts, and "
+            "--precision 32 is faster here")
+
+
 @functools.cache
 def stock_bf16_lstm_error() -> str | None:
     """Why stock PyTorch cannot run ``torch.nn.LSTM`` under CPU autocast bfloat16 here (``--kernels reference

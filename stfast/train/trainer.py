@@ -32,7 +32,7 @@ from . import checkpoint as ckpt
 from . import compiled, gemm_plan, guards, run_predictions, steps, swa
 from .config import TrainConfig
 from .metrics import errors, fit_baselines, format_summary
-from .precision import weight_casts
+from .precision import cpu_bf16_note, weight_casts
 from .resume import restore, resume_state, trainer_state
 from .run_data import RunData, epoch_batches, evaluate, predict, preflight, progress_bar
 from .run_log import RunLog
@@ -122,6 +122,8 @@ class Trainer:
             restore(self, resume, resume_path)
         self.say(f"stfast {__version__}: {self.data.describe()}; {members.describe(self.model)}; "
                  f"world size {self.info.world_size}, device {self.device}, precision {cfg.precision}")
+        if cfg.precision == "bf16-mixed" and (note := cpu_bf16_note(self.device)) is not None:
+            self.say(note)
         if any(self.data.dropped.values()):  # said once per run (preprocessing logs only its totals)
             self.say(self.data.dropped_text())
         if (line := self.steps.prepare(resume)) is not None:  # the slicer's cost model
