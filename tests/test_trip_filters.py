@@ -126,3 +126,12 @@ def test_a_trip_filter_flag_against_a_store_must_be_the_stores(minute, tmp_path,
     assert main(["data", "convert", "--data", str(store), "--min-time-s", "30", "--min-points", "3",
                  "--out", str(tmp_path / "t.jsonl")]) == 0
     assert "wrote 3 trips" in capsys.readouterr().out
+
+
+def test_a_huge_min_points_is_named_as_typed(minute, tmp_path, capsys):
+    # the flag's value was formatted as a float: 10**23 read '1e+23', 10**400 raised OverflowError (a traceback)
+    for n in (10 ** 23, 10 ** 400):
+        err = one_line_error(capsys, main(["data", "convert", "--data", str(minute), "--min-points", str(n),
+                                           "--out", str(tmp_path / "s.store")]))
+        assert f"4 (all) have fewer than --min-points {n} points (the most " in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

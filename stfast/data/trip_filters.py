@@ -72,7 +72,9 @@ def _say(reason: str, n: int, of: int, cfg, tally: TripFilterTally) -> str:
     name = _FIELD[reason]
     value = tally.limits.get(name)
     f = _flag(name)
-    setting = f"{f} {value:g}" if f else f"{name}={value}"
+    # an int as typed: ':g' wrote 10**23 as 1e+23 and raised OverflowError beyond a float's range
+    shown = f"{value}" if isinstance(value, (int, np.integer)) else f"{value:g}"
+    setting = f"{f} {shown}" if f else f"{name}={value}"
     count = f"{n:,}" + (" (all)" if n == of else "")
     if reason == "too_short":  # the settings that took points away name their flags too
         how = []
