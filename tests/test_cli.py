@@ -438,3 +438,21 @@ def test_predict_into_a_symlink_writes_its_file(trained, tmp_path, capsys):
     link.symlink_to(target)
     assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(link), "--split", "all"]) == 0
     assert link.is_symlink() and len(target.read_text().splitlines()) == 1 + 90
+
+
+def test_a_run_resumed_before_its_first_epoch_ended_scores_the_weights_it_stopped_with(trained, tmp_path, capsys):
+    # --max-steps 1, then --resume --max-steps 2, no epoch ended in either: the resumed run scored the checkpoint.pt
+    # of the first (the weights after step 1) under a summary saying 2 steps; now the weights after step 2, as a
+    # run of 2 steps in one go
+    _, data = trained
+    args = ["train", "--data", str(data), "--batch-size", "8", "--no-progress", "--threads", "1", "--out"]
+    once, resumed = tmp_path / "once", tmp_path / "resumed"
+    assert main([*args, str(once), "--max-steps", "2"]) == 0
+    assert main([*args, str(resumed), "--max-steps", "1"]) == 0
+    first = (resumed / "checkpoint.pt").read_bytes()
+    assert main([*args, str(resumed), "--max-steps", "2", "--resume"]) == 0
+    capsys.readouterr()
+    got, want = (json.load(open(d / "summary.json")) for d in (resumed, once))
+    assert (got["steps"], got["epochs"], want["epochs"]) == (2, 0, 0)
+    assert (resumed / "checkpoint.pt").read_bytes() != first
+    assert got["test_mape"] == pytest.approx(want["test_mape"], rel=1e-6), (got["test_mape"], want["test_mape"])
