@@ -456,3 +456,24 @@ def test_a_run_resumed_before_its_first_epoch_ended_scores_the_weights_it_stoppe
     assert (got["steps"], got["epochs"], want["epochs"]) == (2, 0, 0)
     assert (resumed / "checkpoint.pt").read_bytes() != first
     assert got["test_mape"] == pytest.approx(want["test_mape"], rel=1e-6), (got["test_mape"], want["test_mape"])
+
+
+def test_one_trip_is_said_in_the_singular_in_errors_and_warnings(trained, tmp_path, capsys, caplog):
+    """A file of one trip: training on it, a --min-points that drops it (before: "(1 trips)", "its 1 trips",
+    "1 trips with fewer than"); nothing is written by the refusals."""
+    _, data = trained
+    one = tmp_path / "one.jsonl"
+    one.write_text(open(data).readline())
+    err = one_line_error(capsys, main(["train", "--data", str(one), "--out", str(tmp_path / "run")]))
+    assert "the validation split is empty (1 trip); change --split" in err, err
+    caplog.set_level(logging.WARNING, logger="stfast")
+    err = one_line_error(capsys, main(["data", "convert", "--data", str(one), "--min-points", "1000",
+                                       "--out", str(tmp_path / "s.jsonl")]))
+    assert "left no trip: its one trip fails a trip filter: 1 (all) has fewer than --min-points 1000" in err, err
+    assert "1 trip with fewer than 1000 points (min_points) dropped" in caplog.text, caplog.text
+    far = _moved(data, tmp_path / "far.jsonl", 1)
+    err = one_line_error(capsys, main(["evaluate", "--checkpoint", str(trained[0] / "run" / "checkpoint.pt"),
+                                       "--data", str(far)]))
+    assert "1 of 1 trip (100 %) lies outside the training area" in err, err
+    far.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl"]

@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from .._plural import counted
 from .readers.deeptte_json import DEEPTTE_TZ
 from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
@@ -215,5 +216,6 @@ def drop_short_records(trips: Trips, min_points: int, tally: TripFilterTally | N
     kept.dropped_trips = DroppedTrips.concat([trips.dropped_trips, DroppedTrips(
         trips.trip_id[short], trips.segment[short], np.full(int(short.sum()), "too_short", dtype=object))])
     kept.tz, kept.preprocess_config, kept.trip_filters = trips.tz, trips.preprocess_config, tally
-    log.warning("%d trips with fewer than %d points (min_points) dropped (too_short)", int(short.sum()), min_points)
+    log.warning("%s with fewer than %d points (min_points) dropped (too_short)", counted(int(short.sum()), "trip", spec=","),
+                min_points)
     return kept

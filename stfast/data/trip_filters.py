@@ -76,19 +76,20 @@ def _say(reason: str, n: int, of: int, cfg, tally: TripFilterTally) -> str:
     shown = f"{value}" if isinstance(value, (int, np.integer)) else f"{value:g}"
     setting = f"{f} {shown}" if f else f"{name}={value}"
     count = f"{n:,}" + (" (all)" if n == of else "")
+    have, last, cover = ("has", "lasts", "covers") if n == 1 else ("have", "last", "cover")
     if reason == "too_short":  # the settings that took points away name their flags too
         how = []
         if cfg is not None and cfg.gap_s != _default_gap_s():
             how.append(f"cut at gaps over --gap-min {cfg.gap_s / 60:g}")
         if cfg is not None and cfg.min_spacing_km:
             how.append(f"resampled to --min-spacing-km {cfg.min_spacing_km:g} km apart (0 keeps every point)")
-        return f"{count} have fewer than {setting} points (the most {tally.points:,})" + (
+        return f"{count} {have} fewer than {setting} points (the most {tally.points:,})" + (
             f" once {' and '.join(how)}" if how else "")
     if reason == "too_short_time":
-        return f"{count} last less than {setting} s (the longest {tally.time_s:g} s)"
+        return f"{count} {last} less than {setting} s (the longest {tally.time_s:g} s)"
     if reason == "too_short_dist":
-        return f"{count} cover less than {setting} km (the longest {tally.dist_km:.3g} km)"
-    return f"{count} have more than {setting} points"
+        return f"{count} {cover} less than {setting} km (the longest {tally.dist_km:.3g} km)"
+    return f"{count} {have} more than {setting} points"
 
 
 def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg, convert_flags: bool = True) -> str:
@@ -115,5 +116,5 @@ def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg
         how += " (or raise --gap-min)"
     if (every or more) and not convert_flags:
         how += " (flags of stfast data convert: convert with them and train on the store it writes)"
-    return (f"{source}: reading and preprocessing left no trip: every one of its {tally.trips:,} trips fails a trip "
-            f"filter: {said}; {how}. In all: {drops}")
+    every_one = "its one trip fails" if tally.trips == 1 else f"every one of its {tally.trips:,} trips fails"
+    return f"{source}: reading and preprocessing left no trip: {every_one} a trip filter: {said}; {how}. In all: {drops}"
