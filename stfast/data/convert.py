@@ -147,10 +147,10 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
         with given_format(data, fmt):  # a wrong --format on a file of another format: named
             return _convert(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km,
                             gap_s=gap_s, tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
-    except FileNotFoundError:
-        raise
     except OSError as e:
         writing = e.filename is None or _of_out(e.filename, out)
+        if isinstance(e, FileNotFoundError) and (e.filename is None or not writing):
+            raise  # the input's: said as such by the caller
         raise ValueError(os_error_line(e, f"cannot write the trips store {out}" if writing else
                                        f"cannot read {data}", writing)) from None
 
