@@ -247,3 +247,16 @@ def test_a_missing_folder_met_while_writing_is_named_as_a_write(tmp_path, jsonl,
     monkeypatch.setattr(durable.os, "replace", real)
     assert rc == 2 and err.startswith(f"stfast: error: cannot write the trips store {tmp_path / 's'}: "), err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("onto_itself", [False, True])
+def test_a_store_given_as_data_is_named_as_one(tmp_path, capsys, onto_itself):
+    """``--data STORE --out OTHER.store`` (or onto itself) said ``STORE: could not recognize the format (directory holds
+    neither .plt, gps_* …)``; a store is read as it is (``--out NAME.jsonl`` writes its trips), so the line says so."""
+    store = tmp_path / "s"
+    write_store(synthetic_trips(10, seed=1), store)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    rc, err = _convert(store, store if onto_itself else tmp_path / "t", capsys)
+    assert rc == 2 and err == (f"stfast: error: --data {store} is a trips store already: train, evaluate or predict on "
+                               "it as it is (an --out ending in .jsonl writes its trips as DeepTTE JSON lines)"), err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
