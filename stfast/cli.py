@@ -531,8 +531,8 @@ def cmd_data_convert(a) -> int:
     from .data.drops import describe
 
     # said before deriving: the derive step's warnings (a value not kept) follow the line of what they are about
-    print(f"wrote {counted(len(trips), 'trip')} ({counted(trips.n_points, 'point')}) to {a.out} as {what}; "
-          f"{describe(trips.dropped, trips.n_points)}", flush=True)
+    print(f"wrote {counted(len(trips), 'trip', spec=',')} ({counted(trips.n_points, 'point', spec=',')}) to {a.out} as "
+          f"{what}; {describe(trips.dropped, trips.n_points)}", flush=True)
     if store:
         from .data.derived import not_kept
         from .data.setup import derive_default

@@ -477,3 +477,16 @@ def test_one_trip_is_said_in_the_singular_in_errors_and_warnings(trained, tmp_pa
     assert "1 of 1 trip (100 %) lies outside the training area" in err, err
     far.unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl"]
+
+
+def test_convert_and_train_write_counts_with_thousands_separators(tmp_path, capsys):
+    """'wrote 1001 trips (N points)' beside 'dropped 7,623 points of 8,245' on the same line; the training banner
+    '1001 trips → train 700'. Now every count of these lines has its separator."""
+    data = tmp_path / "trips.jsonl"
+    random_trips(1001, seed=5, min_len=3, max_len=6).to_jsonl(data)
+    assert main(["data", "convert", "--data", str(data), "--out", str(tmp_path / "t.store")]) == 0
+    assert re.search(r"^wrote 1,001 trips \(\d,\d{3} points\)", capsys.readouterr().out, flags=re.M)
+    assert main(["train", "--data", str(tmp_path / "t.store"), "--max-steps", "1", "--batch-size", "8",
+                 "--subtrips", "0", "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    assert re.search(r"^stfast [\d.]+: 1,001 trips → train \d{3}, val \d{3}, test \d{3};", capsys.readouterr().out,
+                     flags=re.M)

@@ -194,8 +194,8 @@ class RunData:
         extra = len(self.train_ds) - len(self.train)
         pieces = (f" (+{self.piece_sets[0]} sub-trips, fresh every epoch)" if self.piece_sets
                   else f" (+{extra} sub-trips)" if extra else "")
-        return (f"{counted(self.n_trips, 'trip')} → train {len(self.train)}{pieces}, val {len(self.val)}, "
-                f"test {len(self.test)}")
+        return (f"{counted(self.n_trips, 'trip', spec=',')} → train {len(self.train):,}{pieces}, "
+                f"val {len(self.val):,}, test {len(self.test):,}")
 
     def dropped_text(self) -> str:
         """What reading and preprocessing dropped, points apart from trips (stfast.data.drops.describe)."""
