@@ -490,3 +490,19 @@ def test_convert_and_train_write_counts_with_thousands_separators(tmp_path, caps
                  "--subtrips", "0", "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]) == 0
     assert re.search(r"^stfast [\d.]+: 1,001 trips → train \d{3}, val \d{3}, test \d{3};", capsys.readouterr().out,
                      flags=re.M)
+
+
+def test_data_a_models_trip_filters_leave_empty_is_named_as_the_models_settings(trained, tmp_path, capsys):
+    """evaluate / predict on data whose every trip fails the trip filters said 'lower --min-points to keep any trip
+    (flags of stfast data convert: convert with them and train on the store it writes)', as if the data were to be
+    trained on; the filters are the model's: the line says so. Nothing is written."""
+    d, _ = trained
+    ck = d / "run" / "checkpoint.pt"
+    short = tmp_path / "short.jsonl"
+    random_trips(5, seed=2, min_len=2, max_len=2).to_jsonl(short)
+    for cmd in (["evaluate"], ["predict", "--out", str(tmp_path / "p.csv")]):
+        err = one_line_error(capsys, main([*cmd, "--checkpoint", str(ck), "--data", str(short)]))
+        assert "5 (all) have fewer than --min-points 3 points (the most 2); these are the settings " \
+               f"{ck} was trained with: give trips that pass them, or train a model on data converted with " \
+               "--min-points lowered (flags of stfast data convert)." in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.jsonl"]

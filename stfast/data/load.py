@@ -175,14 +175,14 @@ def store_settings(path) -> dict:
     return out
 
 
-def require_trips(trips: Trips, source: str, convert_flags: bool = True) -> Trips:
+def require_trips(trips: Trips, source: str, convert_flags: bool = True, model: str | None = None) -> Trips:
     """``trips`` if it holds any; else ValueError saying in one line that nothing survived reading and
     preprocessing of ``source``: each trip filter that drops trips on its own, how many and the flag that relaxes
     it, then the counts of what was dropped and why (:func:`stfast.data.trip_filters.no_trips_line`;
-    ``convert_flags`` as there)."""
+    ``convert_flags``, ``model`` as there)."""
     if len(trips) == 0:
         raise ValueError(no_trips_line(source, trips.dropped, trips.trip_filters, trips.preprocess_config,
-                                       convert_flags))
+                                       convert_flags, model))
     return trips
 
 

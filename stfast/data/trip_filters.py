@@ -92,12 +92,15 @@ def _say(reason: str, n: int, of: int, cfg, tally: TripFilterTally) -> str:
     return f"{count} {have} more than {setting} points"
 
 
-def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg, convert_flags: bool = True) -> str:
+def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg, convert_flags: bool = True,
+                  model: str | None = None) -> str:
     """The error of a command whose input left no trip, in one line: when trips reached the trip filters, each
     filter that drops any of them on its own, with its count, its setting and the flag that relaxes it, largest
     count first; then the drop counts (:func:`stfast.data.drops.describe`). ``cfg``: the PreprocessConfig used
     (None: DeepTTE records, filtered by ``min_points`` only). ``convert_flags``: the command takes the trip
-    filters' flags (``stfast data convert``); False (``stfast train``): the line says to convert with them."""
+    filters' flags (``stfast data convert``); False (``stfast train``): the line says to convert with them.
+    ``model``: the checkpoint whose run's settings these are (``stfast evaluate`` / ``predict``): the line says so,
+    as relaxing them means training again."""
     from .drops import describe
 
     drops = describe(dropped) if any(dropped.values()) else "nothing was dropped: no input trips"
@@ -114,7 +117,10 @@ def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg
         how = f"lower {' or '.join(more)} to keep trips" if more else "relax these settings to keep trips"
     if tally.fails.get("too_short") and cfg is not None and cfg.gap_s != _default_gap_s():
         how += " (or raise --gap-min)"
-    if (every or more) and not convert_flags:
+    if (every or more) and model is not None:  # the model's settings: its scores are for trips that pass them
+        how = (f"these are the settings {model} was trained with: give trips that pass them, or train a model on "
+               f"data converted with {' and '.join(every + more)} lowered (flags of stfast data convert)")
+    elif (every or more) and not convert_flags:
         how += " (flags of stfast data convert: convert with them and train on the store it writes)"
     every_one = "its one trip fails" if tally.trips == 1 else f"every one of its {tally.trips:,} trips fails"
     return f"{source}: reading and preprocessing left no trip: {every_one} a trip filter: {said}; {how}. In all: {drops}"
