@@ -87,8 +87,11 @@ def _what_to_give(folder: Path, files: list[Path]) -> str:
     (a data set's folder with its notes beside), or one of its JSON-lines files when other files sit beside them (the
     Chengdu sample: config.json, SOURCE.txt and the records ``test``); empty when neither."""
     for sub in sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".")):
-        if any(_is_didi_data_file(c) for c in itertools.islice(sub.iterdir(), 1000)):
-            return f"; its folder {sub.name} holds DiDi GAIA gps_* files: --data {sub}"
+        try:
+            if any(_is_didi_data_file(c) for c in itertools.islice(sub.iterdir(), 1000)):
+                return f"; its folder {sub.name} holds DiDi GAIA gps_* files: --data {sub}"
+        except OSError:  # a folder it may not read: not a hint, and not the error to report
+            continue
     records = [f for f in files if _is_json_object(_first_nonblank_line(f))]  # a config.json's "{" line is not
     if records:
         return f"; {records[0].name} is JSON lines, with other files beside it: --data {records[0]}"
