@@ -459,14 +459,15 @@ def cmd_predict(a) -> int:
     return 0
 
 
-def _starts_with(path: Path, header: tuple) -> bool:
-    """Whether ``path`` is a CSV that ``stfast predict`` wrote (its ``header``), which a new run may replace."""
+def _starts_with(path: Path, header: tuple, strip: bool = False) -> bool:
+    """Whether ``path`` starts with ``header`` (comma-joined): a CSV that ``stfast predict`` wrote, which a new run
+    may replace. ``strip``: after leading white space."""
     try:
         with open(path, "rb") as f:
             head = f.read(200).decode("utf-8", errors="replace")
     except OSError:
         return False
-    return head.startswith(",".join(header))
+    return (head.lstrip() if strip else head).startswith(",".join(header))
 
 
 def dropped_path(predictions: Path) -> Path:
@@ -490,6 +491,20 @@ def cmd_data_verify(a) -> int:
     return 0
 
 
+def _check_jsonl_out(out: Path) -> None:
+    """Refuse ``--out out`` (a .jsonl) before anything is read when it cannot be written or would replace what is
+    not DeepTTE JSON lines (a folder, a file of the user's): ValueError naming it and what to do."""
+    from .data.durable import refuse_under_a_file
+
+    refuse_under_a_file(out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: a name ending in .jsonl is the file of DeepTTE JSON lines to write; "
+                         "choose a new file name (or a name without .jsonl for a trips store)")
+    if out.is_file() and out.stat().st_size and not _starts_with(out, ("{",), strip=True):
+        raise ValueError(f"--out {out} exists and is not DeepTTE JSON lines (a file of yours would be lost): choose a "
+                         "new file name")
+
+
 def cmd_data_convert(a) -> int:
     from .data.load import load_trips, require_trips
     from .data.options import preprocess_options_from_args, trip_filters_from_args
@@ -501,6 +516,7 @@ def cmd_data_convert(a) -> int:
     if not store:
         from .data.durable import os_error_line
 
+        _check_jsonl_out(Path(a.out))
         trips = require_trips(load_trips(a.data, a.format, **kw), a.data)
         try:
             trips.to_jsonl(a.out)
@@ -515,8 +531,8 @@ def cmd_data_convert(a) -> int:
     from .data.drops import describe
 
     # said before deriving: the derive step's warnings (a value not kept) follow the line of what they are about
-    print(f"wrote {counted(len(trips), 'trip')} ({counted(trips.n_points, 'point')}) to {a.out} as {what}; "
-          f"{describe(trips.dropped, trips.n_points)}", flush=True)
+    print(f"wrote {counted(len(trips), 'trip', spec=',')} ({counted(trips.n_points, 'point', spec=',')}) to {a.out} as "
+          f"{what}; {describe(trips.dropped, trips.n_points)}", flush=True)
     if store:
         from .data.derived import not_kept
         from .data.setup import derive_default

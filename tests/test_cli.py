@@ -438,3 +438,71 @@ def test_predict_into_a_symlink_writes_its_file(trained, tmp_path, capsys):
     link.symlink_to(target)
     assert main(["predict", "--checkpoint", ck, "--data", str(data), "--out", str(link), "--split", "all"]) == 0
     assert link.is_symlink() and len(target.read_text().splitlines()) == 1 + 90
+
+
+def test_a_run_resumed_before_its_first_epoch_ended_scores_the_weights_it_stopped_with(trained, tmp_path, capsys):
+    # --max-steps 1, then --resume --max-steps 2, no epoch ended in either: the resumed run scored the checkpoint.pt
+    # of the first (the weights after step 1) under a summary saying 2 steps; now the weights after step 2, as a
+    # run of 2 steps in one go
+    _, data = trained
+    args = ["train", "--data", str(data), "--batch-size", "8", "--no-progress", "--threads", "1", "--out"]
+    once, resumed = tmp_path / "once", tmp_path / "resumed"
+    assert main([*args, str(once), "--max-steps", "2"]) == 0
+    assert main([*args, str(resumed), "--max-steps", "1"]) == 0
+    first = (resumed / "checkpoint.pt").read_bytes()
+    assert main([*args, str(resumed), "--max-steps", "2", "--resume"]) == 0
+    capsys.readouterr()
+    got, want = (json.load(open(d / "summary.json")) for d in (resumed, once))
+    assert (got["steps"], got["epochs"], want["epochs"]) == (2, 0, 0)
+    assert (resumed / "checkpoint.pt").read_bytes() != first
+    assert got["test_mape"] == pytest.approx(want["test_mape"], rel=1e-6), (got["test_mape"], want["test_mape"])
+
+
+def test_one_trip_is_said_in_the_singular_in_errors_and_warnings(trained, tmp_path, capsys, caplog):
+    """A file of one trip: training on it, a --min-points that drops it (before: "(1 trips)", "its 1 trips",
+    "1 trips with fewer than"); nothing is written by the refusals."""
+    _, data = trained
+    one = tmp_path / "one.jsonl"
+    one.write_text(open(data).readline())
+    err = one_line_error(capsys, main(["train", "--data", str(one), "--out", str(tmp_path / "run")]))
+    assert "the validation split is empty (1 trip); change --split" in err, err
+    caplog.set_level(logging.WARNING, logger="stfast")
+    err = one_line_error(capsys, main(["data", "convert", "--data", str(one), "--min-points", "1000",
+                                       "--out", str(tmp_path / "s.jsonl")]))
+    assert "left no trip: its one trip fails a trip filter: 1 (all) has fewer than --min-points 1000" in err, err
+    assert "1 trip with fewer than 1000 points (min_points) dropped" in caplog.text, caplog.text
+    far = _moved(data, tmp_path / "far.jsonl", 1)
+    err = one_line_error(capsys, main(["evaluate", "--checkpoint", str(trained[0] / "run" / "checkpoint.pt"),
+                                       "--data", str(far)]))
+    assert "1 of 1 trip (100 %) lies outside the training area" in err, err
+    far.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl"]
+
+
+def test_convert_and_train_write_counts_with_thousands_separators(tmp_path, capsys):
+    """'wrote 1001 trips (N points)' beside 'dropped 7,623 points of 8,245' on the same line; the training banner
+    '1001 trips → train 700'. Now every count of these lines has its separator."""
+    data = tmp_path / "trips.jsonl"
+    random_trips(1001, seed=5, min_len=3, max_len=6).to_jsonl(data)
+    assert main(["data", "convert", "--data", str(data), "--out", str(tmp_path / "t.store")]) == 0
+    assert re.search(r"^wrote 1,001 trips \(\d,\d{3} points\)", capsys.readouterr().out, flags=re.M)
+    assert main(["train", "--data", str(tmp_path / "t.store"), "--max-steps", "1", "--batch-size", "8",
+                 "--subtrips", "0", "--threads", "1", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    assert re.search(r"^stfast [\d.]+: 1,001 trips → train \d{3}, val \d{3}, test \d{3};", capsys.readouterr().out,
+                     flags=re.M)
+
+
+def test_data_a_models_trip_filters_leave_empty_is_named_as_the_models_settings(trained, tmp_path, capsys):
+    """evaluate / predict on data whose every trip fails the trip filters said 'lower --min-points to keep any trip
+    (flags of stfast data convert: convert with them and train on the store it writes)', as if the data were to be
+    trained on; the filters are the model's: the line says so. Nothing is written."""
+    d, _ = trained
+    ck = d / "run" / "checkpoint.pt"
+    short = tmp_path / "short.jsonl"
+    random_trips(5, seed=2, min_len=2, max_len=2).to_jsonl(short)
+    for cmd in (["evaluate"], ["predict", "--out", str(tmp_path / "p.csv")]):
+        err = one_line_error(capsys, main([*cmd, "--checkpoint", str(ck), "--data", str(short)]))
+        assert "5 (all) have fewer than --min-points 3 points (the most 2); these are the settings " \
+               f"{ck} was trained with: give trips that pass them, or train a model on data converted with " \
+               "--min-points lowered (flags of stfast data convert)." in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.jsonl"]

@@ -139,3 +139,28 @@ def test_a_wrong_format_on_a_recognizable_file_names_the_format_it_is(shared_dat
     p.write_text("trip_id,timestamp,lng,lat\nA,1477955400,104.07,30.6\nA,1477955460,104.08,30.61\n")
     with pytest.raises(TrajectoryFormatError, match="looks like a point CSV; give --format csv"):
         read_any(p, "deeptte")
+
+
+def test_an_unrecognized_folder_names_what_to_give_in_it(tmp_path):
+    """A data set's folder with its notes beside the data (../shared/data/chengdu_sample: SOURCE.txt and the folder
+    didi_gaia_raw_gps; chengdu_deeptte_sample: config.json, SOURCE.txt and the records file test) said only 'could not
+    recognize the format'; now it names the subfolder or the file to give as --data."""
+    didi = tmp_path / "chengdu_sample"
+    (didi / "didi_gaia_raw_gps").mkdir(parents=True)
+    (didi / "didi_gaia_raw_gps" / "gps_20161101_0710").write_text("a,b,1477955400,104.07,30.66\n")
+    (didi / "SOURCE.txt").write_text("where it came from\n")
+    with pytest.raises(TrajectoryFormatError, match="could not recognize") as ei:
+        detect_format(didi)
+    assert f"; its folder didi_gaia_raw_gps holds DiDi GAIA gps_* files: --data {didi / 'didi_gaia_raw_gps'}" \
+        in str(ei.value), ei.value
+    deeptte = tmp_path / "chengdu_deeptte_sample"
+    deeptte.mkdir()
+    (deeptte / "config.json").write_text('{\n    "dist_mean": 9.6\n}\n')
+    (deeptte / "SOURCE.txt").write_text("where it came from\n")
+    (deeptte / "test").write_text('{"lngs": []}\n')
+    with pytest.raises(TrajectoryFormatError, match="could not recognize") as ei:
+        detect_format(deeptte)
+    assert f"; test is JSON lines, with other files beside it: --data {deeptte / 'test'}" in str(ei.value), ei.value
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrajectoryFormatError, match=r"only JSON-lines files\); known formats"):
+        detect_format(tmp_path / "empty")

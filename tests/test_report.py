@@ -201,7 +201,24 @@ def test_cli_report(tmp_path, capsys):
     assert main(["report", str(d), "--out", str(out)]) == 0
     assert (out / "report.png").is_file() and (out / "report.html").is_file()
     assert main(["report", str(tmp_path / "nothing")]) == 2
-    assert "no metrics" in capsys.readouterr().err
+    assert f"{tmp_path / 'nothing'}: no such folder; stfast report takes a run folder" in capsys.readouterr().err
+
+
+def test_cli_report_names_what_a_folder_without_a_run_is(tmp_path, capsys):
+    """A folder with neither summary.json nor metrics.jsonl (a trips store, a typo's empty folder) said
+    'FOLDER/metrics.jsonl: no metrics', though a run stopped before its first epoch has no metrics.jsonl."""
+    from stfast.data.store import write_store
+    from stfast.data.synthetic import synthetic_trips
+
+    write_store(synthetic_trips(10, seed=1), tmp_path / "s.store")
+    (tmp_path / "empty").mkdir()
+    for name, what in (("s.store", "a trips store, not a run"), ("empty", "holds neither summary.json nor "
+                                                                          "metrics.jsonl")):
+        assert main(["report", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"stfast: error: {tmp_path / name}: {what}; stfast report takes a run folder (the --out of "
+                       "stfast train)"], err
+    assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == []
 
 
 def test_cli_report_refuses_a_file_or_a_typo_and_writes_nothing(tmp_path, capsys):

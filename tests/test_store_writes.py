@@ -202,3 +202,61 @@ def test_a_mount_point_out_is_refused_before_reading_naming_a_folder_inside(tmp_
                                f"writes the store beside it, then renames it into place): write to a folder inside it "
                                f"(--out {out / 'store'}) or to a new path"), err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("name", ["sub.store", "sub.jsonl", "a/b.jsonl"])
+def test_an_out_under_a_file_is_refused_before_reading_naming_the_file(tmp_path, capsys, name):
+    """``--out FILE/sub.store`` was reported as a read error of the input (``cannot read DATA: FILE: File exists``),
+    ``--out FILE/sub.jsonl`` after the whole input was read, naming a temporary (``FILE/sub.jsonl.tmpPID: Not a
+    directory``). Now both are refused before the input is opened, naming --out and the file."""
+    f = tmp_path / "notes.txt"
+    f.write_text("mine")
+    rc, err = _convert(RAW, f / name, capsys)
+    assert rc == 2 and err == (f"stfast: error: --out {f / name}: {f} is a file, not a folder, so nothing can be "
+                               "written under it; choose a path in a folder"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and f.read_text() == "mine"
+
+
+def test_a_jsonl_out_replaces_only_deeptte_json_lines(tmp_path, jsonl, capsys):
+    """``--out NAME.jsonl`` replaced whatever file was there (a user's notes: lost) and, on a folder, failed after
+    reading the whole input; now both are refused before the input is opened. JSON lines (an earlier conversion's
+    output) are still replaced."""
+    notes, folder, earlier = tmp_path / "notes.jsonl", tmp_path / "d.jsonl", tmp_path / "t.jsonl"
+    notes.write_text("my notes\n")
+    folder.mkdir()
+    rc, err = _convert(RAW, notes, capsys)
+    assert rc == 2 and err == (f"stfast: error: --out {notes} exists and is not DeepTTE JSON lines (a file of yours "
+                               "would be lost): choose a new file name"), err
+    rc, err = _convert(RAW, folder, capsys)
+    assert rc == 2 and f"--out {folder} is a folder" in err and len(err.splitlines()) == 1, err
+    assert notes.read_text() == "my notes\n" and list(folder.iterdir()) == []
+    earlier.write_text('{"old": 1}\n')
+    assert _convert(jsonl, earlier, capsys)[0] == 0 and earlier.read_text() != '{"old": 1}\n'
+
+
+def test_a_missing_folder_met_while_writing_is_named_as_a_write(tmp_path, jsonl, capsys, monkeypatch):
+    """A FileNotFoundError of the store's own temporary folder (its parent gone, as under /proc) passed through raw:
+    ``[Errno 2] No such file or directory: '…/.s.tmpPID'``; now the one line of a failed write."""
+    real = durable.os.replace
+
+    def gone(a, b):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(a))
+
+    monkeypatch.setattr(durable.os, "replace", gone)
+    rc, err = _convert(jsonl, tmp_path / "s", capsys)
+    monkeypatch.setattr(durable.os, "replace", real)
+    assert rc == 2 and err.startswith(f"stfast: error: cannot write the trips store {tmp_path / 's'}: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("onto_itself", [False, True])
+def test_a_store_given_as_data_is_named_as_one(tmp_path, capsys, onto_itself):
+    """``--data STORE --out OTHER.store`` (or onto itself) said ``STORE: could not recognize the format (directory holds
+    neither .plt, gps_* …)``; a store is read as it is (``--out NAME.jsonl`` writes its trips), so the line says so."""
+    store = tmp_path / "s"
+    write_store(synthetic_trips(10, seed=1), store)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    rc, err = _convert(store, store if onto_itself else tmp_path / "t", capsys)
+    assert rc == 2 and err == (f"stfast: error: --data {store} is a trips store already: train, evaluate or predict on "
+                               "it as it is (an --out ending in .jsonl writes its trips as DeepTTE JSON lines)"), err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

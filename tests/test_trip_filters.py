@@ -51,7 +51,7 @@ def test_no_trip_left_names_each_filter_its_count_and_flag(minute, tmp_path, cap
     err = one_line_error(capsys, rc)
     assert "left no trip: every one of its 4 trips fails a trip filter" in err, err
     assert "4 (all) last less than --min-time-s 60 s (the longest 57 s)" in err, err
-    assert "2 cover less than --min-dist-km 0.5 km" in err and "1 have fewer than --min-points 3 points" in err, err
+    assert "2 cover less than --min-dist-km 0.5 km" in err and "1 has fewer than --min-points 3 points" in err, err
     assert "lower --min-time-s to keep any trip, --min-dist-km or --min-points to keep more" in err, err
     assert "too_short 1, too_short_time 3" in err, err  # the first-failing-rule counts as the store would hold
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]  # nothing written, no temporary folder left
@@ -126,3 +126,12 @@ def test_a_trip_filter_flag_against_a_store_must_be_the_stores(minute, tmp_path,
     assert main(["data", "convert", "--data", str(store), "--min-time-s", "30", "--min-points", "3",
                  "--out", str(tmp_path / "t.jsonl")]) == 0
     assert "wrote 3 trips" in capsys.readouterr().out
+
+
+def test_a_huge_min_points_is_named_as_typed(minute, tmp_path, capsys):
+    # the flag's value was formatted as a float: 10**23 read '1e+23', 10**400 raised OverflowError (a traceback)
+    for n in (10 ** 23, 10 ** 400):
+        err = one_line_error(capsys, main(["data", "convert", "--data", str(minute), "--min-points", str(n),
+                                           "--out", str(tmp_path / "s.store")]))
+        assert f"4 (all) have fewer than --min-points {n} points (the most " in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

@@ -136,21 +136,26 @@ def convert_to_store(data, out, fmt: str = "auto", *, on_error: str = "raise", m
 
     Raises:
         TrajectoryFormatError: bad input (file, line, field), as the readers raise it.
-        ValueError: ``out`` exists and is not a store, or holds files stfast did not write; no trip survived
+        ValueError: ``data`` is a trips store (read as it is, not converted); ``out`` exists and is not a store, or
+            holds files stfast did not write; no trip survived
             reading and preprocessing; bad settings (see load_trips); an OS error (read-only file system, full disk,
             permissions), in one line naming the path.
     """
     from .readers import given_format
+    from .store import is_store
 
+    if data is not None and is_store(data):  # detect_format would say it recognizes no format in the folder
+        raise ValueError(f"--data {data} is a trips store already: train, evaluate or predict on it as it is (an --out "
+                         "ending in .jsonl writes its trips as DeepTTE JSON lines)")
     try:
         out = check_out(out)
         with given_format(data, fmt):  # a wrong --format on a file of another format: named
             return _convert(data, out, fmt, on_error=on_error, modes=modes, min_spacing_km=min_spacing_km,
                             gap_s=gap_s, tz=tz, n_synthetic=n_synthetic, seed=seed, **options)
-    except FileNotFoundError:
-        raise
     except OSError as e:
         writing = e.filename is None or _of_out(e.filename, out)
+        if isinstance(e, FileNotFoundError) and (e.filename is None or not writing):
+            raise  # the input's: said as such by the caller
         raise ValueError(os_error_line(e, f"cannot write the trips store {out}" if writing else
                                        f"cannot read {data}", writing)) from None
 

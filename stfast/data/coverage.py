@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._plural import counted
 from .geo import EARTH_RADIUS_KM
 from .trip_view import iter_chunks
 
@@ -162,8 +163,10 @@ def check_inside(area: TrainingArea | None, outside: np.ndarray, trips, whose: s
         lng, lat = np.asarray(part.lng), np.asarray(part.lat)
         if len(lng):
             box = [min(box[0], lng.min()), min(box[1], lat.min()), max(box[2], lng.max()), max(box[3], lat.max())]
+    lie = "lies" if k == 1 else "lie"
     raise OutsideTrainingArea(
-        f"{k} of {n} trips ({100 * k / n:.0f} %) lie outside the training area of {whose} (its training points: "
+        f"{k:,} of {counted(n, 'trip', spec=',')} ({100 * k / n:.0f} %) {lie} outside the training area of {whose} "
+        "(its training points: "
         f"{box_text(area.bbox)}, {len(area.cells)} cells of {area.cell_km:g} km; the data's points: {box_text(box)}): "
         f"its travel times there have no support; give data of its area, or {fix} to score them anyway", k, n)
 

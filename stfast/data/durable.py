@@ -173,6 +173,17 @@ _HINTS = {errno.EROFS: "the file system is read-only: choose a folder on a writa
                        "new path"}
 
 
+def refuse_under_a_file(out: str | os.PathLike, flag: str = "--out") -> None:
+    """ValueError naming ``flag`` and the file when the nearest existing path above ``out`` is a file, not a folder:
+    nothing can be written under it (the OS error would come only after the input was read, and named a temporary)."""
+    for p in Path(os.path.abspath(out)).parents:
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise ValueError(f"{flag} {out}: {p} is a file, not a folder, so nothing can be written under it; "
+                                 "choose a path in a folder")
+            return
+
+
 def os_error_line(e: OSError, doing: str, writing: bool = True) -> str:
     """One line for an OS error while ``doing`` (e.g. ``"writing the trips store /data/s"``): the path, the system's
     words and, when ``writing``, what to do (read-only file system, full disk, permissions)."""

@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from .._plural import counted
 from .readers.deeptte_json import DEEPTTE_TZ
 from .readers.didi_gaia import DIDI_TZ
 from .readers.geolife import GEOLIFE_TZ
@@ -174,14 +175,14 @@ def store_settings(path) -> dict:
     return out
 
 
-def require_trips(trips: Trips, source: str, convert_flags: bool = True) -> Trips:
+def require_trips(trips: Trips, source: str, convert_flags: bool = True, model: str | None = None) -> Trips:
     """``trips`` if it holds any; else ValueError saying in one line that nothing survived reading and
     preprocessing of ``source``: each trip filter that drops trips on its own, how many and the flag that relaxes
     it, then the counts of what was dropped and why (:func:`stfast.data.trip_filters.no_trips_line`;
-    ``convert_flags`` as there)."""
+    ``convert_flags``, ``model`` as there)."""
     if len(trips) == 0:
         raise ValueError(no_trips_line(source, trips.dropped, trips.trip_filters, trips.preprocess_config,
-                                       convert_flags))
+                                       convert_flags, model))
     return trips
 
 
@@ -215,5 +216,6 @@ def drop_short_records(trips: Trips, min_points: int, tally: TripFilterTally | N
     kept.dropped_trips = DroppedTrips.concat([trips.dropped_trips, DroppedTrips(
         trips.trip_id[short], trips.segment[short], np.full(int(short.sum()), "too_short", dtype=object))])
     kept.tz, kept.preprocess_config, kept.trip_filters = trips.tz, trips.preprocess_config, tally
-    log.warning("%d trips with fewer than %d points (min_points) dropped (too_short)", int(short.sum()), min_points)
+    log.warning("%s with fewer than %d points (min_points) dropped (too_short)", counted(int(short.sum()), "trip", spec=","),
+                min_points)
     return kept

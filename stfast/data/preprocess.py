@@ -588,6 +588,7 @@ def _finish(trips: Trips, traj: Trajectories, n_in: int, dropped: dict, rows: Dr
     trips.dropped_trips = DroppedTrips.concat([traj.dropped_trips, rows])
     trips.tz, trips.preprocess_config, trips.trip_filters = cfg.tz, cfg, tally
     # the drops are said once, by the command (stfast.data.drops.describe): here only the totals
-    log.info("preprocess: %s (%s) -> %s (%s)", counted(len(traj), "trajectory", "trajectories"),
-             counted(n_in, "point"), counted(len(trips), "trip"), counted(trips.n_points, "point"))
+    log.info("preprocess: %s (%s) -> %s (%s)", counted(len(traj), "trajectory", "trajectories", spec=","),
+             counted(n_in, "point", spec=","), counted(len(trips), "trip", spec=","),
+             counted(trips.n_points, "point", spec=","))
     return trips

@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from .._plural import counted
 from .derived import split_views
 from .routes import RouteProfile
 from .splits import (DEFAULT_SPLIT, data_days, default_date_split, parse_days, parse_fractions, split_by_days,
@@ -92,7 +93,7 @@ def split(trips, setup: Setup) -> tuple:
             raise ValueError(f"the {name} split is empty: no trip falls on day(s) {sorted(days()[i])} "
                              f"({data_days(trips.date_id)}); change --split-days")
         if len(p) == 0:
-            raise ValueError(f"the {name} split is empty ({len(trips)} trips); change --split")
+            raise ValueError(f"the {name} split is empty ({counted(len(trips), 'trip', spec=',')}); change --split")
     return parts
 
 

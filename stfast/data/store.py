@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from .derived import DERIVED
-from .durable import aside, atomic_file, dead_leftovers, fsync_file, recover_folder, replace_folder
+from .durable import (aside, atomic_file, dead_leftovers, fsync_file, recover_folder, refuse_under_a_file,
+                      replace_folder)
 from .fingerprint import compute_fingerprint
 from .integrity import CHECKSUM, DamagedError, file_checksum, seal, unseal
 from .store_checks import check_changed, file_record, read_npy_header, value_record
@@ -105,6 +106,7 @@ def check_out(out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.is_symlink():
         out = Path(os.path.realpath(out))
+    refuse_under_a_file(out)
     if not os.path.lexists(out):
         recover_folder(out, _only_store_files)  # a store a stopped conversion left aside comes back, to be replaced
     if not os.path.lexists(out):

@@ -72,29 +72,35 @@ def _say(reason: str, n: int, of: int, cfg, tally: TripFilterTally) -> str:
     name = _FIELD[reason]
     value = tally.limits.get(name)
     f = _flag(name)
-    setting = f"{f} {value:g}" if f else f"{name}={value}"
+    # an int as typed: ':g' wrote 10**23 as 1e+23 and raised OverflowError beyond a float's range
+    shown = f"{value}" if isinstance(value, (int, np.integer)) else f"{value:g}"
+    setting = f"{f} {shown}" if f else f"{name}={value}"
     count = f"{n:,}" + (" (all)" if n == of else "")
+    have, last, cover = ("has", "lasts", "covers") if n == 1 else ("have", "last", "cover")
     if reason == "too_short":  # the settings that took points away name their flags too
         how = []
         if cfg is not None and cfg.gap_s != _default_gap_s():
             how.append(f"cut at gaps over --gap-min {cfg.gap_s / 60:g}")
         if cfg is not None and cfg.min_spacing_km:
             how.append(f"resampled to --min-spacing-km {cfg.min_spacing_km:g} km apart (0 keeps every point)")
-        return f"{count} have fewer than {setting} points (the most {tally.points:,})" + (
+        return f"{count} {have} fewer than {setting} points (the most {tally.points:,})" + (
             f" once {' and '.join(how)}" if how else "")
     if reason == "too_short_time":
-        return f"{count} last less than {setting} s (the longest {tally.time_s:g} s)"
+        return f"{count} {last} less than {setting} s (the longest {tally.time_s:g} s)"
     if reason == "too_short_dist":
-        return f"{count} cover less than {setting} km (the longest {tally.dist_km:.3g} km)"
-    return f"{count} have more than {setting} points"
+        return f"{count} {cover} less than {setting} km (the longest {tally.dist_km:.3g} km)"
+    return f"{count} {have} more than {setting} points"
 
 
-def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg, convert_flags: bool = True) -> str:
+def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg, convert_flags: bool = True,
+                  model: str | None = None) -> str:
     """The error of a command whose input left no trip, in one line: when trips reached the trip filters, each
     filter that drops any of them on its own, with its count, its setting and the flag that relaxes it, largest
     count first; then the drop counts (:func:`stfast.data.drops.describe`). ``cfg``: the PreprocessConfig used
     (None: DeepTTE records, filtered by ``min_points`` only). ``convert_flags``: the command takes the trip
-    filters' flags (``stfast data convert``); False (``stfast train``): the line says to convert with them."""
+    filters' flags (``stfast data convert``); False (``stfast train``): the line says to convert with them.
+    ``model``: the checkpoint whose run's settings these are (``stfast evaluate`` / ``predict``): the line says so,
+    as relaxing them means training again."""
     from .drops import describe
 
     drops = describe(dropped) if any(dropped.values()) else "nothing was dropped: no input trips"
@@ -111,7 +117,10 @@ def no_trips_line(source: str, dropped: dict, tally: TripFilterTally | None, cfg
         how = f"lower {' or '.join(more)} to keep trips" if more else "relax these settings to keep trips"
     if tally.fails.get("too_short") and cfg is not None and cfg.gap_s != _default_gap_s():
         how += " (or raise --gap-min)"
-    if (every or more) and not convert_flags:
+    if (every or more) and model is not None:  # the model's settings: its scores are for trips that pass them
+        how = (f"these are the settings {model} was trained with: give trips that pass them, or train a model on "
+               f"data converted with {' and '.join(every + more)} lowered (flags of stfast data convert)")
+    elif (every or more) and not convert_flags:
         how += " (flags of stfast data convert: convert with them and train on the store it writes)"
-    return (f"{source}: reading and preprocessing left no trip: every one of its {tally.trips:,} trips fails a trip "
-            f"filter: {said}; {how}. In all: {drops}")
+    every_one = "its one trip fails" if tally.trips == 1 else f"every one of its {tally.trips:,} trips fails"
+    return f"{source}: reading and preprocessing left no trip: {every_one} a trip filter: {said}; {how}. In all: {drops}"

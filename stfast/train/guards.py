@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .._plural import counted
 from ..parallel import data_parallel as dp
 
 log = logging.getLogger("stfast.train")
@@ -92,8 +93,8 @@ def check_resume_data(state: dict, fingerprint: str, n_trips: int, cfg, path) ->
     if saved is not None and saved != fingerprint:
         was = state.get("train_config", {}).get("data") or "the synthetic city"
         now = f"--data {cfg.data}" if cfg.data else "without --data, the synthetic city"
-        raise ValueError(f"--resume: {path} was trained on other data ({was}, {state.get('n_trips', '?')} trips, "
-                         f"fingerprint {saved[:12]}); {now} gives {n_trips} trips, fingerprint "
+        raise ValueError(f"--resume: {path} was trained on other data ({was}, {counted(state.get('n_trips', '?'), 'trip')}, "
+                         f"fingerprint {saved[:12]}); {now} gives {counted(n_trips, 'trip')}, fingerprint "
                          f"{fingerprint[:12]}: give the run's --data, or train into a new --out")
 
 

@@ -30,6 +30,12 @@ def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path
     if run_dir.is_file():  # a checkpoint or log given for its run folder: name the folder to give instead
         raise ValueError(f"{run_dir} is a file; stfast report takes a run folder (the --out of stfast train), "
                          f"e.g. {run_dir.parent}")
+    if not (run_dir / "summary.json").is_file() and not (run_dir / FILE).is_file():  # nothing of a run to report
+        from ..data.store import is_store
+
+        what = ("no such folder" if not run_dir.is_dir() else "a trips store, not a run" if is_store(run_dir)
+                else f"holds neither summary.json nor {FILE}")
+        raise FileNotFoundError(f"{run_dir}: {what}; stfast report takes a run folder (the --out of stfast train)")
     out_dir = Path(out_dir) if out_dir else run_dir
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None

@@ -37,14 +37,14 @@ log = logging.getLogger("stfast.train")
 MIN_SPLIT_WARN = 30  # warn when a split holds fewer trips than this
 
 
-def load_config_trips(cfg: TrainConfig, preprocess_config=None) -> Trips:
+def load_config_trips(cfg: TrainConfig, preprocess_config=None, model: str | None = None) -> Trips:
     """The trips ``cfg`` names (file or synthetic city), read and preprocessed (with
-    ``preprocess_config``, a PreprocessConfig, when given: a checkpoint's). Raises ValueError when
+    ``preprocess_config``, a PreprocessConfig, when given: the one of checkpoint ``model``). Raises ValueError when
     preprocessing dropped every trip (see :func:`require_trips`)."""
     trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
                        min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
                        seed=cfg.split_seed, preprocess_config=preprocess_config)
-    return require_trips(trips, cfg.data or "the synthetic city", convert_flags=False)
+    return require_trips(trips, cfg.data or "the synthetic city", convert_flags=False, model=model)
 
 
 def run_setup(cfg: TrainConfig) -> Setup:
@@ -194,8 +194,8 @@ class RunData:
         extra = len(self.train_ds) - len(self.train)
         pieces = (f" (+{self.piece_sets[0]} sub-trips, fresh every epoch)" if self.piece_sets
                   else f" (+{extra} sub-trips)" if extra else "")
-        return (f"{counted(self.n_trips, 'trip')} → train {len(self.train)}{pieces}, val {len(self.val)}, "
-                f"test {len(self.test)}")
+        return (f"{counted(self.n_trips, 'trip', spec=',')} → train {len(self.train):,}{pieces}, "
+                f"val {len(self.val):,}, test {len(self.test):,}")
 
     def dropped_text(self) -> str:
         """What reading and preprocessing dropped, points apart from trips (stfast.data.drops.describe)."""

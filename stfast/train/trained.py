@@ -114,7 +114,7 @@ class TrainedModel:
         else:
             cfg = replace(self.config, data=str(data), format=fmt or "auto", on_error=on_error or "raise")
         pre = None if self.preprocess is None else PreprocessConfig.from_dict(self.preprocess)
-        trips = load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre)
+        trips = load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre, str(self.path))
         if any(trips.dropped.values()):  # said once (preprocessing logs only its totals)
             log.info("%s", describe_dropped(trips.dropped, trips.n_points))
         return trips

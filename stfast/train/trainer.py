@@ -319,7 +319,8 @@ class Trainer:
         """Score checkpoint.pt and both baselines on the test split; when no epoch ended, the current
         weights (their average under --swa-start/--ema-decay) are written as checkpoint.pt first."""
         best, d = self.out / "checkpoint.pt", self.data
-        kept = best.is_file()
+        # an epoch's checkpoint.pt, not one a run resumed here wrote when it stopped before its first epoch ended
+        kept = self.epoch > 0 and best.is_file()
         if not kept:  # no epoch ended (--max-steps, --time-budget): the weights scored become checkpoint.pt
             ckpt.save_validated(self)
         if self.info.distributed:

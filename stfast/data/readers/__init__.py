@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import csv
 import difflib
+import itertools
+import json
 import logging
 import os
 import re
@@ -78,6 +80,30 @@ def _unrecognized(path, detail: str) -> TrajectoryFormatError:
     return TrajectoryFormatError(
         path, None, None, f"could not recognize the format ({detail}); known formats: {', '.join(FORMATS)}"
     )
+
+
+def _what_to_give(folder: Path, files: list[Path]) -> str:
+    """For a folder no format recognizes, what in it to give as --data instead: a subfolder of DiDi GAIA gps_* files
+    (a data set's folder with its notes beside), or one of its JSON-lines files when other files sit beside them (the
+    Chengdu sample: config.json, SOURCE.txt and the records ``test``); empty when neither."""
+    for sub in sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".")):
+        try:
+            if any(_is_didi_data_file(c) for c in itertools.islice(sub.iterdir(), 1000)):
+                return f"; its folder {sub.name} holds DiDi GAIA gps_* files: --data {sub}"
+        except OSError:  # a folder it may not read: not a hint, and not the error to report
+            continue
+    records = [f for f in files if _is_json_object(_first_nonblank_line(f))]  # a config.json's "{" line is not
+    if records:
+        return f"; {records[0].name} is JSON lines, with other files beside it: --data {records[0]}"
+    return ""
+
+
+def _is_json_object(line: str | None) -> bool:
+    """Whether ``line`` is a whole JSON object (a JSON-lines record)."""
+    try:
+        return line is not None and line.startswith("{") and isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def _not_trajectories(path: Path) -> TrajectoryFormatError | None:
@@ -152,7 +178,7 @@ def detect_format(path: str | os.PathLike) -> str:
         if txt and all(map(first_line_is_tdrive, txt)):
             return "tdrive"
         raise _unrecognized(path, "directory holds neither .plt, gps_*, Parquet / Arrow nor T-Drive files, nor "
-                                  "only JSON-lines files")
+                                  "only JSON-lines files" + _what_to_give(p, files))
     if p.suffix.lower() == ".plt":
         return "geolife"
     if is_table_file(p):
