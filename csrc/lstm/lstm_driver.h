@@ -388,8 +388,9 @@ void mm_rows(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
 // out (Ka, C) = aᵀ · b for a (R, Ka), b (R, C): the sum over R in blocks of Backend::kGemmRowBlock rows,
 // accumulated in out in a fixed order (deterministic). A weight gradient's output is narrow (C = I or H columns
 // against Ka = 4H rows), so it is computed as its transpose bᵀ · a (C, Ka) and copied into out. Why: the
-// libraries run a product with 4H output columns faster than one with I or H (Zen 3, 1 thread, 4,560 rows
-// × 512: MKL 66 vs 37 GFLOP/s at C 61, 78 vs 76 at C 128; the micro-kernel 55 vs 33 and 62 vs 56).
+// libraries run a product with 4H output columns faster than one with I columns, and no slower than one with
+// H (Zen 3, 1 thread, 4,560 rows × 512: MKL 59 vs 44 GFLOP/s at C 61, 73 vs 74 at C 128, a tie; the
+// micro-kernel 53 vs 31 and 59 vs 56).
 template <class Backend>
 void mm_tn(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   if (b.size(1) < a.size(1)) {
@@ -622,8 +623,8 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
       std::swap(dH, dH_below);
     } else if (input_grad) {
       // I columns widened to a multiple of 16 with zero weights, the product's output then narrowed. Why: a
-      // product with an odd output width ran 2.6× slower than one 3 columns wider (Zen 3, 1 thread, MKL,
-      // 4,560 × 512 × 61: 26 vs 67 GFLOP/s; the micro-kernel 27 vs 82); DeepTTE's layer 0 takes I = 61.
+      // product with an odd output width ran 1.4–1.6× slower than one 3 columns wider (Zen 3, 1 thread, MKL,
+      // 4,560 × 512 × 61: 51 vs 70 GFLOP/s; the micro-kernel 50 vs 81); DeepTTE's layer 0 takes I = 61.
       const int64_t I16 = (d.I + 15) / 16 * 16;
       at::Tensor w = w_ih;
       if (I16 != d.I) {

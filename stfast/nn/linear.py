@@ -30,8 +30,8 @@ class Linear(nn.Linear):
     model) always, whichever library is chosen for them with a float32 output (``"aten"``: widened to float32,
     exact products), summed in float32, the bias added in float32, then rounded once to the 16-bit dtype, which
     is also F.linear's output dtype there. Why always: where no 16-bit library beats ATen's widened float32
-    GEMM, torch's own 16-bit CPU ``linear`` is slower still (AMD EPYC Zen 3, AVX2: 3.6–5.5 GFLOP/s under
-    autocast against 36–58 widened, at the model's shapes). Errors: F.linear's RuntimeError for mismatched
+    GEMM, torch's own 16-bit CPU ``linear`` is slower still (AMD EPYC Zen 3, AVX2: 3.6–5.8 GFLOP/s under
+    autocast against 44–71 widened, at the model's shapes). Errors: F.linear's RuntimeError for mismatched
     dtypes; for an x whose last dimension is not in_features, F.linear's RuntimeError, or on the library path
     stfast.gemm_mm's ValueError."""
 
