@@ -13,7 +13,7 @@ from _accuracy import fresh_seed
 from conftest import require_gemm_library
 
 from stfast.ops.gemm import (LIBRARIES, USES, bulk_library, gemm_libraries_available, gemm_library, gemm_rates,
-                             linear, mm, reset_gemm_library, select_gemm_library)
+                             linear, mm, reset_gemm_library, select_gemm_library, use_micro_kernel)
 
 pytestmark = pytest.mark.usefixtures("fresh_gemm_choices")
 
@@ -104,8 +104,15 @@ def test_probe_reports_every_library(use):
     assert gemm_library(torch.float32, use=use) in LIBRARIES  # the probe's own decision
 
 
-@pytest.mark.parametrize("library", LIBRARIES)
-def test_products_match_torch_mm(library):
+@pytest.mark.parametrize("library,kernel", [(lib, "torch") for lib in LIBRARIES] + [("brgemm", "reference")])
+def test_products_match_torch_mm(library, kernel):
+    """Products through each library (the micro-kernel also through the reference seam, which takes 16-bit
+    operands on any CPU) against float64 products of the same operands: float32 sums."""
+    with use_micro_kernel(kernel):
+        _products_match_torch_mm(library)
+
+
+def _products_match_torch_mm(library):
     g = torch.Generator().manual_seed(fresh_seed())
     a, w = torch.randn(37, 61, generator=g), torch.randn(512, 61, generator=g)
     select_gemm_library(torch.float32, library)
@@ -119,13 +126,12 @@ def test_products_match_torch_mm(library):
     torch.testing.assert_close(mm(deep_a, deep_b).double(), deep_a.double() @ deep_b.double(), rtol=1e-5, atol=1e-4)
     for depth in (61, 64):  # an odd depth (VNNI pairs rows: the 16-bit micro-kernel hands it to ATen)
         ab, wb = torch.randn(37, depth, generator=g).bfloat16(), torch.randn(512, depth, generator=g).bfloat16()
-        in_effect = select_gemm_library(torch.bfloat16, library, torch.float32)
+        select_gemm_library(torch.bfloat16, library, torch.float32)
         out16 = mm(ab, wb.t(), torch.float32)
         assert out16.dtype == torch.float32
         ref16 = ab.double() @ wb.double().t()  # exact products of the bfloat16 operands
-        # float32 sum; oneDNN's output is rounded once to bfloat16 (gemm.h): 2^-8 relative
-        tol = 2.0 ** -8 if in_effect == "onednn" else 2e-6
-        torch.testing.assert_close(out16.double(), ref16, rtol=tol, atol=tol * float(ref16.abs().max()))
+        # one bf16 contract on every library (gemm.h): float32 sums, one rounding
+        torch.testing.assert_close(out16.double(), ref16, rtol=2e-6, atol=2e-6 * float(ref16.abs().max()))
     # a 16-bit output: the float32 sum rounded once (every library)
     select_gemm_library(torch.bfloat16, library)
     out_b = mm(ab, wb.t())
@@ -186,24 +192,40 @@ print(json.dumps({{"f32": gemm_libraries_available(torch.float32), "bf16": gemm_
 @pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE_BF16"])
 def test_capped_isa_runs_the_smaller_cpus_paths(isa):
     """oneDNN capped (ONEDNN_MAX_CPU_ISA) as on a CPU without AMX (AVX512_CORE_BF16) or without AVX-512 (AVX2):
-    the micro-kernel still takes float32 (AVX2 / AVX-512), never bfloat16 (it packs 16-bit operands only on
-    AMX), and every library that takes a pair computes it to float32 accuracy."""
+    the micro-kernel still takes float32 (AVX2 / AVX-512); bfloat16 only from AVX512-BF16 up (its exact
+    self-check decides: never under AVX2), and every library that takes a pair computes it to float32 accuracy
+    with a float32 output (one bf16 contract: oneDNN's 16-bit-output matmul does not take (bfloat16, float32))."""
     seed = fresh_seed()
     out = subprocess.run([sys.executable, "-c", CAPPED.format(seed=seed)],
                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa},
                          capture_output=True, text=True, check=True).stdout
     got = json.loads(out.strip().splitlines()[-1])
-    assert "brgemm" in got["f32"] and "brgemm" not in got["bf16"], got
+    assert "brgemm" in got["f32"] and "onednn" not in got["bf16"], got
+    if isa == "AVX2":
+        assert "brgemm" not in got["bf16"], got
     for key, err in got["err"].items():
         assert err < 1e-5, (seed, key, err)
 
 
-def test_amx_bfloat16_micro_kernel():
-    """Where the CPU has AMX, the bfloat16 micro-kernel path: a float32 output of exact bfloat16 products."""
-    require_gemm_library("brgemm", torch.bfloat16, torch.float32)
-    g = torch.Generator().manual_seed(fresh_seed())
-    a, w = torch.randn(70, 128, generator=g).bfloat16(), torch.randn(96, 128, generator=g).bfloat16()
-    select_gemm_library(torch.bfloat16, "brgemm", torch.float32)
-    out = mm(a, w.t(), torch.float32)
-    ref = a.double() @ w.double().t()
-    torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=2e-6 * float(ref.abs().max()))
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16bit_micro_kernel_tail_shapes(dtype, kernel):
+    """The 16-bit micro-kernel path (AVX512-BF16 / AMX natively; the reference seam on any CPU) at the model's
+    tail shapes: outputs N 1, 28, 156 (panels padded to 64 columns), an odd depth (padded to even), 1-70 rows, a
+    deep product in chunks; float32 outputs of exact 16-bit products (float32 sums), and 16-bit outputs rounded
+    once."""
+    with use_micro_kernel(kernel):
+        require_gemm_library("brgemm", dtype, torch.float32)
+        g = torch.Generator().manual_seed(fresh_seed())
+        select_gemm_library(dtype, "brgemm", torch.float32)
+        select_gemm_library(dtype, "brgemm")
+        for M, K, N in [(70, 128, 96), (7, 128, 1), (33, 64, 28), (5, 61, 156), (1, 2, 64), (40, 1100, 50)]:
+            a, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
+            ref = a.double() @ w.double().t()
+            out = mm(a, w.t(), torch.float32)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out.double(), ref, rtol=2e-6, atol=2e-6 * K ** 0.5 * float(ref.abs().max()))
+            out16 = mm(a, w.t())
+            assert out16.dtype == dtype
+            torch.testing.assert_close(out16.double(), ref.to(dtype).double(), rtol=0, atol=torch.finfo(dtype).eps *
+                                       float(ref.abs().max()))

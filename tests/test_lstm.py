@@ -228,19 +228,35 @@ def test_half_recurrent_weight_widened_once_per_layer():
         reset_gemm_library()
 
 
-@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn", "brgemm"], indirect=True)
+@pytest.mark.parametrize("gemm_library_pinned", ["aten", "brgemm", "brgemm-reference"], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_half_precision_flash_rule(dtype, device, gemm_library_pinned):
     """float16/bfloat16 (float32 accumulation): within 2x (3x for gradients) torch.nn.LSTM's own error in
-    that precision: cuDNN's on CUDA, ATen's native LSTM on the CPU; on the CPU with each GEMM library
-    (issue 44: oneDNN's 16-bit GEMMs round their float32 sums to 16 bits once; issue 51: the micro-kernel's
-    sums stay float32)."""
+    that precision: cuDNN's on CUDA, ATen's native LSTM on the CPU; on the CPU with each GEMM library that takes
+    16-bit operands with float32 sums (ATen widened; the micro-kernel on the VNNI-2 layout, natively where the
+    CPU has AVX512-BF16 / AMX and through the reference seam everywhere: issue 60)."""
     if device == "cuda" and gemm_library_pinned[dtype] != "aten":
         pytest.skip("the CPU GEMM library does not apply on CUDA")
     if gemm_library_pinned[dtype] == "aten" and device == "cpu" and gemm_library_pinned.get("asked") != "aten":
         pytest.skip(f"this CPU's {gemm_library_pinned['asked']} does not take {dtype}: the [aten] case covers it")
     _flash_rule(dtype, device)
+
+
+@pytest.mark.parametrize("H", [50, 100])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_half_micro_kernel_tail_widths(dtype, H):
+    """The 16-bit micro-kernel path (tile-fused forward step, backward dG·W_hh, weight gradients, projections) at
+    hidden sizes whose panels end narrow (H 50: gate blocks of 50 units; H 100: 64 + 36), through the reference
+    seam (csrc/common/ukernel.h: oneDNN's contract checked on every call, exact products): the flash rule."""
+    from stfast.ops.gemm import reset_gemm_library, select_gemm_library, use_micro_kernel
+
+    with use_micro_kernel("reference"):
+        try:
+            select_gemm_library(dtype, "brgemm", torch.float32)
+            _flash_rule(dtype, "cpu", H=H)
+        finally:
+            reset_gemm_library()
 
 
 def _ulp_distance(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -286,17 +302,22 @@ def _emulate_one_step_policy(x, offsets, w, h0, c0, dtype, round_pre):
 
 @pytest.fixture
 def gemm_library_pinned(request):
-    """Pin the CPU GEMM library of the 16-bit dtypes (float32 outputs) to request.param for one test; yields
-    {dtype: the library in effect} (ATen where this CPU's oneDNN does not take the dtype, e.g. float16) and
-    {"asked": request.param}."""
-    from stfast.ops.gemm import reset_gemm_library, select_gemm_library
+    """Pin the CPU GEMM library of the 16-bit dtypes (float32 outputs) to request.param for one test, both uses;
+    yields {dtype: the library in effect} (ATen where this CPU's micro-kernel does not take the dtype) and
+    {"asked": request.param}. "brgemm-reference": the micro-kernel through the reference seam
+    (csrc/common/ukernel.h), which takes 16-bit operands on any CPU and checks oneDNN's contract on every call."""
+    import contextlib
 
-    yield {"asked": request.param, **{dtype: select_gemm_library(dtype, request.param, torch.float32)
-                                      for dtype in HALF_DTYPES}}
+    from stfast.ops.gemm import reset_gemm_library, select_gemm_library, use_micro_kernel
+
+    library, seam = request.param.partition("-")[::2]
+    with use_micro_kernel(seam) if seam else contextlib.nullcontext():
+        yield {"asked": request.param, **{dtype: select_gemm_library(dtype, library, torch.float32)
+                                          for dtype in HALF_DTYPES}}
     reset_gemm_library()
 
 
-@pytest.mark.parametrize("gemm_library_pinned", ["aten", "onednn", "brgemm"], indirect=True)
+@pytest.mark.parametrize("gemm_library_pinned", ["aten", "brgemm", "brgemm-reference"], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_half_one_rounding_per_value(dtype, device, gemm_library_pinned):
@@ -304,9 +325,8 @@ def test_half_one_rounding_per_value(dtype, device, gemm_library_pinned):
     float64 emulation of that policy (pre-activations x·W_ihᵀ + h·W_hhᵀ + b never rounded, h rounded where
     it is stored, c_n rounded once) is matched bit for bit almost everywhere; the emulation of the old double
     rounding of the pre-activations misses that bar (checked too, so the test can tell the two apart).
-    Issue 44: with oneDNN as the CPU's 16-bit GEMM library (csrc/common/gemm.h; its output is 16-bit), the
-    projection x·W_ihᵀ is stored in 16 bits and x·W_ihᵀ + h·W_hhᵀ rounded once more (summed in float32 inside
-    oneDNN): that is exactly the second emulation, matched almost everywhere instead."""
+    Issue 60: one bf16 contract on every CPU — every library that runs a 16-bit product with a float32 output
+    (ATen widened, the micro-kernel natively or through the reference seam) keeps the float32 sum unrounded."""
     if device == "cuda" and gemm_library_pinned[dtype] != "aten":
         pytest.skip("the CPU GEMM library does not apply on CUDA (cuBLAS, float32 outputs)")
     if gemm_library_pinned[dtype] == "aten" and device == "cpu" and gemm_library_pinned.get("asked") != "aten":
@@ -333,9 +353,8 @@ def test_half_one_rounding_per_value(dtype, device, gemm_library_pinned):
                                zip(got, want)) / torch.finfo(dtype).eps
     # Measured (8 seeds): one rounding 99.4-100 % exact, ≤ 0.5 eps; the old double rounding 54-56 %, ≤ 1 eps.
     # Off-by-one-ulp elements come from float32-vs-float64 arithmetic at rounding ties, carried to later steps.
-    policy = gemm_library_pinned[dtype] == "onednn" and device == "cpu"  # True: the pre-activations rounded
-    assert exact[policy] >= 0.98 and worst[policy] <= 2, (exact, worst, seed)
-    assert exact[not policy] < 0.9, (exact, seed)  # the other policy would not pass: the check has teeth
+    assert exact[False] >= 0.98 and worst[False] <= 2, (exact, worst, seed)
+    assert exact[True] < 0.9, (exact, seed)  # the double-rounding policy would not pass: the check has teeth
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -16,7 +16,7 @@ import stfast.nn.linear as linear_module
 from stfast.data.dataset import DriverVocab, NormStats, TripDataset
 from stfast.models.deeptte import DeepTTE, DeepTTEConfig, combine_loss, loss_parts
 from stfast.nn import Linear
-from stfast.ops.gemm import mm, select_gemm_library
+from stfast.ops.gemm import mm, select_gemm_library, use_micro_kernel
 
 # a local-estimator layer over every point, the entire estimator's input layer, its output layer (model shapes)
 SHAPES = [((7, 33, 128), 64), ((7, 156), 128), ((7, 128), 1)]
@@ -236,14 +236,17 @@ def _autocast_draw(seed, shape, out_f):
     return {"out": ([y], [y_lo], [y64]), "grad": (grads, grads_lo, grads64)}
 
 
-def test_autocast_bfloat16_on_the_micro_kernel():
-    """Where the micro-kernel takes bfloat16 (AMX): under autocast the layer runs bfloat16 operands with float32
-    sums through stfast::gemm_mm, returns bfloat16 like F.linear, and holds the flash-attention rule in bfloat16
-    against float64 relative to autocast F.linear's own error."""
-    require_gemm_library("brgemm", torch.bfloat16, torch.float32)
-    select_gemm_library(torch.bfloat16, "brgemm", torch.float32)
-    for shape, out_f in SHAPES:
-        assert_flash_rule(lambda seed, s=shape, o=out_f: _autocast_draw(seed, s, o), torch.bfloat16)
+@pytest.mark.parametrize("kernel", ["torch", "reference"])
+def test_autocast_bfloat16_on_the_micro_kernel(kernel):
+    """Where the micro-kernel takes bfloat16 (AVX512-BF16, AMX; on any CPU through the reference seam): under
+    autocast the layer runs bfloat16 operands with float32 sums through stfast::gemm_mm, returns bfloat16 like
+    F.linear, and holds the flash-attention rule in bfloat16 against float64 relative to autocast F.linear's own
+    error; the model's tail widths (N 1, 64, 128; depth 128, 156) included."""
+    with use_micro_kernel(kernel):
+        require_gemm_library("brgemm", torch.bfloat16, torch.float32)
+        select_gemm_library(torch.bfloat16, "brgemm", torch.float32)
+        for shape, out_f in SHAPES:
+            assert_flash_rule(lambda seed, s=shape, o=out_f: _autocast_draw(seed, s, o), torch.bfloat16)
 
 
 def test_autocast_path_on_any_cpu(monkeypatch):

@@ -6,9 +6,13 @@
 // the kernel's rate at the small row counts of a recurrent step (issue 51's table: 16–64 rows).
 //
 // What runs where (torch's CPUBlas.cpp): float32 on oneDNN's kernel when the effective ISA is AVX2 or more
-// (AVX2 FMA, AVX-512), else torch's fallback gemm; bfloat16 / float16 only with B in VNNI layout, which
-// cpublas::pack produces only where the CPU has AMX (could_pack): elsewhere this path does not take 16-bit
-// operands (takes()). ONEDNN_MAX_CPU_ISA caps it like the rest of oneDNN (tests run the non-AMX paths so).
+// (AVX2 FMA, AVX-512), else torch's fallback gemm; bfloat16 / float16 with B in VNNI-2 layout, from AVX512-BF16 up
+// (AVX512-BF16 without AMX: ~200 GFLOP/s on a Zen 4 core against ~110 for float32; AMX: 1,000-1,800). stfast lays
+// the VNNI-2 panels out itself (torch's cpublas::pack needs AMX, and packs only 16/32/48/64-wide panels): every
+// 16-bit panel is zero-padded to kBlockN columns and its depth to an even K, so one layout serves AVX512-BF16
+// and AMX, and whether the CPU takes it is asked of the kernel by an exact self-check (ukernel.h), never of the
+// CPU's name. Every kernel call goes through ukernel.h's seam (torch's kernel, or the contract-checking
+// reference that runs the 16-bit branches on any CPU). ONEDNN_MAX_CPU_ISA caps it like the rest of oneDNN.
 // The result is float32 always (accumulation and output): no rounding of a 16-bit product's sum.
 #pragma once
 
@@ -31,8 +35,8 @@ constexpr int64_t kTileM = 32;
 // Depth per kernel call (even: VNNI pairs rows); deeper products are summed chunk by chunk (batch-reduce).
 constexpr int64_t kBlockK = 512;
 
-// Whether the micro-kernel takes (operands, out): float32 -> float32; bfloat16 / float16 -> float32 where
-// this CPU packs them (AMX). Asked of torch (cpublas::could_pack), never of the CPU's name.
+// Whether the micro-kernel takes (operands, out): float32 -> float32; bfloat16 / float16 -> float32 where the
+// kernel multiplies them on the VNNI-2 layout (ukernel::takes: AVX512-BF16, AMX, or the reference seam).
 bool takes(at::ScalarType operands, at::ScalarType out);
 
 // B (K, N) laid out for the kernel once: N cut into panels of kBlockN columns (the last may be narrower), each
@@ -40,7 +44,8 @@ bool takes(at::ScalarType operands, at::ScalarType out);
 class PackedB {
  public:
   PackedB() = default;
-  // b: a (K, N) CPU tensor, any strides, float32 / bfloat16 / float16 with takes(dtype, float32).
+  // b: a (K, N) CPU tensor, any strides, float32 / bfloat16 / float16 with takes(dtype, float32). 16-bit panels:
+  // VNNI-2, kBlockN columns (zero-padded), depth K rounded up to even (a zero row).
   explicit PackedB(const at::Tensor& b);
   bool defined() const { return data_.defined(); }
   int64_t K() const { return K_; }
@@ -51,11 +56,14 @@ class PackedB {
   // C (M, n1 − n0) (= or += with add_C) A (M, K) · B[:, n0:n1] on the calling thread (no fork): C points at the
   // output of column n0. A row-major with row stride lda (its dtype is the panels'), C float32 with row stride
   // ldc; n0 a multiple of kBlockN, n1 == N or a multiple of kBlockN. Callers keep M small (a tile: ≤ ~64 rows).
+  // 16-bit with an odd K: A must hold K + 1 readable, finite columns (the padded row multiplies column K by 0).
+  // The calling thread must close its run of 16-bit products with ukernel::TileScope / release.
   void mm(float* C, int64_t ldc, const void* A, int64_t lda, int64_t M, bool add_C, int64_t n0, int64_t n1) const;
 
  private:
   at::Tensor data_;  // panels one after another: panel j at j · K · kBlockN elements
   int64_t K_ = 0, N_ = 0;
+  int64_t Kp_ = 0;  // the depth as laid out: K, or K + 1 for 16-bit panels of odd K
   bool vnni_ = false;
 };
 
@@ -67,9 +75,6 @@ void mm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool ac
 // out (=, or +=) a · packed B: as mm, with B packed earlier (the fused LSTM's weights, once per call).
 void mm_packed(const at::Tensor& out, const at::Tensor& a, const PackedB& b, bool accumulate);
 
-// Releases this thread's AMX tile context after a run of products on VNNI panels (vnni: PackedB::vnni()), as
-// torch's flash attention does, so that the next AMX user on the thread configures its own tiles.
-void release(bool vnni);
 
 }  // namespace brgemm
 }  // namespace gemm

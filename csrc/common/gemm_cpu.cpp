@@ -3,7 +3,10 @@
 // (torch.ops.stfast.gemm_mm) to Python.
 #include "gemm.h"
 
+#include "ukernel.h"
+
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -11,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -46,18 +50,20 @@ bool onednn_runs(at::ScalarType operands) {
   try {
     const at::Tensor a = at::ones({2, 2}, at::TensorOptions().dtype(operands));
     run(kOneDnn, at::empty({2, 2}, a.options()), a, a, false);
-  } catch (const c10::Error&) {
+  } catch (const std::exception&) {  // c10::Error, and dnnl::error where oneDNN throws its own
     ok = false;
   }
   known[static_cast<int>(operands)] = ok;
   return ok;
 }
 
+// One bf16 contract on every CPU: a float32 output of 16-bit operands is their float32 sum, rounded once. torch's
+// oneDNN matmul has only 16-bit outputs for 16-bit operands (a float32 output would be that result rounded to 16
+// bits, then widened: two roundings), so it takes 16-bit operands only with their own dtype as output, where the
+// one rounding to 16 bits is the documented policy.
 bool onednn_takes(at::ScalarType operands, at::ScalarType out) {
-  const bool pair = operands == at::kFloat ? out == at::kFloat
-                    : operands == at::kBFloat16 || operands == at::kHalf ? out == operands || out == at::kFloat
-                                                                        : false;
-  return pair && onednn_runs(operands);
+  const bool pair = operands == out && (operands == at::kFloat || operands == at::kBFloat16 || operands == at::kHalf);
+  return pair && at::globalContext().userEnabledMkldnn() && onednn_runs(operands);  // torch.backends.mkldnn honoured
 }
 
 // The micro-kernel's pairs: its float32 output, or the operands' own dtype (the float32 tile rounded once).
@@ -65,29 +71,23 @@ bool brgemm_takes(at::ScalarType operands, at::ScalarType out) {
   return (out == at::kFloat || out == operands) && brgemm::takes(operands, at::kFloat);
 }
 
-// 16-bit operands on the micro-kernel need an even depth (VNNI pairs, brgemm.h); an odd one (a layer whose
-// input size is odd) runs that product in ATen, with the same float32 accumulation and output.
-bool brgemm_fits(const at::Tensor& a) { return a.scalar_type() == at::kFloat || a.size(1) % 2 == 0; }
-
 void run(Library lib, const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
   if (lib == kOneDnn) {
     // not an ATen call: named for the profiler, so a profile counts these products as GEMMs
     RECORD_FUNCTION("stfast::onednn_matmul", std::vector<c10::IValue>());
-    if (out.scalar_type() == a.scalar_type()) {
-      at::native::mkldnn_matmul(a, b, out, accumulate ? 1.0f : 0.0f, 1.0f);
-    } else {
-      // torch's oneDNN matmul takes no float32 output for 16-bit operands: accumulated in float32 inside
-      // oneDNN, rounded once to the operands' dtype, then widened (callers that can keep the result in 16
-      // bits skip this pass: lstm_driver.h's mixed_gemm_in_storage).
-      at::Tensor tmp = at::empty(out.sizes(), out.options().dtype(a.scalar_type()));
-      at::native::mkldnn_matmul(a, b, tmp, 0.0f, 1.0f);
-      if (accumulate) const_cast<at::Tensor&>(out).add_(tmp);
-      else const_cast<at::Tensor&>(out).copy_(tmp);
-    }
+    TORCH_CHECK(out.scalar_type() == a.scalar_type(), "stfast.gemm: oneDNN runs only same-dtype products");
+    at::native::mkldnn_matmul(a, b, out, accumulate ? 1.0f : 0.0f, 1.0f);
     return;
   }
-  if (lib == kBrgemm && brgemm_fits(a)) return brgemm::mm(out, a, b, accumulate);
+  if (lib == kBrgemm) return brgemm::mm(out, a, b, accumulate);
   const auto st = out.scalar_type();
+  if (a.scalar_type() == at::kDouble && st != at::kDouble) {
+    // float64 operands keep float64 sums (gemm.h), rounded once to the output's dtype
+    const at::Tensor wide = at::mm(a, b);
+    if (accumulate) const_cast<at::Tensor&>(out).add_(wide);
+    else const_cast<at::Tensor&>(out).copy_(wide);
+    return;
+  }
   const at::Tensor a2 = a.scalar_type() == st ? a : a.to(st), b2 = b.scalar_type() == st ? b : b.to(st);
   if (accumulate) out.addmm_(a2, b2);
   else at::mm_out(const_cast<at::Tensor&>(out), a2, b2);
@@ -96,7 +96,11 @@ void run(Library lib, const at::Tensor& out, const at::Tensor& a, const at::Tens
 struct Choice {
   Library lib;
   int threads;  // at::get_num_threads() when chosen: another count re-probes
+  bool mkldnn;  // torch.backends.mkldnn.enabled when chosen: a change re-probes (it changes what takes 16 bits)
+  ukernel::Impl kernel;  // the micro-kernel seam when chosen: a switch re-probes
 };
+
+bool mkldnn_enabled() { return at::globalContext().userEnabledMkldnn(); }
 
 std::mutex& choices_mutex() {
   static std::mutex m;
@@ -221,11 +225,14 @@ const std::vector<Shape>& probe_shapes(Use use) {
 
 std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarType out, Use use,
                                            const std::vector<Shape>& shapes) {
-  // One pass runs every shape once; passes repeat for ≥ 3 ms, and the libraries take turns (5 rounds, the best
-  // pass of each kept) so that a burst of load on a shared machine hits them alike. b is a transposed weight,
-  // as W_ihᵀ / W_hhᵀ in the kernels.
+  // One pass runs every shape once; passes repeat for ≥ 3 ms, and the libraries take turns within each of 7
+  // rounds, so that load on a shared machine hits them alike. ATen's rate is its median round; each other
+  // library's is ATen's times the median of the per-round ratios (ATen's time / its own): paired, so a busy
+  // neighbour that slows a round slows both sides of its ratio (best-of-5 times, kept per library, flipped the
+  // bfloat16 step choice in 2 of 5 processes beside one busy thread on a Zen 4 EPYC: issue 60). b is a transposed
+  // weight, as W_ihᵀ / W_hhᵀ in the kernels.
   constexpr double kMinSeconds = 0.003;
-  constexpr int kRounds = 5;
+  constexpr int kRounds = 7;
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::array<bool, kNumLibraries> runs{};
   for (int l = 0; l < kNumLibraries; ++l) runs[l] = takes(static_cast<Library>(l), operands, out);
@@ -248,7 +255,7 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
       try {
         o.wt[l] = use == kStep ? widened_once(prepare_with(o.w, static_cast<Library>(l)), out)
                                : Weight{o.w, static_cast<Library>(l), {}, 1, 0};
-      } catch (const c10::Error&) {
+      } catch (const std::exception&) {  // c10::Error, dnnl::error: the library does not take the pair
         runs[l] = false;
       }
     }
@@ -262,8 +269,7 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
   for (auto& per_task : outs) {
     for (const auto& o : ops) per_task.push_back(at::empty_like(o.c));
   }
-  std::array<double, kNumLibraries> best;
-  best.fill(1e30);
+  std::array<std::vector<double>, kNumLibraries> times;
   for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up (primitive creation, page faults)
     for (int l = 0; l < kNumLibraries; ++l) {
       if (!runs[l]) continue;
@@ -291,15 +297,27 @@ std::array<double, kNumLibraries> rates_at(at::ScalarType operands, at::ScalarTy
             for (int64_t task = b; task < e; ++task) time_passes(task);
           });
         }
-        if (round >= 0) best[l] = std::min(best[l], *std::max_element(pass.begin(), pass.end()));
-      } catch (const c10::Error&) {
-        runs[l] = false;  // this torch build's library refuses the pair: rate 0, never chosen
+        if (round >= 0) times[l].push_back(*std::max_element(pass.begin(), pass.end()));
+      } catch (const std::exception&) {
+        runs[l] = false;  // this torch build's library refuses the pair (c10::Error, dnnl::error): rate 0
       }
     }
   }
   flops *= static_cast<double>(tasks);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
   std::array<double, kNumLibraries> rates{};
-  for (int l = 0; l < kNumLibraries; ++l) rates[l] = runs[l] && flops > 0 ? flops / best[l] * 1e-9 : 0.0;
+  const bool aten_ran = runs[kAten] && static_cast<int>(times[kAten].size()) == kRounds;
+  if (flops <= 0 || !aten_ran) return rates;
+  rates[kAten] = flops / median(times[kAten]) * 1e-9;
+  for (int l = 1; l < kNumLibraries; ++l) {
+    if (!runs[l] || static_cast<int>(times[l].size()) != kRounds) continue;
+    std::vector<double> ratio(kRounds);
+    for (int r = 0; r < kRounds; ++r) ratio[r] = times[kAten][r] / times[l][r];
+    rates[l] = rates[kAten] * median(ratio);
+  }
   return rates;
 }
 
@@ -314,7 +332,7 @@ Library select(at::ScalarType operands, at::ScalarType out, const std::array<dou
   }
   const Library lib = choose(usable, use);
   const std::lock_guard<std::mutex> lock(choices_mutex());
-  choices()[key(operands, out, use)] = Choice{lib, at::get_num_threads()};
+  choices()[key(operands, out, use)] = Choice{lib, at::get_num_threads(), mkldnn_enabled(), ukernel::impl()};
   return lib;
 }
 
@@ -328,10 +346,31 @@ Library library_for(at::ScalarType operands, at::ScalarType out, Use use) {
     const auto it = choices().find(key(operands, out, use));
     // Inside a parallel region (the fused LSTM's split time loop) the caller's choice holds, whatever thread
     // count the region reports: a probe there would time one thread's share and race its siblings.
-    if (it != choices().end() && (it->second.threads == threads || nested)) return it->second.lib;
+    if (it != choices().end() && (nested || (it->second.threads == threads && it->second.mkldnn == mkldnn_enabled() &&
+                                             it->second.kernel == ukernel::impl()))) {
+      return it->second.lib;
+    }
   }
   if (nested) return kAten;  // never probed outside: no timing from inside a region
-  return select(operands, out, probe_rates(operands, out, use), use);  // outside the lock: the probe runs GEMMs
+  // outside the lock: the probe runs GEMMs. Hysteresis: a measurement within 8 % of the margin is repeated (twice
+  // at most) and the rates averaged, so that the choice, and with it float32 bits, does not flip on noise.
+  std::array<double, kNumLibraries> rates = probe_rates(operands, out, use);
+  const double margin = use == kStep ? kStepMargin : kMargin;
+  auto near_margin = [&] {
+    for (int l = 0; l < kNumLibraries; ++l) {
+      for (int m = l + 1; m < kNumLibraries; ++m) {
+        if (rates[l] <= 0 || rates[m] <= 0) continue;
+        const double r = std::max(rates[l], rates[m]) / std::min(rates[l], rates[m]) / margin;
+        if (r > 1.0 / 1.08 && r < 1.08) return true;
+      }
+    }
+    return false;
+  };
+  for (int extra = 1; extra <= 2 && near_margin(); ++extra) {
+    const auto again = probe_rates(operands, out, use);
+    for (int l = 0; l < kNumLibraries; ++l) rates[l] = (rates[l] * extra + again[l]) / (extra + 1);
+  }
+  return select(operands, out, rates, use);
 }
 
 void reset() {
@@ -422,6 +461,17 @@ TORCH_LIBRARY_FRAGMENT(stfast, m) {
     return names;
   });
   m.def("gemm_reset() -> ()", [] { reset(); });
+  // The micro-kernel seam (ukernel.h): "torch" or "reference"; with an argument, switches it (between products)
+  // and forgets every choice. Returns the implementation in effect before the call.
+  m.def("gemm_micro_kernel(str? impl=None) -> str", [](std::optional<std::string> name) {
+    const std::string before = ukernel::impl_name(ukernel::impl());
+    if (name.has_value()) {
+      ukernel::set_impl(ukernel::parse_impl(name->c_str()));
+      reset();
+    }
+    return before;
+  });
+  m.def("gemm_tiles_configured() -> int", [] { return ukernel::configured_threads(); });
   m.def("gemm_mm(Tensor a, Tensor b, ScalarType? out_dtype=None) -> Tensor");
 }
 

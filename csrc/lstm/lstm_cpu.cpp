@@ -11,6 +11,7 @@
 
 #include "../common/cpu_workspace.h"
 #include "../common/gemm.h"
+#include "../common/ukernel.h"
 #include "lstm.h"
 #include "lstm_driver.h"
 
@@ -129,14 +130,6 @@ struct CpuBackend {
     gemm::mm(out, a, w, accumulate);
   }
 
-  // True when the GEMM library chosen for T operands with an A output is oneDNN, whose result is T: the
-  // driver then keeps x·W_ihᵀ + h·W_hhᵀ in the T gate buffer (summed in float32 inside oneDNN, rounded once)
-  // and computes weight gradients as one T-output GEMM, instead of widening every product (lstm_driver.h).
-  template <typename T, typename A>
-  static bool mixed_gemm_in_storage() {
-    return gemm::library_for(c10::CppTypeToScalarType<T>::value, c10::CppTypeToScalarType<A>::value) == gemm::kOneDnn;
-  }
-
   // out (rows, H) += dG (rows, 4H) · W_hh (4H, H) (prepared once per layer); out may be a row range of a larger
   // tensor.
   static void add_recurrent_grad(at::Tensor out, const at::Tensor& dG, const gemm::Weight& w_hh) {
@@ -183,6 +176,7 @@ struct CpuBackend {
         // a task: ≥ ~1 M multiply-adds, below which a fork costs more than it saves
         const int64_t grain = std::max<int64_t>(1, (1 << 20) / std::max<int64_t>(1, kTileM * 4 * unit * H));
         at::parallel_for(0, row_tiles * unit_blocks, grain, [&](int64_t t0, int64_t t1) {
+          const gemm::ukernel::TileScope tiles(w.packed.vnni());  // 16-bit: this thread's run, closed on any exit
           alignas(64) float tile[kTileM * 4 * kUnit];
           alignas(64) float act[5 * kUnit];  // 16-bit storage: activations and h of one row, then rounded
           for (int64_t t = t0; t < t1; ++t) {
@@ -215,7 +209,6 @@ struct CpuBackend {
               }
             }
           }
-          gemm::brgemm::release(w.packed.vnni());
         });
       };
       if (c_prev != nullptr) run(integral_constant<bool, true>{});
@@ -340,9 +333,29 @@ std::vector<int64_t> time_split(const at::Tensor& lengths, int64_t threads) {
 TORCH_LIBRARY_FRAGMENT(stfast, m) { m.def("lstm_time_split(Tensor lengths, int threads) -> int[]", &time_split); }
 
 // Checks, plan and dtype dispatch: lstm_driver.h's run_forward / run_backward, the same code as CUDA's.
+// On the CPU each call ends with the micro-kernel seam's check that every thread closed its run of 16-bit
+// products (a no-op but for the reference seam, csrc/common/ukernel.h).
+template <auto Run>
+auto checked(auto&&... args) {
+  auto out = Run(args...);
+  gemm::ukernel::check_released("stfast.lstm");
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(stfast, CPU, m) {
-  m.impl("lstm_forward", &run_forward<CpuBackend>);
-  m.impl("lstm_backward", &run_backward<CpuBackend>);
+  m.impl("lstm_forward", [](const at::Tensor& input, const at::Tensor& lengths, at::TensorList weights,
+                            const std::optional<at::Tensor>& h0, const std::optional<at::Tensor>& c0,
+                            int64_t num_layers, int64_t layout) {
+    return checked<&run_forward<CpuBackend>>(input, lengths, weights, h0, c0, num_layers, layout);
+  });
+  m.impl("lstm_backward", [](const at::Tensor& grad_output, const std::optional<at::Tensor>& grad_h_n,
+                             const std::optional<at::Tensor>& grad_c_n, const at::Tensor& input,
+                             const at::Tensor& lengths, at::TensorList weights, const std::optional<at::Tensor>& h0,
+                             const std::optional<at::Tensor>& c0, const at::Tensor& gates, const at::Tensor& cells,
+                             const at::Tensor& hiddens, int64_t num_layers, int64_t layout, bool input_grad) {
+    return checked<&run_backward<CpuBackend>>(grad_output, grad_h_n, grad_c_n, input, lengths, weights, h0, c0, gates,
+                                              cells, hiddens, num_layers, layout, input_grad);
+  });
 }
 
 }  // namespace lstm

@@ -8,10 +8,8 @@
 // Precision: T is the storage dtype (the input's), A the accumulation dtype (float for float16/bfloat16,
 // else T). Every GEMM accumulates in A and every value is rounded to T at most once: the pre-activations
 // x·W_ihᵀ + h·W_hhᵀ + b are summed in A, the cell state and its gradient are A, and the hidden-state
-// gradient dH is A through the whole backward (only dG, a GEMM operand, is stored in T). Where the CPU's
-// chosen 16-bit GEMM library has only T outputs (mixed_gemm_in_storage), x·W_ihᵀ + h·W_hhᵀ is summed in A
-// inside the GEMM and stored once in T (then + b in A), and each recurrent dG·W_hh is rounded to T once
-// before it is added to dH in A.
+// gradient dH is A through the whole backward (only dG, a GEMM operand, is stored in T). Every product of 16-bit
+// operands has an A (float32) output (csrc/common/gemm.h: one bf16 contract on every CPU).
 // Lengths are host data (a CPU tensor, as PackedSequence.batch_sizes): no check ever reads the device.
 //
 // Work layout ("time-major packed", as PyTorch's PackedSequence): row step_off[t] + r holds the sequence
@@ -407,20 +405,6 @@ void mm_tn(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   }
 }
 
-// Whether this call keeps the mixed-precision GEMM results in the storage dtype T (a backend whose chosen
-// library's 16-bit GEMM has a 16-bit output: CpuBackend::mixed_gemm_in_storage, csrc/common/gemm.h). Then the
-// forward sums x·W_ihᵀ + h·W_hhᵀ in float32 inside the GEMM (the recurrent one accumulates onto the
-// projection) and rounds it once into the T gate buffer, and each weight gradient is one T-output GEMM over
-// all rows. Otherwise (CUDA, the emulator, a widening library) every product has an A output.
-template <class Backend, typename T, typename A>
-constexpr bool kCanStoreMixed = !std::is_same_v<T, A> && requires { Backend::template mixed_gemm_in_storage<T, A>(); };
-
-template <class Backend, typename T, typename A>
-bool mixed_gemm_in_storage() {
-  if constexpr (kCanStoreMixed<Backend, T, A>) return Backend::template mixed_gemm_in_storage<T, A>();
-  else return false;
-}
-
 // Backend (csrc/lstm/lstm_cpu.cpp, lstm_cuda.cu):
 //   forward_step<T, A>(T* gates, const A* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h, bs, H):
 //     over bs consecutive work rows, pre-activation = pre + rec + bias (rec == nullptr: none; bias 4H), the
@@ -455,11 +439,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // Pre-activations in A. T == A: the gates buffer itself, overwritten in place by the activations.
   // float16/bfloat16: one (N, 4H) float buffer for x·W_ihᵀ (shared by the layers) and one (B, 4H) for a
   // step's h·W_hhᵀ, summed with the bias in the pointwise step: one rounding, to the stored activation.
-  // With mixed_gemm_in_storage, the T gate buffer as for T == A (see there).
-  const bool in_storage = mixed_gemm_in_storage<Backend, T, A>();
-  const bool widened = kMixed && !in_storage;
-  const at::Tensor pre_mixed = widened ? Backend::empty({d.N, G4}, acc_opt) : at::Tensor();
-  const at::Tensor rec = widened ? Backend::empty({d.B, G4}, acc_opt) : at::Tensor();
+  const at::Tensor pre_mixed = kMixed ? Backend::empty({d.N, G4}, acc_opt) : at::Tensor();
+  const at::Tensor rec = kMixed ? Backend::empty({d.B, G4}, acc_opt) : at::Tensor();
   const std::vector<int64_t> bounds = split_ranks(p, d.B, step_threads<Backend>());
   const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
   at::Tensor x = gather_input<Backend>(input, d, p);
@@ -467,10 +448,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     at::Tensor G = gates.select(0, k).narrow(0, 0, d.N);
     at::Tensor C = cells.select(0, k).narrow(0, 0, d.N);
     at::Tensor Hs = hiddens.select(0, k).narrow(0, 0, d.N);
-    const at::Tensor P = widened ? pre_mixed : G;
+    const at::Tensor P = kMixed ? pre_mixed : G;
     const auto w_ih = weight(weights, d, k, 0);
-    // fused where the projection stays in A (not with 16-bit in-storage GEMMs, whose sums are rounded to T)
-    const auto w_rec = prepare_recurrent<Backend>(weight(weights, d, k, 1).t(), P.scalar_type(), !in_storage);
+    const auto w_rec = prepare_recurrent<Backend>(weight(weights, d, k, 1).t(), P.scalar_type(), /*fuse=*/true);
     const bool fused = recurrent_fused<Backend>(w_rec);
     mm_rows<Backend>(P, x, w_ih.t());
     // b_ih + b_hh in A, added in the pointwise step (not by the GEMM: that would copy it into all N rows first).
@@ -481,7 +461,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     if (h0.has_value()) h0s = h0->select(0, k).index_select(0, p.sorted);
     if (c0.has_value()) c0s = c0->select(0, k).index_select(0, p.sorted).to(acc_opt.dtype()).contiguous();
     T* g = G.data_ptr<T>();
-    const A* pre = widened || !kMixed ? P.const_data_ptr<A>() : nullptr;
+    const A* pre = P.const_data_ptr<A>();
     A* c = C.data_ptr<A>();
     T* h = Hs.data_ptr<T>();
     // The ranks [r0, r1) of one part (split_ranks) through all their steps: at step t their rows are
@@ -505,18 +485,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           }
         }
         if (h_prev.defined()) {
-          if (widened) {
+          if (kMixed) {
             Backend::mm(rec.narrow(0, r0, bs), h_prev, w_rec, /*accumulate=*/false);
             r = rec.const_data_ptr<A>() + r0 * G4;
           } else {
             Backend::mm(P.narrow(0, so, bs), h_prev, w_rec, /*accumulate=*/true);
-          }
-        }
-        if constexpr (kCanStoreMixed<Backend, T, A>) {
-          if (in_storage) {  // pre-activations in the T gate buffer, overwritten in place
-            Backend::template forward_step<T, A>(g + so * G4, static_cast<const T*>(g + so * G4), r,
-                                                 bias.const_data_ptr<A>(), c_prev, c + so * H, h + so * H, bs, H);
-            continue;
           }
         }
         Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
@@ -545,7 +518,6 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
   const auto acc_dtype = c10::CppTypeToScalarType<A>::value;
   const auto acc_opt = opt.dtype(acc_dtype);
   const int64_t H = d.H, G4 = 4 * d.H;
-  const bool in_storage = mixed_gemm_in_storage<Backend, T, A>();  // as in forward
   std::vector<at::Tensor> grad_w(weights.size());
   at::Tensor grad_h0 = at::empty({d.L, d.B, H}, opt);
   at::Tensor grad_c0 = at::empty({d.L, d.B, H}, opt);
@@ -599,18 +571,15 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
       grad_c0.select(0, k).zero_();
     }
     // Weight gradients: accumulated in A over all rows, rounded to T once (.to is a no-op when T == A).
-    // with in_storage: one T-output GEMM over all rows (float32 sum inside the library, one rounding).
     const at::Tensor x = k == 0 ? gather_input<Backend>(input, d, p) : hiddens.select(0, k - 1).narrow(0, 0, d.N);
-    at::Tensor gw_ih = at::empty({G4, x.size(1)}, in_storage ? opt : acc_opt);
-    if (in_storage) Backend::mm(gw_ih, dG.t(), x, /*accumulate=*/false);
-    else mm_tn<Backend>(gw_ih, dG, x);
+    at::Tensor gw_ih = at::empty({G4, x.size(1)}, acc_opt);
+    mm_tn<Backend>(gw_ih, dG, x);
     grad_w[k * d.per_layer()] = gw_ih.to(opt.dtype());
     // h_{t−1} of every row past step 0; T == A: gathered into dH's buffer (this layer's dh is spent).
     at::Tensor h_prev = kMixed ? Backend::empty({d.N - d.B, H}, opt) : dH.narrow(0, 0, d.N - d.B);
     at::index_select_out(h_prev, Hs, 0, p.prev_rows);
-    at::Tensor gw_hh = at::empty({G4, H}, in_storage ? opt : acc_opt);
-    if (in_storage) Backend::mm(gw_hh, dG.narrow(0, d.B, d.N - d.B).t(), h_prev, /*accumulate=*/false);
-    else mm_tn<Backend>(gw_hh, dG.narrow(0, d.B, d.N - d.B), h_prev);
+    at::Tensor gw_hh = at::empty({G4, H}, acc_opt);
+    mm_tn<Backend>(gw_hh, dG.narrow(0, d.B, d.N - d.B), h_prev);
     if (h0s.defined()) Backend::mm(gw_hh, dG.narrow(0, 0, d.B).t(), h0s, /*accumulate=*/true);
     grad_w[k * d.per_layer() + 1] = gw_hh.to(opt.dtype());
     if (d.has_bias) {

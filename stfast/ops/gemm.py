@@ -3,9 +3,11 @@
 On the CPU, stfast's fused kernels run every GEMM through a library chosen at run time per (operand dtype,
 output dtype), use and thread count, by timing the candidates once at the fused LSTM's shapes (no CPU-vendor
 check): ``"aten"`` — ``torch.mm`` (MKL or OpenBLAS for float32 / float64) —, ``"onednn"`` — torch's bundled
-oneDNN matmul (float32; bfloat16 / float16 operands accumulated in float32) — or ``"brgemm"`` — oneDNN's
-batch-reduce micro-kernel through torch's ``cpublas::brgemm``, the weight packed once (float32 on AVX2 /
-AVX-512; bfloat16 / float16 where the CPU has AMX; float32 outputs). Two uses are chosen separately
+oneDNN matmul (float32; bfloat16 / float16 operands only with their own dtype as output: its 16-bit result is
+the float32 sum rounded once) — or ``"brgemm"`` — oneDNN's batch-reduce micro-kernel through torch's
+``cpublas::brgemm``, the weight laid out once (float32 on AVX2 / AVX-512; bfloat16 / float16 on stfast's own
+VNNI-2 layout where the kernel takes them: AVX512-BF16, AMX; float32 outputs). One bf16 contract on every CPU:
+a float32 output of 16-bit operands is their float32 sum, rounded once. Two uses are chosen separately
 (:data:`USES`): ``"bulk"`` — products over a whole batch's rows (projections, gradients, model layers) — and
 ``"step"`` — a recurrent step's few rows times a weight prepared once per call. float64 has only ``"aten"``.
 ``STFAST_GEMM=aten|onednn|brgemm`` in the environment forces one for every use. On CUDA every product is
@@ -17,20 +19,27 @@ cuBLAS (through ATen, float32 compute for 16-bit operands).
 - :func:`gemm_rates` — the probe's measurement, GFLOP/s per library;
 - :func:`select_gemm_library` — fix the choice (a library name, or rates as the probe would give them);
 - :func:`reset_gemm_library` — forget every choice;
-- :func:`mm` / :func:`linear` — products through the chosen library, with autograd (for model layers).
+- :func:`mm` / :func:`linear` — products through the chosen library, with autograd (for model layers);
+- :func:`micro_kernel` / :func:`use_micro_kernel` — the micro-kernel seam: torch's kernel, or a reference that
+  enforces oneDNN's contract (panel widths 16/32/48/64, even depth, VNNI-2 layout, tile configure / release per
+  thread) and multiplies exactly, so the 16-bit and AMX branches run on any CPU (``STFAST_UKERNEL=reference``).
 """
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from .fake import refuse_mixed_meta
 
-__all__ = ["LIBRARIES", "USES", "bulk_library", "gemm_libraries_available", "gemm_library", "gemm_rates", "linear",
+__all__ = ["LIBRARIES", "MICRO_KERNELS", "USES", "bulk_library", "micro_kernel", "use_micro_kernel", "gemm_libraries_available", "gemm_library", "gemm_rates", "linear",
            "mm", "reset_gemm_library", "select_gemm_library"]
 
 LIBRARIES = ("aten", "onednn", "brgemm")  # csrc/common/gemm.h, enum Library, in order
 USES = ("bulk", "step")  # csrc/common/gemm.h, enum Use, in order
+MICRO_KERNELS = ("torch", "reference")  # csrc/common/ukernel.h, enum Impl, in order
 
 
 def _out(dtype: torch.dtype, out_dtype: torch.dtype | None) -> torch.dtype:
@@ -46,10 +55,12 @@ def _use(use: str) -> int:
 def gemm_libraries_available(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> tuple[str, ...]:
     """The libraries (of :data:`LIBRARIES`, in order) that take ``dtype`` operands with an ``out_dtype`` output
     on this CPU and torch build, as the libraries themselves report it: ``"aten"`` always; ``"onednn"`` where
-    torch's oneDNN matmul runs the dtype (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3); ``"brgemm"``
-    for float32 operands (oneDNN's micro-kernel from AVX2 up, torch's fallback below), and for bfloat16 /
-    float16 operands where the micro-kernel packs them (AMX); float32 outputs, or the operands' own. Capping
-    oneDNN (``ONEDNN_MAX_CPU_ISA``) before the first product narrows them as on a smaller CPU."""
+    torch's oneDNN matmul runs the dtype (it needs AVX-512 BW/VL/DQ, AVX-NE-CONVERT or Graviton3), with the
+    operands' own dtype as output; ``"brgemm"`` for float32 operands (oneDNN's micro-kernel from AVX2 up, torch's
+    fallback below), and for bfloat16 / float16 operands where an exact self-check of the micro-kernel on the
+    VNNI-2 layout passes (AVX512-BF16, AMX, or the reference seam: :func:`use_micro_kernel`); float32 outputs, or
+    the operands' own. Nothing but ``"aten"`` while ``torch.backends.mkldnn`` is disabled for 16-bit operands.
+    Capping oneDNN (``ONEDNN_MAX_CPU_ISA``) before the first product narrows them as on a smaller CPU."""
     return tuple(torch.ops.stfast.gemm_takes(dtype, _out(dtype, out_dtype)))
 
 
@@ -60,7 +71,7 @@ def gemm_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None, use: 
     return torch.ops.stfast.gemm_library(dtype, _out(dtype, out_dtype), _use(use))
 
 
-# (operands, out) -> (thread count, library): bulk_library's memory of the C++ choice, which is kept per pair for
+# (operands, out, mkldnn enabled) -> (thread count, library): bulk_library's memory of the C++ choice, which is kept per pair for
 # one thread count too (csrc/common/gemm_cpu.cpp, library_for); select_gemm_library / reset_gemm_library clear it
 _BULK: dict[tuple[torch.dtype, torch.dtype], tuple[int, str]] = {}
 
@@ -70,12 +81,12 @@ def bulk_library(dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> st
     here per pair for the thread count it was chosen at, as the C++ side remembers it (another thread count asks
     it again, which may probe); :func:`select_gemm_library` and :func:`reset_gemm_library` forget it. For a
     model layer's every forward (``stfast.nn.Linear``): a dict lookup (~0.3 µs) instead of an op call (~5 µs)."""
-    key = (dtype, _out(dtype, out_dtype))
+    key = (dtype, _out(dtype, out_dtype), torch.backends.mkldnn.enabled)
     threads = torch.get_num_threads()
     known = _BULK.get(key)
     if known is not None and known[0] == threads:
         return known[1]
-    library = gemm_library(*key)
+    library = gemm_library(*key[:2])
     _BULK[key] = (threads, library)
     return library
 
@@ -115,6 +126,31 @@ def reset_gemm_library() -> None:
     """Forget every choice: the next GEMM of each dtype pair probes again."""
     torch.ops.stfast.gemm_reset()
     _BULK.clear()
+
+
+def micro_kernel() -> str:
+    """The micro-kernel implementation in effect (one of :data:`MICRO_KERNELS`): ``"torch"`` — oneDNN's kernel
+    through ``cpublas::brgemm`` — or ``"reference"`` — stfast's contract-checking exact reference
+    (csrc/common/ukernel.h), chosen by ``STFAST_UKERNEL`` at start or :func:`use_micro_kernel`."""
+    return torch.ops.stfast.gemm_micro_kernel(None)
+
+
+@contextlib.contextmanager
+def use_micro_kernel(impl: str) -> Iterator[None]:
+    """Run the micro-kernel's products through ``impl`` (one of :data:`MICRO_KERNELS`) inside the block, then
+    restore the one before; both switches forget every library choice. The reference takes bfloat16 / float16
+    on any CPU and checks every call against oneDNN's contract (RuntimeError naming the broken term): the
+    16-bit and AMX code paths of the fused kernels and layers run, and are checked, on a CPU without them.
+    Not for use while another thread runs products. ValueError for an unknown name."""
+    if impl not in MICRO_KERNELS:
+        raise ValueError(f"stfast.gemm: micro-kernel must be one of {MICRO_KERNELS}, got {impl!r}")
+    before = torch.ops.stfast.gemm_micro_kernel(impl)
+    _BULK.clear()
+    try:
+        yield
+    finally:
+        torch.ops.stfast.gemm_micro_kernel(before)
+        _BULK.clear()
 
 
 def mm(a: Tensor, b: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
