@@ -228,6 +228,35 @@ def test_half_recurrent_weight_widened_once_per_layer():
         reset_gemm_library()
 
 
+@pytest.mark.parametrize("library", ["aten", "brgemm-reference"])
+def test_half_steps_copy_nothing_per_step(library):
+    """bfloat16 forward + backward: no copy or cast whose count grows with the number of time steps (issue 60:
+    ~3,200 per-step (64, 128) widenings of h and (bs, 4H) ones of dG in a bf16-mixed training step). With ATen as
+    the step library the pointwise steps write h and dG widened beside their 16-bit copies (the products' float32
+    operands); the micro-kernel takes the 16-bit rows as they are."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from stfast.ops.gemm import reset_gemm_library, select_gemm_library, use_micro_kernel
+
+    def copies(T):
+        torch.manual_seed(fresh_seed())
+        lstm = LSTM(6, 24, 2, batch_first=True).to(torch.bfloat16)
+        x = torch.randn(12, T, 6, dtype=torch.bfloat16, requires_grad=True)
+        lengths = torch.tensor([T] * 10 + [T - 1, 2])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out, _ = lstm(x, lengths=lengths)
+            out.float().sum().backward()
+        return sum(e.count for e in prof.key_averages() if e.key in ("aten::_to_copy", "aten::copy_"))
+
+    lib, _, seam = library.partition("-")
+    with use_micro_kernel(seam or "torch"):
+        try:
+            select_gemm_library(torch.bfloat16, lib, torch.float32)
+            assert copies(40) == copies(5)
+        finally:
+            reset_gemm_library()
+
+
 @pytest.mark.parametrize("gemm_library_pinned", ["aten", "brgemm", "brgemm-reference"], indirect=True)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

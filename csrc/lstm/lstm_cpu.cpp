@@ -220,8 +220,10 @@ struct CpuBackend {
   // __restrict__; `omp simd` vectorizes the element loop regardless. The four variants (initial cell or
   // not, recurrent product or not) are compiled separately so the inner loop has no branch.
   template <typename T, typename A, typename P>
+  // h_wide (16-bit storage, optional): h as stored (rounded to T) also written widened to A, the next step's
+  // operand of a product that runs in A (widens(w)), so no step copies h to widen it.
   static void forward_step(T* gates, const P* pre, const A* rec, const A* bias, const A* c_prev, A* c, T* h,
-                           int64_t bs, int64_t H) {
+                           int64_t bs, int64_t H, A* h_wide = nullptr) {
     auto run = [&](auto has_c_prev, auto has_rec) {
       at::parallel_for(0, bs, grain(H), [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
@@ -256,6 +258,7 @@ struct CpuBackend {
             cell(sa, sa, sa + 4 * H);
             narrow_to(sa, g, 4 * H);
             narrow_to(sa + 4 * H, hr, H);
+            if (h_wide != nullptr) widen(hr, h_wide + r * H, H);
           }
         }
       });
@@ -271,48 +274,116 @@ struct CpuBackend {
     }
   }
 
+  // The backward pointwise step of rows [0, m) (gates, c, c_prev, dh, dc, dgates point at the first row): dG from
+  // the saved gates and cell, dc carried to the previous step. 16-bit storage: gates widened into float scratch,
+  // the gradients rounded back once.
+  template <typename T, typename A, bool kHasCPrev>
+  static void backward_rows(const T* gates, const A* c, const A* c_prev, const A* dh, A* dc, T* dgates, int64_t m,
+                            int64_t H, A* dg_wide = nullptr) {
+    for (int64_t r = 0; r < m; ++r) {
+      const T* __restrict__ gi = gates + r * 4 * H;
+      const A* __restrict__ cr = c + r * H;
+      const A* __restrict__ cp = kHasCPrev ? c_prev + r * H : nullptr;
+      const A* __restrict__ dhr = dh + r * H;
+      A* __restrict__ dcr = dc + r * H;
+      T* __restrict__ di = dgates + r * 4 * H;
+      A* __restrict__ sg = std::is_same_v<T, A> ? nullptr : row_scratch<A>(8 * H);
+      A* __restrict__ sd = std::is_same_v<T, A> ? nullptr : sg + 4 * H;
+      const A* __restrict__ ga;
+      A* __restrict__ da;
+      if constexpr (std::is_same_v<T, A>) {
+        ga = gi;
+        da = di;
+      } else {
+        widen(gi, sg, 4 * H);
+        ga = sg;
+        da = sd;
+      }
+      _Pragma("omp simd")
+      for (int64_t j = 0; j < H; ++j) {
+        A dcc = dcr[j], a_i, a_f, a_g, a_o;
+        cell_backward<A>(ga[j], ga[H + j], ga[2 * H + j], ga[3 * H + j], cr[j], kHasCPrev ? cp[j] : A(0), dhr[j], dcc,
+                         a_i, a_f, a_g, a_o);
+        dcr[j] = dcc;
+        da[j] = a_i;
+        da[H + j] = a_f;
+        da[2 * H + j] = a_g;
+        da[3 * H + j] = a_o;
+      }
+      if constexpr (!std::is_same_v<T, A>) {
+        narrow_to(sd, di, 4 * H);
+        if (dg_wide != nullptr) widen(di, dg_wide + r * 4 * H, 4 * H);
+      }
+    }
+  }
+
+  // dg_wide (16-bit storage, optional): dG as stored also written widened to A, for a recurrent product in A.
   template <typename T, typename A>
   static void backward_step(const T* gates, const A* c, const A* c_prev, const A* dh, A* dc, T* dgates, int64_t bs,
-                            int64_t H) {
+                            int64_t H, A* dg_wide = nullptr) {
     auto run = [&](auto has_c_prev) {
       at::parallel_for(0, bs, grain(H), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const T* __restrict__ gi = gates + r * 4 * H;
-          const A* __restrict__ cr = c + r * H;
-          const A* __restrict__ cp = has_c_prev ? c_prev + r * H : nullptr;
-          const A* __restrict__ dhr = dh + r * H;
-          A* __restrict__ dcr = dc + r * H;
-          T* __restrict__ di = dgates + r * 4 * H;
-          // 16-bit storage: gates widened into float scratch and the gradients rounded back from it
-          A* __restrict__ sg = std::is_same_v<T, A> ? nullptr : row_scratch<A>(8 * H);
-          A* __restrict__ sd = std::is_same_v<T, A> ? nullptr : sg + 4 * H;
-          const A* __restrict__ ga;
-          A* __restrict__ da;
-          if constexpr (std::is_same_v<T, A>) {
-            ga = gi;
-            da = di;
-          } else {
-            widen(gi, sg, 4 * H);
-            ga = sg;
-            da = sd;
-          }
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < H; ++j) {
-            A dcc = dcr[j], a_i, a_f, a_g, a_o;
-            cell_backward<A>(ga[j], ga[H + j], ga[2 * H + j], ga[3 * H + j], cr[j],
-                             decltype(has_c_prev)::value ? cp[j] : A(0), dhr[j], dcc, a_i, a_f, a_g, a_o);
-            dcr[j] = dcc;
-            da[j] = a_i;
-            da[H + j] = a_f;
-            da[2 * H + j] = a_g;
-            da[3 * H + j] = a_o;
-          }
-          if constexpr (!std::is_same_v<T, A>) narrow_to(sd, di, 4 * H);
-        }
+        backward_rows<T, A, decltype(has_c_prev)::value>(
+            gates + r0 * 4 * H, c + r0 * H, c_prev == nullptr ? nullptr : c_prev + r0 * H, dh + r0 * H, dc + r0 * H,
+            dgates + r0 * 4 * H, r1 - r0, H, dg_wide == nullptr ? nullptr : dg_wide + r0 * 4 * H);
       });
     };
     if (c_prev != nullptr) run(integral_constant<bool, true>{});
     else run(integral_constant<bool, false>{});
+  }
+
+  // Whether products of T operands with a prepared weight w run in A on widened operands (ATen with the weight
+  // widened once: csrc/common/gemm_cpu.cpp, widened_once): then the driver hands them the A copies that the
+  // pointwise steps write beside h and dG (h_wide, dg_wide) instead of T rows to widen in every step.
+  template <typename T>
+  static bool widens(const gemm::Weight& w) {
+    return !std::is_same_v<T, float> && !w.packed.defined() && w.lib != gemm::kOneDnn &&
+           w.b.scalar_type() == at::kFloat;
+  }
+
+  // Whether a prepared W_hh (4H, H) runs fused_backward_step: packed for the micro-kernel in the gradient's dtype.
+  template <typename T>
+  static bool fuses_backward(const gemm::Weight& w_hh) {
+    return w_hh.packed.defined() && w_hh.packed.dtype() == c10::CppTypeToScalarType<T>::value;
+  }
+
+  // One backward step's pointwise gradients and their recurrent product in one pass, tile by tile: for kTileM rows,
+  // dG (written to dgates, T) and then dh_prev (A, the previous step's rows) += dG · W_hh while that dG tile is in
+  // L1. Why: the unfused step writes the (bs, 4H) dG and reads it back in a second pass with a second fork (issue 60:
+  // the pointwise work around the products was 37-50 % of a training step). Same arithmetic as backward_step +
+  // add_recurrent_grad (fewer than kSmallRows float32 rows: float64 sums there too).
+  template <typename T, typename A>
+  static void fused_backward_step(const gemm::Weight& w_hh, const T* gates, const A* c, const A* c_prev, const A* dh,
+                                  A* dc, T* dgates, A* dh_prev, int64_t bs, int64_t H) {
+    if constexpr (!std::is_same_v<A, float>) {
+      TORCH_CHECK(false, "stfast.lstm: the fused backward step runs float32 accumulation only");
+    } else {
+      RECORD_FUNCTION("stfast::lstm_fused_backward_step", std::vector<c10::IValue>());
+      using gemm::brgemm::kTileM;
+      const bool small = std::is_same_v<T, float> && bs < kSmallRows && w_hh.b.is_contiguous();
+      const int64_t row_tiles = (bs + kTileM - 1) / kTileM;
+      auto run = [&](auto has_c_prev) {
+        at::parallel_for(0, row_tiles, 1, [&](int64_t t0, int64_t t1) {
+          const gemm::ukernel::TileScope tiles(w_hh.packed.vnni());
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t r0 = t * kTileM, m = std::min(kTileM, bs - r0);
+            backward_rows<T, A, decltype(has_c_prev)::value>(gates + r0 * 4 * H, c + r0 * H,
+                                                             c_prev == nullptr ? nullptr : c_prev + r0 * H, dh + r0 * H,
+                                                             dc + r0 * H, dgates + r0 * 4 * H, m, H);
+            if constexpr (std::is_same_v<T, float>) {
+              if (small) {
+                add_rows_double_acc(dh_prev + r0 * H, H, dgates + r0 * 4 * H, 4 * H, w_hh.b.const_data_ptr<float>(),
+                                    H, m);
+                continue;
+              }
+            }
+            w_hh.packed.mm(dh_prev + r0 * H, H, dgates + r0 * 4 * H, 4 * H, m, /*add_C=*/true, 0, H);
+          }
+        });
+      };
+      if (c_prev != nullptr) run(integral_constant<bool, true>{});
+      else run(integral_constant<bool, false>{});
+    }
   }
 };
 

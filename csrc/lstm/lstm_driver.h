@@ -441,6 +441,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // step's h·W_hhᵀ, summed with the bias in the pointwise step: one rounding, to the stored activation.
   const at::Tensor pre_mixed = kMixed ? Backend::empty({d.N, G4}, acc_opt) : at::Tensor();
   const at::Tensor rec = kMixed ? Backend::empty({d.B, G4}, acc_opt) : at::Tensor();
+  at::Tensor h_wide;  // (N, H) in A: h as stored, widened by the pointwise step, where the step product runs in A
   const std::vector<int64_t> bounds = split_ranks(p, d.B, step_threads<Backend>());
   const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
   at::Tensor x = gather_input<Backend>(input, d, p);
@@ -452,6 +453,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const auto w_ih = weight(weights, d, k, 0);
     const auto w_rec = prepare_recurrent<Backend>(weight(weights, d, k, 1).t(), P.scalar_type(), /*fuse=*/true);
     const bool fused = recurrent_fused<Backend>(w_rec);
+    bool wide = false;
+    if constexpr (requires { Backend::template widens<T>(w_rec); }) wide = kMixed && Backend::template widens<T>(w_rec);
+    if (wide && !h_wide.defined()) h_wide = Backend::empty({d.N, H}, acc_opt);
     mm_rows<Backend>(P, x, w_ih.t());
     // b_ih + b_hh in A, added in the pointwise step (not by the GEMM: that would copy it into all N rows first).
     const at::Tensor bias = d.has_bias ? (weight(weights, d, k, 2).to(acc_opt.dtype()) +
@@ -486,10 +490,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         }
         if (h_prev.defined()) {
           if (kMixed) {
-            Backend::mm(rec.narrow(0, r0, bs), h_prev, w_rec, /*accumulate=*/false);
+            Backend::mm(rec.narrow(0, r0, bs), wide && t > 0 ? h_wide.narrow(0, p.step_off[t - 1] + r0, bs) : h_prev,
+                        w_rec, /*accumulate=*/false);
             r = rec.const_data_ptr<A>() + r0 * G4;
           } else {
             Backend::mm(P.narrow(0, so, bs), h_prev, w_rec, /*accumulate=*/true);
+          }
+        }
+        if constexpr (requires { Backend::template widens<T>(w_rec); }) {
+          if (wide) {
+            Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
+                                                 c + so * H, h + so * H, bs, H, h_wide.data_ptr<A>() + so * H);
+            continue;
           }
         }
         Backend::template forward_step<T, A>(g + so * G4, pre + so * G4, r, bias.const_data_ptr<A>(), c_prev,
@@ -527,6 +539,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
   gather_rows(dH, grad_output.reshape({d.M, H}), p.perm);
   at::Tensor dH_below = d.L > 1 ? Backend::empty({d.N, H}, acc_opt) : at::Tensor();
   at::Tensor dG = Backend::empty({d.N, G4}, opt);
+  at::Tensor dg_wide;  // (B, 4H) in A: a step's dG as stored, widened by the pointwise step (Backend::widens)
   at::Tensor grad_x;
   const std::vector<int64_t> bounds = split_ranks(p, d.B, step_threads<Backend>());  // as in forward
   const int64_t parts = static_cast<int64_t>(bounds.size()) - 1;
@@ -547,6 +560,9 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     const A* dh = dH.const_data_ptr<A>();
     T* dg = dG.data_ptr<T>();
     A* dcp = dc.data_ptr<A>();
+    bool wide = false;
+    if constexpr (requires { Backend::template widens<T>(w_hh); }) wide = kMixed && Backend::template widens<T>(w_hh);
+    if (wide && !dg_wide.defined()) dg_wide = Backend::empty({d.B, G4}, acc_opt);
     for_each_part<Backend>(parts, [&](int64_t part) {  // as in forward: a part's ranks, their own rows only
       const int64_t r0 = bounds[part], r1 = bounds[part + 1];
       for (int64_t t = d.T - 1; t >= 0; --t) {
@@ -554,6 +570,22 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
         if (bs <= 0) continue;  // these ranks' sequences end before t
         const A* c_prev = t > 0 ? c + (p.step_off[t - 1] + r0) * H
                                 : (c0s.defined() ? c0s.const_data_ptr<A>() + r0 * H : nullptr);
+        if constexpr (requires { Backend::template fused_backward_step<T, A>(w_hh, g, c, c, c, dcp, dg, dcp, 0, 0); }) {
+          if (t > 0 && Backend::template fuses_backward<T>(w_hh)) {  // dG and its dG·W_hh tile by tile
+            Backend::template fused_backward_step<T, A>(w_hh, g + so * G4, c + so * H, c_prev, dh + so * H,
+                                                        dcp + r0 * H, dg + so * G4,
+                                                        dH.data_ptr<A>() + (p.step_off[t - 1] + r0) * H, bs, H);
+            continue;
+          }
+        }
+        if constexpr (requires { Backend::template widens<T>(w_hh); }) {
+          if (wide && t > 0) {  // dG widened by the step itself: the product runs in A without a copy
+            Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp + r0 * H,
+                                                  dg + so * G4, bs, H, dg_wide.data_ptr<A>() + r0 * G4);
+            Backend::add_recurrent_grad(dH.narrow(0, p.step_off[t - 1] + r0, bs), dg_wide.narrow(0, r0, bs), w_hh);
+            continue;
+          }
+        }
         Backend::template backward_step<T, A>(g + so * G4, c + so * H, c_prev, dh + so * H, dcp + r0 * H,
                                               dg + so * G4, bs, H);
         if (t > 0) {
