@@ -14,6 +14,11 @@ A reason not listed here (none today) is shown with the input records.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
 from .._plural import counted
 
 #: reasons counted in points
@@ -61,3 +66,58 @@ def describe(dropped: dict, kept_points: int | None = None) -> str:
         reasons = ", ".join(f"{k} {v:,}" for k, v in counts.items())
         parts.append(f"{verb} {counted(total, noun, spec=',')}{note}{of} ({reasons})")
     return "; ".join(parts) or "nothing dropped"
+
+
+@dataclass
+class DroppedTrips:
+    """The input trips that produced no trip, one row each, D rows.
+
+    Columns: ``trip_id`` [D] object str (the input's id, as in ``Trips.trip_id``), ``segment`` [D]
+    int64 (number of the piece within its input trajectory when preprocessing cut it into several,
+    as in ``Trips.segment``; 0 for a trajectory dropped whole), ``reason`` [D] object str (a key of
+    the ``dropped`` counts, see :mod:`stfast.data.preprocess` and the readers). Iterating yields
+    ``(trip_id, segment, reason)`` tuples.
+
+    Raises:
+        ValueError: columns of different lengths.
+    """
+
+    trip_id: np.ndarray
+    segment: np.ndarray
+    reason: np.ndarray
+
+    def __post_init__(self):
+        self.trip_id = np.asarray(self.trip_id, dtype=object).reshape(-1)
+        self.segment = np.asarray(self.segment, dtype=np.int64).reshape(-1)
+        self.reason = np.asarray(self.reason, dtype=object).reshape(-1)
+        if not len(self.trip_id) == len(self.segment) == len(self.reason):
+            raise ValueError("DroppedTrips columns trip_id, segment, reason must have equal lengths, got "
+                             f"{len(self.trip_id)}, {len(self.segment)}, {len(self.reason)}")
+
+    def __len__(self) -> int:
+        return len(self.trip_id)
+
+    def __iter__(self) -> Iterator[tuple[str, int, str]]:
+        return zip(map(str, self.trip_id), map(int, self.segment), map(str, self.reason))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DroppedTrips) and list(self) == list(other)
+
+    @classmethod
+    def empty(cls) -> "DroppedTrips":
+        return cls(np.zeros(0, object), np.zeros(0, np.int64), np.zeros(0, object))
+
+    @classmethod
+    def of(cls, trip_ids, reason: str, segment=0) -> "DroppedTrips":
+        """Rows for ``trip_ids`` ([D] str), all with one ``reason`` and ``segment`` (int or [D])."""
+        ids = np.asarray(list(trip_ids) if not isinstance(trip_ids, np.ndarray) else trip_ids, dtype=object)
+        return cls(ids, np.array(np.broadcast_to(np.asarray(segment, np.int64), ids.shape)),
+                   np.full(len(ids), reason, object))
+
+    @classmethod
+    def concat(cls, parts: list["DroppedTrips"]) -> "DroppedTrips":
+        """Rows of all ``parts``, in order."""
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return cls.empty()
+        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in ("trip_id", "segment", "reason")))

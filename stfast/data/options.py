@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .. import _options
 from .._options import CommaList, Scaled, option
-from .preprocess import PreprocessConfig
+from .preprocess_config import PreprocessConfig
 from .readers import FORMATS
 
 #: the settings that decide which trips raw data becomes (field names), in flag order

@@ -51,6 +51,7 @@ from .durable import (aside, atomic_file, dead_leftovers, fsync_file, recover_fo
                       replace_folder)
 from .fingerprint import compute_fingerprint
 from .integrity import CHECKSUM, DamagedError, file_checksum, seal, unseal
+from .preprocess_config import PreprocessConfig
 from .store_checks import check_changed, file_record, read_npy_header, value_record
 from .trips import DroppedTrips, Trips, lengths_to_offsets
 
@@ -444,8 +445,6 @@ def _open(path: Path, m: dict) -> Trips:
         raise DamagedError(path / "offsets.npy", f"its last offset is not the manifest's n_points {m['n_points']}")
     cfg = m.get("preprocess_config")
     if cfg is not None:
-        from .preprocess import PreprocessConfig  # preprocess imports trips, not this module
-
         cfg = PreprocessConfig.from_dict(cfg)
     try:
         return Trips(**kw, dropped=dict(m.get("dropped", {})), dropped_trips=rows, tz=m.get("tz"),

@@ -62,7 +62,7 @@ def _flag(name: str) -> str | None:
 
 
 def _default_gap_s() -> float:
-    from .preprocess import PreprocessConfig  # preprocess imports this module
+    from .preprocess_config import PreprocessConfig
 
     return PreprocessConfig.gap_s
 

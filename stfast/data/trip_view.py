@@ -13,7 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .trips import DroppedTrips, Trips, _gather_points, lengths_to_offsets
+from .csr import _gather_points, lengths_to_offsets
+from .drops import DroppedTrips
 
 #: points gathered at a time by :func:`iter_chunks` (36 bytes each over the five point columns)
 CHUNK_POINTS = 4_000_000
@@ -60,11 +61,11 @@ class TripsView:
         # only reached for what __init__ did not set: the fields of Trips
         if name.startswith("_"):
             raise AttributeError(name)
-        if name in Trips._TRIP_FIELDS:
+        if name in self.base._TRIP_FIELDS:
             if name not in self._fields:
                 self._fields[name] = np.asarray(getattr(self.base, name)[self.index])
             return self._fields[name]
-        if name in Trips._POINT_FIELDS:
+        if name in self.base._POINT_FIELDS:
             return np.asarray(getattr(self.base, name)[self._points()])
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 

@@ -23,27 +23,16 @@ from typing import Iterator
 
 import numpy as np
 
+from stfast.data.csr import _gather_points, lengths_to_offsets
+from stfast.data.drops import DroppedTrips
+from stfast.data.preprocess_config import PreprocessConfig
+from stfast.data.trip_view import TripsView
+
+__all__ = ["DroppedTrips", "Trajectories", "Trips", "lengths_to_offsets"]
 log = logging.getLogger(__name__)
 
 
 _CHECK_CHUNK = 1 << 20  # offsets checked this many at a time
-
-
-def lengths_to_offsets(lengths: np.ndarray) -> np.ndarray:
-    """[T] int lengths → [T + 1] int64 offsets starting at 0."""
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=out[1:])
-    return out
-
-
-def _gather_points(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Point indices of trips ``idx`` (in that order) and the new offsets."""
-    starts, ends = offsets[idx], offsets[idx + 1]
-    lens = ends - starts
-    new_off = lengths_to_offsets(lens)
-    # position of every kept point: start of its trip + rank inside the trip
-    pt = np.repeat(starts - new_off[:-1], lens) + np.arange(new_off[-1], dtype=np.int64)
-    return pt, new_off
 
 
 class _CSR:
@@ -163,61 +152,6 @@ class _CSR:
 
 
 @dataclass
-class DroppedTrips:
-    """The input trips that produced no trip, one row each, D rows.
-
-    Columns: ``trip_id`` [D] object str (the input's id, as in ``Trips.trip_id``), ``segment`` [D]
-    int64 (number of the piece within its input trajectory when preprocessing cut it into several,
-    as in ``Trips.segment``; 0 for a trajectory dropped whole), ``reason`` [D] object str (a key of
-    the ``dropped`` counts, see :mod:`stfast.data.preprocess` and the readers). Iterating yields
-    ``(trip_id, segment, reason)`` tuples.
-
-    Raises:
-        ValueError: columns of different lengths.
-    """
-
-    trip_id: np.ndarray
-    segment: np.ndarray
-    reason: np.ndarray
-
-    def __post_init__(self):
-        self.trip_id = np.asarray(self.trip_id, dtype=object).reshape(-1)
-        self.segment = np.asarray(self.segment, dtype=np.int64).reshape(-1)
-        self.reason = np.asarray(self.reason, dtype=object).reshape(-1)
-        if not len(self.trip_id) == len(self.segment) == len(self.reason):
-            raise ValueError("DroppedTrips columns trip_id, segment, reason must have equal lengths, got "
-                             f"{len(self.trip_id)}, {len(self.segment)}, {len(self.reason)}")
-
-    def __len__(self) -> int:
-        return len(self.trip_id)
-
-    def __iter__(self) -> Iterator[tuple[str, int, str]]:
-        return zip(map(str, self.trip_id), map(int, self.segment), map(str, self.reason))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, DroppedTrips) and list(self) == list(other)
-
-    @classmethod
-    def empty(cls) -> "DroppedTrips":
-        return cls(np.zeros(0, object), np.zeros(0, np.int64), np.zeros(0, object))
-
-    @classmethod
-    def of(cls, trip_ids, reason: str, segment=0) -> "DroppedTrips":
-        """Rows for ``trip_ids`` ([D] str), all with one ``reason`` and ``segment`` (int or [D])."""
-        ids = np.asarray(list(trip_ids) if not isinstance(trip_ids, np.ndarray) else trip_ids, dtype=object)
-        return cls(ids, np.array(np.broadcast_to(np.asarray(segment, np.int64), ids.shape)),
-                   np.full(len(ids), reason, object))
-
-    @classmethod
-    def concat(cls, parts: list["DroppedTrips"]) -> "DroppedTrips":
-        """Rows of all ``parts``, in order."""
-        parts = [p for p in parts if p is not None]
-        if not parts:
-            return cls.empty()
-        return cls(*(np.concatenate([getattr(p, c) for p in parts]) for c in ("trip_id", "segment", "reason")))
-
-
-@dataclass
 class Trajectories(_CSR):
     """Raw GPS trajectories, T traces with N points in all.
 
@@ -321,8 +255,6 @@ class Trips(_CSR):
     def view(self, idx):
         """The trips ``idx`` (int array or boolean mask over trips), in that order, as a
         :class:`~stfast.data.trip_view.TripsView`: no copy of the columns (a memory-mapped store stays shared)."""
-        from .trip_view import TripsView  # trip_view imports this module
-
         return TripsView(self, idx)
 
     def record(self, i: int) -> dict:
@@ -421,8 +353,6 @@ class Trips(_CSR):
         cols = [load(f"dropped_{c}") for c in _DROPPED_COLUMNS]
         cfg = meta.get("preprocess_config")
         if cfg is not None:
-            from stfast.data.preprocess import PreprocessConfig  # preprocess imports this module
-
             cfg = PreprocessConfig.from_dict(cfg)
         return cls(**kw, dropped=meta.get("dropped", {}), tz=meta.get("tz"), preprocess_config=cfg,
                    dropped_trips=DroppedTrips.empty() if cols[0] is None else DroppedTrips(*cols))

@@ -123,3 +123,39 @@ def warm_up(run_step: Callable[[], object], model: torch.nn.Module, device: torc
     seconds = time.perf_counter() - t
     model.zero_grad(set_to_none=True)
     return seconds
+
+
+def compile_run(tr) -> float:
+    """--compile: compile the model's forward (and its backward) now, before the first epoch's clock, with a
+    forward + backward of the epoch's smallest and largest batch (trips × padded length; gradients discarded,
+    random streams restored: stfast.train.compiled.warm_up); its seconds go to the log and to summary.json's
+    ``compile_s``. ``tr``: the Trainer; returns the seconds."""
+    batches = tr.data.epoch_batches(tr.cfg.batch_size, tr.cfg.seed, tr.epoch)
+    use_local = tr.cfg.compat != "original" or tr.epoch == 0
+    lengths = tr.data.train_ds.lengths
+
+    def run():
+        for idx in warm_up_batches(batches, lengths):
+            tr.steps.begin_step()
+            tr.steps.micro_step(idx, True, tr._loss_fn([idx], use_local))
+
+    seconds = warm_up(run, tr.model, tr.device)
+    tr.say(f"torch.compile: the model's forward and backward compiled in {seconds:.1f} s (before the "
+           "epochs' clocks: trips/s excludes it, wall_s includes it)")
+    return seconds
+
+
+def refuse_unsupported(cfg, device: torch.device, info) -> None:
+    """Refuse, before a run's data is read, what cannot run here: ``--kernels reference --precision bf16-mixed``
+    where the stock LSTM has no bfloat16, and ``--compile`` in a distributed job (``info``) or where compiling is
+    unavailable on ``device`` (ValueError naming the flags)."""
+    if cfg.kernels == "reference" and cfg.precision == "bf16-mixed" and device.type == "cpu":
+        from .precision import stock_bf16_lstm_error
+
+        if why := stock_bf16_lstm_error():
+            raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
+                             "LSTM runs bfloat16 here) or --precision 32")
+    if cfg.compile and info.distributed:  # launched by torchrun itself (--nproc is refused in validate)
+        refuse(cfg, f"it runs in one process, and this job has world size {info.world_size}")
+    if cfg.compile and (why := unavailable(str(device))):
+        refuse(cfg, why)

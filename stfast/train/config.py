@@ -20,6 +20,7 @@ from ..data.splits import DEFAULT_SPLIT
 from ..models.deeptte import DeepTTEConfig
 from . import compiled, presets, swa
 from . import precision as prec
+from .resume_options import fill_from_checkpoint
 
 PARALLEL_MODES = ("dp", "cp", "dp+cp")
 CP_STAGES = 2  # DeepTTE across processes: attr + geo-conv + LSTM | attention + entire + local estimators
@@ -200,7 +201,6 @@ class TrainConfig:
         resolves as `stfast train` does. Raises ValueError naming --preset for an unknown preset."""
         _options.check_value(type(self), "preset", self.preset)
         if self.resume:  # the options not given continue the run's own (its checkpoint's), not the preset's
-            from .resume import fill_from_checkpoint
             fill_from_checkpoint(self)
         presets.fill(self)
         self.precision, self.dtype = prec.resolve(self.precision, self.dtype)

@@ -62,3 +62,11 @@ def apply(plan: dict[str, str] | None) -> None:
         if use and use not in gemm.USES:
             raise ValueError(f"GEMM plan: bad use in {key!r} (expected one of {gemm.USES})")
         gemm.select_gemm_library(operands, library, out, use=use or None)
+
+
+def for_run(resume: dict | None, precision: str, device, info=None) -> dict[str, str]:
+    """A run's plan: the one its checkpoint ``resume`` recorded (applied), else :func:`decide`'s."""
+    if resume is not None and "gemm_plan" in resume:
+        apply(resume["gemm_plan"])
+        return resume["gemm_plan"]
+    return decide(precision, device, info)

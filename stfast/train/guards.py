@@ -378,3 +378,16 @@ def agree_stop(info, signals: StopSignals, budget_spent: bool) -> tuple[bool, bo
     if info.distributed:
         flag = dp.all_reduce_sum(flag, info)
     return bool(flag[0] > 0), bool(flag[1] > 0)
+
+
+def end_window(tr, epoch_done: float) -> bool:
+    """Close Trainer ``tr``'s accumulation window (the controller sets the next k and its learning rate); its row in
+    the run log. True when the time budget is spent."""
+    cfg, elapsed = tr.cfg, tr.accum.elapsed()
+    used = [epoch_done / cfg.epochs, *([tr.step / cfg.max_steps] if cfg.max_steps else []),
+            *([elapsed / cfg.time_budget_s] if cfg.time_budget_s else [])]
+    out_of_time = cfg.time_budget_s is not None and elapsed >= cfg.time_budget_s
+    stop, row = tr.accum.end_window(max(used), out_of_time)
+    if row is not None:
+        tr.log.append("window", {**row, "step": tr.step, "wall_s": elapsed, "accumulation": tr.accum_spec})
+    return stop

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 from pathlib import Path
 
 from .._plural import counted
@@ -18,7 +19,9 @@ from ..data.drops import describe as describe_dropped
 from ..data.durable import write_bytes_atomic
 from . import report_figure, run_predictions
 from .metrics import summary_rows
-from .run_log import FILE, TYPES, read_rows
+from .run_log import FILE, TYPES, read_rows, write_summary
+
+log = logging.getLogger("stfast.train")
 
 
 def render(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
@@ -103,3 +106,28 @@ def _facts(s: dict | None) -> str:
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
                     for k, v in facts)
     return f"<h2>Run</h2><table>{cells}</table>" if facts else ""
+
+
+def write_outputs(out: Path, summary: dict) -> list[str]:
+    """At the end of a run, in its folder ``out``: summary.json (atomically), learning_curve.png (the epoch rows and the
+    baselines; only when an epoch ended) and report.png + report.html (stfast.train.report: the final
+    evaluation's test metrics, with whatever the run log holds; a plotting failure is logged, never
+    fatal to a finished run). Returns the names of the run's files now in the folder."""
+    from . import plots
+
+    write_summary(out, summary)
+    # stopped (--max-steps, --time-budget) before its first epoch ended: no curve to draw, and no metrics.jsonl
+    # at all before the first accumulation window ended; the test evaluation is still reported
+    epochs = read_rows(out)["epoch"] if (out / FILE).is_file() else []
+    if epochs:
+        plots.learning_curve(epochs, summary, out / "learning_curve.png")
+    else:
+        log.info("%s: no epoch ended before the run stopped, so no learning curve; the report has the test "
+                 "metrics", out)
+    try:
+        render(out)
+    except (ValueError, OSError, RuntimeError) as e:
+        log.warning("could not write the report in %s: %s", out, e)
+    names = ("summary.json", FILE, "test_predictions.csv", "learning_curve.png", "report.png", "report.html",
+             "checkpoint.pt", "last.pt", "last.prev.pt")
+    return [n for n in names if (out / n).exists()]

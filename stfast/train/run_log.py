@@ -1,6 +1,6 @@
 """The run's outputs: the run log ``metrics.jsonl`` in a run folder, one JSON object per line, written by its
 one owner (:class:`RunLog`, rank 0 of a run) and read by ``"type"`` (:func:`read_rows`); at the end of a run
-also summary.json, learning_curve.png and report.png / report.html (:meth:`RunLog.write_outputs`; the trainer
+also summary.json, learning_curve.png and report.png / report.html (:func:`stfast.train.report.write_outputs`; the trainer
 writes test_predictions.csv before, stfast.train.run_predictions).
 
 Row types and their keys (epochs are numbered from 1 in every row type: ``epoch`` N is the N-th):
@@ -86,32 +86,6 @@ class RunLog:
         """Start afresh (a job restarted before its first checkpoint)."""
         if self.enabled:
             self.path.unlink(missing_ok=True)
-
-    def write_outputs(self, summary: dict) -> list[str]:
-        """At the end of a run: summary.json (atomically), learning_curve.png (the epoch rows and the
-        baselines; only when an epoch ended) and report.png + report.html (stfast.train.report: the final
-        evaluation's test metrics, with whatever the run log holds; a plotting failure is logged, never
-        fatal to a finished run). Returns the names of the run's files now in the folder."""
-        from . import plots
-        from .report import render
-
-        out = self.path.parent
-        write_summary(out, summary)
-        # stopped (--max-steps, --time-budget) before its first epoch ended: no curve to draw, and no metrics.jsonl
-        # at all before the first accumulation window ended; the test evaluation is still reported
-        epochs = read_rows(out)["epoch"] if self.path.is_file() else []
-        if epochs:
-            plots.learning_curve(epochs, summary, out / "learning_curve.png")
-        else:
-            log.info("%s: no epoch ended before the run stopped, so no learning curve; the report has the test "
-                     "metrics", out)
-        try:
-            render(out)
-        except (ValueError, OSError, RuntimeError) as e:
-            log.warning("could not write the report in %s: %s", out, e)
-        names = ("summary.json", FILE, "test_predictions.csv", "learning_curve.png", "report.png", "report.html",
-                 "checkpoint.pt", "last.pt", "last.prev.pt")
-        return [n for n in names if (out / n).exists()]
 
 
 def read_rows(run_dir: str | Path) -> dict[str, list[dict]]:

@@ -29,12 +29,12 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import compiled, gemm_plan, guards, run_predictions, steps, swa
+from . import compiled, gemm_plan, guards, steps, swa
 from .config import TrainConfig
-from .metrics import errors, fit_baselines, format_summary
 from .precision import cpu_bf16_note, weight_casts
 from .resume import restore, resume_state, trainer_state
-from .run_data import RunData, epoch_batches, evaluate, predict, preflight, progress_bar
+from .finish import finish
+from .run_data import RunData, epoch_batches, evaluate, preflight, progress_bar
 from .run_log import RunLog
 from .steps import StepLoss
 
@@ -78,23 +78,10 @@ class Trainer:
     def _build(self, cfg: TrainConfig) -> None:
         """The run's state after its folder is claimed: the resumed checkpoint, data, model, optimizer,
         accumulation and the parallel step."""
-        if cfg.kernels == "reference" and cfg.precision == "bf16-mixed" and self.device.type == "cpu":
-            from .precision import stock_bf16_lstm_error
-
-            if why := stock_bf16_lstm_error():
-                raise ValueError(f"--kernels reference --precision bf16-mixed: {why}; use --kernels fused (stfast's "
-                                 "LSTM runs bfloat16 here) or --precision 32")
-        if cfg.compile and self.info.distributed:  # launched by torchrun itself (--nproc is refused in validate)
-            compiled.refuse(cfg, f"it runs in one process, and this job has world size {self.info.world_size}")
-        if cfg.compile and (why := compiled.unavailable(str(self.device))):
-            compiled.refuse(cfg, why)
+        compiled.refuse_unsupported(cfg, self.device, self.info)
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
         # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
-        if resume is not None and "gemm_plan" in resume:
-            self.gemm_plan = resume["gemm_plan"]
-            gemm_plan.apply(self.gemm_plan)
-        else:
-            self.gemm_plan = gemm_plan.decide(cfg.precision, self.device, self.info)
+        self.gemm_plan = gemm_plan.for_run(resume, cfg.precision, self.device, self.info)
         self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
         torch.manual_seed(cfg.seed)
         self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)
@@ -191,24 +178,6 @@ class Trainer:
         n_trips, n_local = sum(len(m) for m in micro), sum(local_count(lengths[m], kernel) for m in micro)
         return lambda out, b: training_loss(self.model, out, b, n_trips, n_local, use_local)
 
-    def _compile(self) -> None:
-        """--compile: compile the model's forward (and its backward) now, before the first epoch's clock, with a
-        forward + backward of the epoch's smallest and largest batch (trips × padded length; gradients discarded,
-        random streams restored: stfast.train.compiled.warm_up); its seconds go to the log and to summary.json's
-        ``compile_s``."""
-        batches = self.data.epoch_batches(self.cfg.batch_size, self.cfg.seed, self.epoch)
-        use_local = self.cfg.compat != "original" or self.epoch == 0
-        lengths = self.data.train_ds.lengths
-
-        def run():
-            for idx in compiled.warm_up_batches(batches, lengths):
-                self.steps.begin_step()
-                self.steps.micro_step(idx, True, self._loss_fn([idx], use_local))
-
-        self.compile_s = compiled.warm_up(run, self.model, self.device)
-        self.say(f"torch.compile: the model's forward and backward compiled in {self.compile_s:.1f} s (before the "
-                 "epochs' clocks: trips/s excludes it, wall_s includes it)")
-
     def fit(self) -> dict:
         """Train (see the class doc). SIGTERM/SIGINT stop after the current step with last.pt written;
         a failed collective is reported naming the ranks that stopped responding (guards)."""
@@ -220,7 +189,7 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
         self.t_start = time.perf_counter()
         if self.cfg.compile and self.epoch < self.cfg.epochs and not self.cfg.steps_reached(self.step):
-            self._compile()  # (a resumed run with no step left compiles nothing)
+            self.compile_s = compiled.compile_run(self)  # (a resumed run with no step left compiles nothing)
         self.accum.start_clock()
         stopped = out_of_time = False
         stale = 0  # epochs since the best validation MAPE (early stopping)
@@ -265,7 +234,7 @@ class Trainer:
                 stopped = True
                 break
             if self.accum.window_due() or self.guards.budget_spent:  # a partial last window when out of time
-                out_of_time = self._end_window(self.epoch + bi / len(batches))
+                out_of_time = guards.end_window(self, self.epoch + bi / len(batches))
             if self.cfg.steps_reached(self.step) or out_of_time:
                 self.epoch_batch, stopped = bi, bi < len(batches)
                 break
@@ -303,44 +272,9 @@ class Trainer:
             ckpt.save_last(self)
         return stop
 
-    def _end_window(self, epoch_done: float) -> bool:
-        """Close an accumulation window (the controller sets the next k and its learning rate); its row in
-        the run log. True when the time budget is spent."""
-        cfg, elapsed = self.cfg, self.accum.elapsed()
-        used = [epoch_done / cfg.epochs, *([self.step / cfg.max_steps] if cfg.max_steps else []),
-                *([elapsed / cfg.time_budget_s] if cfg.time_budget_s else [])]
-        out_of_time = cfg.time_budget_s is not None and elapsed >= cfg.time_budget_s
-        stop, row = self.accum.end_window(max(used), out_of_time)
-        if row is not None:
-            self.log.append("window", {**row, "step": self.step, "wall_s": elapsed, "accumulation": self.accum_spec})
-        return stop
-
     def finish(self) -> dict:
-        """Score checkpoint.pt and both baselines on the test split; when no epoch ended, the current
-        weights (their average under --swa-start/--ema-decay) are written as checkpoint.pt first."""
-        best, d = self.out / "checkpoint.pt", self.data
-        # an epoch's checkpoint.pt, not one a run resumed here wrote when it stopped before its first epoch ended
-        kept = self.epoch > 0 and best.is_file()
-        if not kept:  # no epoch ended (--max-steps, --time-budget): the weights scored become checkpoint.pt
-            ckpt.save_validated(self)
-        if self.info.distributed:
-            torch.distributed.barrier()
-        if kept:
-            self.model.load_state_dict(ckpt.load(best, self.device)["model_state"])
-        t0 = time.perf_counter()
-        pred = predict(self.model if kept else self.eval_model, d.test_ds, info=self.info, device=self.device,
-                       progress=self.show, precision=self.cfg.precision)
-        summary = d.summary(errors(pred, d.test.time), self.best, self.epoch, self.step, self.info.world_size)
-        # the final evaluation's rate, beside training's (metrics.jsonl): a forward pass is ~1/3 of a step
-        summary["test_trips_per_s"] = len(d.test) / max(time.perf_counter() - t0, 1e-9)
-        if self.compile_s is not None:  # --compile: this process's compilation (stfast.train.compiled)
-            summary["compile_s"] = self.compile_s
-        if self.info.is_main:  # every trip of the test split beside both baselines: what the report plots
-            fitted = fit_baselines(d.train)
-            run_predictions.write(self.out, d.test, pred, {n: f.predict(d.test.dist) for n, f in fitted.items()})
-            written = self.log.write_outputs(summary)
-            self.say("\n" + format_summary(summary) + f"\nwrote {', '.join(written)} in {self.out}")
-        return summary
+        """Score checkpoint.pt and both baselines on the test split (stfast.train.finish)."""
+        return finish(self)
 
 
 def train(cfg: TrainConfig) -> dict:
