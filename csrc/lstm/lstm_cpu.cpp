@@ -15,6 +15,7 @@
 #include "lstm.h"
 #include "lstm_driver.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <type_traits>
@@ -330,6 +331,40 @@ struct CpuBackend {
     };
     if (c_prev != nullptr) run(integral_constant<bool, true>{});
     else run(integral_constant<bool, false>{});
+  }
+
+  // The bias gradient: column sums (4H,) in A of a (N, 4H) 16-bit dG as stored. Why not at::sum(dG, 0, A): it
+  // widens the whole dG into a new float tensor first (bfloat16 on the Zen 3 EPYC: 3.6 ms of a 120 ms training
+  // step, the largest copy of a bf16-mixed step). Blocks of 64 rows summed in float, blocks in double; columns
+  // split over threads (each column's order fixed: deterministic).
+  static at::Tensor column_sums(const at::Tensor& dG, at::ScalarType acc) {
+    if (dG.scalar_type() != at::kBFloat16 || acc != at::kFloat || !dG.is_contiguous()) {
+      return at::sum(dG, {0}, false, acc);
+    }
+    constexpr int64_t kRows = 64, kCols = 256;
+    const int64_t N = dG.size(0), C = dG.size(1);
+    at::Tensor out = at::empty({C}, dG.options().dtype(at::kFloat));
+    const c10::BFloat16* src = dG.const_data_ptr<c10::BFloat16>();
+    float* dst = out.data_ptr<float>();
+    at::parallel_for(0, (C + kCols - 1) / kCols, 1, [&](int64_t b0, int64_t b1) {
+      alignas(64) float row[kCols], block[kCols];
+      double total[kCols];
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t j0 = b * kCols, nc = std::min(kCols, C - j0);
+        std::fill(total, total + nc, 0.0);
+        for (int64_t r0 = 0; r0 < N; r0 += kRows) {
+          std::fill(block, block + nc, 0.0f);
+          for (int64_t r = r0; r < std::min(N, r0 + kRows); ++r) {
+            widen(src + r * C + j0, row, nc);
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < nc; ++j) block[j] += row[j];
+          }
+          for (int64_t j = 0; j < nc; ++j) total[j] += block[j];
+        }
+        for (int64_t j = 0; j < nc; ++j) dst[j0 + j] = static_cast<float>(total[j]);
+      }
+    });
+    return out;
   }
 
   // Whether products of T operands with a prepared weight w run in A on widened operands (ATen with the weight

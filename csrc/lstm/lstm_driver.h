@@ -615,7 +615,10 @@ std::tuple<at::Tensor, std::vector<at::Tensor>, at::Tensor, at::Tensor> backward
     if (h0s.defined()) Backend::mm(gw_hh, dG.narrow(0, 0, d.B).t(), h0s, /*accumulate=*/true);
     grad_w[k * d.per_layer() + 1] = gw_hh.to(opt.dtype());
     if (d.has_bias) {
-      auto gb = at::sum(dG, {0}, false, acc_dtype).to(opt.dtype());
+      at::Tensor gb;
+      if constexpr (requires { Backend::column_sums(dG, acc_dtype); }) gb = Backend::column_sums(dG, acc_dtype);
+      else gb = at::sum(dG, {0}, false, acc_dtype);
+      gb = gb.to(opt.dtype());
       grad_w[k * 4 + 2] = gb;
       grad_w[k * 4 + 3] = gb.clone();
     }
