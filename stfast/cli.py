@@ -66,9 +66,11 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
     e.add_argument("--checkpoint", required=True, nargs="+",
                    help="checkpoint.pt; several (e.g. seeds) are averaged as an ensemble")
     _add_data_args(e, from_checkpoint=True)
-    e.add_argument("--split", default="all", choices=SPLITS,
+    e.add_argument("--split", default=None, choices=SPLITS,
                    help="all trips of --data, or the training run's train/val/test split of them (the data "
-                        "must be the run's: same trips, checked by fingerprint)")
+                        "must be the run's: same trips, checked by fingerprint); default: all with --data"
+                        + (", else all of the run's own data" if predict else
+                           ", else the run's own test split (its other trips were trained on)"))
     e.add_argument("--allow-outside", action="store_true",
                    help="score the data even when most of its trips lie outside the model's training area (refused "
                         "without it; a few outside trips are scored, counted and flagged in any case)")
@@ -405,6 +407,8 @@ def _same_split(which: str, m0, part0, m, part) -> None:
 def cmd_evaluate(a) -> int:
     from .train.metrics import errors
 
+    if a.split is None:  # the run's own data: its test split, not trips it trained on (a test figure, honestly)
+        a.split = "all" if a.data is not None else "test"
     trips, pred, outside, unseen_drivers = _predict(a)
     m = errors(pred, trips.time)
     what = "" if len(a.checkpoint) == 1 else f" (mean of {len(a.checkpoint)} models)"
@@ -418,6 +422,9 @@ def cmd_evaluate(a) -> int:
     unseen = int(unseen_drivers.sum())
     if unseen:
         notes.append(f"{unseen} by drivers the model did not train on")
+    if a.split in ("all", "train") and a.data is None:  # say so: not a test figure
+        notes.append("the run's own data: " + ("all trips, its training split among them" if a.split == "all"
+                                                else "the trips it trained on"))
     print(f"{counted(len(trips), 'trip')}{split}{what}  MAPE {100 * m['mape']:.2f} %  MAE {m['mae']:.1f} s  "
           f"RMSE {m['rmse']:.1f} s"
           + (f"  ({'; '.join(notes)})" if notes else ""))
@@ -432,6 +439,8 @@ DROPPED_HEADER = ("trip_id", "segment", "reason")
 
 
 def cmd_predict(a) -> int:
+    if a.split is None:
+        a.split = "all"
     out = Path(a.out)
     if out.is_dir():
         raise ValueError(f"--out {out} is a folder: give the CSV file to write, e.g. {out / 'predictions.csv'}")

@@ -32,6 +32,23 @@ def test_train_prints_and_writes_summary(trained, capsys):
     assert 0 < s["test_mape"] < 10 and (s["n_train"], s["n_val"], s["n_test"]) == (63, 14, 13)
 
 
+def test_evaluate_without_data_scores_the_runs_test_split(trained, capsys):
+    """Issue 62 item 5: `stfast evaluate --checkpoint C` alone scores the run's own test split, the figure
+    summary.json calls test_mape (before: all 90 trips, 63 of them trained on, with no word of it); --split all
+    on the run's own data says that the training split is among them."""
+    d, _ = trained
+    ck = str(d / "run" / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["evaluate", "--checkpoint", ck]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("13 trips of the test split"), line
+    s = json.load(open(d / "run" / "summary.json"))
+    assert float(line.split("MAPE")[1].split("%")[0]) == pytest.approx(100 * s["test_mape"], abs=0.01)
+    assert main(["evaluate", "--checkpoint", ck, "--split", "all"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("90 trips") and "the run's own data: all trips, its training split among them" in line
+
+
 def test_evaluate_and_predict_agree(trained, capsys):
     d, data = trained
     assert main(["evaluate", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data)]) == 0
