@@ -43,14 +43,16 @@ def test_one_route_and_many(client, model):
     r = client.post("/eta", json={"route": _route(), "departure": DEP, "driver": "d2"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["eta_s"] == pytest.approx(model.eta([np.array(_route())], [DEP], ["d2"])[0], rel=1e-9)
+    # rounded to 0.1 s and 1 m (issue 62: float32 noise such as 711.2550048828125 is not data)
+    assert body["eta_s"] == round(float(model.eta([np.array(_route())], [DEP], ["d2"])[0]), 1)
+    assert body["km"] == round(body["km"], 3) and len(str(body["eta_s"]).split(".")[-1]) <= 1
     assert body["km"] == pytest.approx(11 * 0.25, rel=1e-3) and body["points"] >= 11
     routes = [{"route": _route(8 + k), "departure": DEP} for k in range(3)]
     r = client.post("/eta", json={"routes": routes})
     assert r.status_code == 200, r.text
     got = [e["eta_s"] for e in r.json()["etas"]]
     want = model.eta([np.array(x["route"]) for x in routes], [DEP] * 3)
-    np.testing.assert_allclose(got, want, rtol=1e-9)
+    np.testing.assert_array_equal(got, np.round(want, 1))
     r = client.post("/eta", json={"route": _route(), "departure": DEP, "densify": False, "states": [0] * 12})
     assert r.json()["points"] == 12
 
@@ -61,6 +63,7 @@ def test_healthz_summarises_without_paths(client, model):
     h = r.json()
     assert h["status"] == "ok" and h["model"]["kernel_size"] == 3 and h["data"]["densify_spacing_km"] == 0.2
     assert h["model"]["precision"] == model.precision  # the checkpoint's, unless serve --precision says otherwise
+    assert h["data"]["format"] == "csv"  # detected from the trained-on file (issue 62: it said "auto")
     assert h["coverage"]["cells"] > 10 and len(h["coverage"]["bbox"]) == 4
     text = r.text
     assert str(model.path.parent) not in text and "/" not in json.dumps(h["data"]) and ".pt" not in text
@@ -166,7 +169,7 @@ def test_concurrent_requests_share_forward_passes(model, max_batch):
     app = create_app(model, max_batch=max_batch, max_wait_ms=50)
     got = asyncio.run(_concurrent(app, 16))
     want = model.eta([np.array(_route(10 + k % 5)) for k in range(16)], [DEP] * 16)
-    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0.05 + 1e-9)  # answers rounded to 0.1 s
     b = app.state.batcher
     assert b.routes == 16
     assert b.forward_passes == 16 if max_batch == 1 else 2 <= b.forward_passes <= 4
@@ -189,8 +192,8 @@ def test_one_batch_of_good_and_bad_requests(model):
     rs = asyncio.run(go())
     want = [model.eta([np.array(g["route"])], [DEP], densify=g["densify"])[0] for g in good]
     assert [r.status_code for r in rs] == [200] * 4 + [422] * 4 + [200]
-    np.testing.assert_allclose([r.json()["eta_s"] for r in rs[:4]], want, rtol=1e-6)  # float32, other batch-mates
-    np.testing.assert_allclose([e["eta_s"] for e in rs[-1].json()["etas"]], want, rtol=1e-6)
+    np.testing.assert_allclose([r.json()["eta_s"] for r in rs[:4]], want, rtol=1e-6, atol=0.05 + 1e-9)  # float32, other batch-mates
+    np.testing.assert_allclose([e["eta_s"] for e in rs[-1].json()["etas"]], want, rtol=1e-6, atol=0.05 + 1e-9)
     errs = [r.json() for r in rs[4:8]]
     assert [(e["route"], e["field"]) for e in errs] == [(0, "route"), (1, "departure"), (2, "route"), (0, "states")]
     assert "outside the training area" in errs[0]["error"] and "kernel_size" in errs[2]["error"]
@@ -320,5 +323,5 @@ def test_serve_precision_override(model, monkeypatch):
     r = c.post("/eta", json={"route": _route(), "departure": DEP})
     assert r.status_code == 200, r.text
     bf16 = load_model(model.path, precision="bf16-mixed")
-    assert r.json()["eta_s"] == pytest.approx(bf16.eta([np.array(_route())], [DEP])[0], rel=1e-9)
+    assert r.json()["eta_s"] == pytest.approx(bf16.eta([np.array(_route())], [DEP])[0], abs=0.05 + 1e-9)
     assert r.json()["eta_s"] == pytest.approx(model.eta([np.array(_route())], [DEP])[0], rel=0.05)

@@ -92,7 +92,7 @@ def test_finding1_a_number_no_double_holds_fails_only_its_own_request(model):
     rs_good, rs_bad = rs[:15] + rs[15 + len(bad):], rs[15:15 + len(bad)]
     assert [r.status_code for r in rs_good] == [200] * 30
     want = model.eta([np.array(g["route"]) for g in good], [DEP] * 30)
-    np.testing.assert_allclose([r.json()["eta_s"] for r in rs_good], want, rtol=1e-6)
+    np.testing.assert_allclose([r.json()["eta_s"] for r in rs_good], want, rtol=1e-6, atol=0.05 + 1e-9)
     assert [r.status_code for r in rs_bad] == [422] * 4 and all(_is_json_error(r) for r in rs_bad)
     assert [r.json()["field"] for r in rs_bad] == ["departure", "route", "states", "driver"]
     alone = asyncio.run(_send(app, [bad[0]]))[0]  # alone too: its own JSON 422, not a plain-text 500
@@ -556,7 +556,7 @@ def test_finding8_densified_routes_are_built_in_workers_and_share_passes(model):
     assert threads and all(t.startswith("stfast-build") for t in threads), threads
     assert app.state.batcher.forward_passes <= 8
     want = model.eta([np.array(_route(3 + k % 5, 1.0)) for k in range(64)], [DEP] * 64)
-    np.testing.assert_allclose([r.json()["eta_s"] for r in rs], want, rtol=1e-6)
+    np.testing.assert_allclose([r.json()["eta_s"] for r in rs], want, rtol=1e-6, atol=0.05 + 1e-9)
 
 
 def test_large_bodies_are_checked_beside_small_ones_not_before_them(model, monkeypatch):
@@ -702,4 +702,4 @@ def test_fuzz_no_5xx_every_error_json_and_healthy_after(model):
     print(f"fuzz: {seen['n']} requests, statuses {sorted(seen['statuses'].items())}")
     assert seen["n"] >= FUZZ_REQUESTS
     assert health.status_code == 200 and good.status_code == 200
-    assert good.json()["eta_s"] == pytest.approx(model.eta([np.array(_good()["route"])], [DEP])[0], rel=1e-6)
+    assert good.json()["eta_s"] == pytest.approx(model.eta([np.array(_good()["route"])], [DEP])[0], abs=0.05 + 1e-6)

@@ -361,7 +361,7 @@ def describe(model: TrainedModel) -> str:
     fp = (model.data_fingerprint or "")[:12]
     return (f"DeepTTE ({len(inner) if inner else 1} member{'s' if inner and len(inner) > 1 else ''}, hidden "
             f"{first.cfg.hidden_size}, {str(model.dtype).replace('torch.', '')}, {model.device}), trained on "
-            f"{cfg.format if cfg.data else 'synthetic'} data" + (f" {fp}" if fp else ""))
+            f"{model.data_format} data" + (f" {fp}" if fp else ""))
 
 
 def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.0, max_body_bytes: int = 1 << 20,
@@ -466,7 +466,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         if not job.done() or (gone.done() and not gone.cancelled()):
             raise _Gone  # its answer, if any, is discarded
         rows = job.result()
-        out = [{"eta_s": float(t), "km": float(d), "points": int(n)} for t, d, n in rows.tolist()]
+        # rounded to what the model can tell: 0.1 s and 1 m (float32 noise such as 711.2550048828125 is not data)
+        out = [{"eta_s": round(float(t), 1), "km": round(float(d), 3), "points": int(n)} for t, d, n in rows.tolist()]
         return json_response({"etas": out} if many else out[0])
 
     async def eta(scope, receive, send):
@@ -501,7 +502,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                 "model": {"dtype": str(model.dtype).replace("torch.", ""), "precision": model.precision, "members": len(inner) if inner else 1,
                           "kernel_size": model.norm_stats.kernel_size, "hidden_size": first.cfg.hidden_size,
                           "known_drivers": len(model.drivers) - 1, "device": str(model.device)},
-                "data": {"format": cfg.format if cfg.data else "synthetic", "time_zone": model.tz or cfg.tz,
+                "data": {"format": model.data_format, "time_zone": model.tz or cfg.tz,
                          "densify_spacing_km": spacing_km, "default_state": profile.state,
                          "training_points": profile.n_points,
                          "fingerprint": (model.data_fingerprint or "")[:12] or None},

@@ -77,6 +77,23 @@ class TrainedModel:
     def device(self):
         return next(self.model.parameters()).device
 
+    @property
+    def data_format(self) -> str:
+        """The format of the run's training data: ``"synthetic"``, the ``--format`` given, or for ``auto`` the one
+        detected from the data's content (stfast.data.readers.detect_format) where the data is still there, else
+        ``"auto-detected"``."""
+        cfg = self.config
+        if not cfg.data:
+            return "synthetic"
+        if cfg.format != "auto":
+            return cfg.format
+        from ..data.readers import detect_format
+
+        try:
+            return detect_format(cfg.data)
+        except (OSError, ValueError):  # moved, or no longer readable here: the run knew, this machine cannot tell
+            return "auto-detected"
+
     def data_options(self) -> dict:
         """The checkpoint's data settings (TrainConfig field names: modes, min_spacing_km, gap_s, tz; tz
         resolved: the zone the run used)."""
