@@ -49,6 +49,21 @@ def test_evaluate_without_data_scores_the_runs_test_split(trained, capsys):
     assert line.startswith("90 trips") and "the run's own data: all trips, its training split among them" in line
 
 
+def test_the_epoch_line_says_which_epoch_became_the_checkpoint(tmp_path, capsys):
+    """Issue 62 item 5: an epoch whose weights became checkpoint.pt says so in words (before: a bare `*`, read as
+    "improved"; with --select last every epoch's weights become it)."""
+    data = tmp_path / "t.jsonl"
+    random_trips(60, seed=3, max_len=20).to_jsonl(data)
+    for select, kept in (("best", None), ("last", 2)):
+        capsys.readouterr()
+        assert main(["train", "--data", str(data), "--epochs", "2", "--batch-size", "32", "--out",
+                     str(tmp_path / select), "--no-progress", "--threads", "1", "--select", select]) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch")]
+        assert len(lines) == 2 and not any(ln.rstrip().endswith("*") for ln in lines), lines
+        marked = [ln for ln in lines if ln.endswith("  → checkpoint.pt")]
+        assert marked and (kept is None or len(marked) == kept), lines
+
+
 def test_evaluate_and_predict_agree(trained, capsys):
     d, data = trained
     assert main(["evaluate", "--checkpoint", str(d / "run" / "checkpoint.pt"), "--data", str(data)]) == 0

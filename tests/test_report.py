@@ -258,3 +258,30 @@ def test_a_partial_last_row_is_dropped_on_resume_and_left_out_when_read(tmp_path
     rl.append("epoch", {"epoch": 4})
     with pytest.raises(ValueError, match="line 3: not a JSON object"):
         read_rows(tmp_path)
+
+
+def test_the_scatter_says_how_many_trips_lie_beyond_its_axes():
+    """Issue 62 item 5: the predicted-against-actual panel ends its axes at the 99.5 % quantile; the trips that
+    leaves out are counted in its title (before: dropped from the picture without a word)."""
+    import matplotlib.pyplot as plt
+
+    from stfast.train import report_figure
+
+    rng = np.random.default_rng(0)
+    true = rng.uniform(300, 900, 400)
+    true[:3] = [20_000, 30_000, 40_000]  # three trips far past the rest
+    p = {"true_time_s": true, "pred_time_s": true * rng.uniform(0.8, 1.2, 400), "const_speed_s": true * 1.1,
+         "mean_time_s": np.full(400, float(true.mean()))}
+    fig, ax = plt.subplots()
+    try:
+        report_figure._scatter(ax, p)
+        hi = ax.get_xlim()[1] * 60  # minutes on the axes
+        beyond = int(np.sum((p["true_time_s"] > hi) | (p["pred_time_s"] > hi)))
+        assert 1 <= beyond <= 3
+        assert ax.get_title() == f"predicted against actual, test split (400 trips; {beyond} beyond the axes)"
+        p = {k: v[3:] for k, v in p.items()}
+        ax.clear()
+        report_figure._scatter(ax, p)
+        assert "beyond" not in ax.get_title()
+    finally:
+        plt.close(fig)

@@ -102,9 +102,13 @@ def _scatter(ax, p: dict) -> None:
     ax.axhline(float(p["mean_time_s"][0]) / 60 if n else 0, color=COLOR["mean_time"], ls=STYLE["mean_time"],
                label="mean travel time")
     ax.plot([0, hi], [0, hi], "k-", lw=0.8, label="perfect prediction")
+    # the axes end at the 99.5 % quantile (a few extreme trips would squeeze the rest into a corner): say how many
+    # trips that leaves out of the picture, rather than drop them without a word
+    beyond = int(np.sum((true > hi) | (pred > hi))) if n else 0
+    shown = f"{MAX_SCATTER:,} of {n:,} trips" if n > MAX_SCATTER else counted(n, "trip")
     ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="actual travel time (min)", ylabel="predicted travel time (min)",
-           title="predicted against actual, test split" + (f" ({MAX_SCATTER:,} of {n:,} trips)" if n > MAX_SCATTER
-                                                          else f" ({counted(n, 'trip')})"))
+           title=f"predicted against actual, test split ({shown}"
+                 + (f"; {beyond:,} beyond the axes" if beyond else "") + ")")
     _legend(ax, loc="upper left")
 
 

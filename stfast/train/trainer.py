@@ -259,7 +259,8 @@ class Trainer:
         self.best = val["mape"] if improved else self.best
         ckpt.save_last(self, best=improved)
         self.say(f"epoch {self.epoch:3d}  loss {train_loss:.4f}  val MAPE {100 * val['mape']:.2f} %  "
-                 f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {samples_per_s:.0f} trips/s" + ("  *" if improved else ""))
+                 f"MAE {val['mae']:.1f} s  RMSE {val['rmse']:.1f} s  {samples_per_s:.0f} trips/s"
+                 + ("  → checkpoint.pt" if improved else ""))  # said in words: these weights are the run's now
         return improved
 
     def _after_step(self, bi: int, loss: StepLoss, loss_sum: float, n_done: int) -> bool:
