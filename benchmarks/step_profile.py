@@ -9,7 +9,8 @@ Groups (self time: an operator's time without the operators it calls):
 - ``gemm``: matrix products (``aten::mm / addmm / addmm_ / bmm / matmul``, oneDNN's ``mkldnn_*`` matmuls), the
   fused LSTM's included (inside ``stfast::lstm_*``: ATen calls, ``stfast::onednn_matmul`` where the GEMM plan
   chose oneDNN, ``stfast::brgemm`` where it chose oneDNN's micro-kernel, :mod:`stfast.ops.gemm`), and the fused
-  LSTM's tile-fused forward steps (``stfast::lstm_fused_step``: each step's recurrent product with its gates);
+  LSTM's tile-fused steps (``stfast::lstm_fused_step``: each forward step's recurrent product with its gates;
+  ``stfast::lstm_fused_backward_step``: each backward step's gate gradients with their product dG·W_hh);
 - ``onednn_rnn``: torch.nn.LSTM's fused oneDNN RNN (``--kernels reference``): its products and gates together;
 - ``fused_ops``: stfast's fused operators' own time: the LSTM's gates and the geo-conv. A fused op called with
   grad enabled runs under its autograd kernel (``GeneratedBackwardFor_stfast_<op>_default``), which the profiler
@@ -56,7 +57,7 @@ from _device import cpu_summary
 
 GEMM = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::_mkldnn",
         "aten::mkldnn_matmul", "aten::mkldnn_linear", "stfast::gemm", "stfast::onednn_matmul", "stfast::brgemm",
-        "stfast::lstm_fused_step")
+        "stfast::lstm_fused_step", "stfast::lstm_fused_backward_step")
 GROUPS = ("gemm", "onednn_rnn", "fused_ops", "optimizer", "other_ops", "outside_ops")
 RATE_GROUPS = ("gemm", "onednn_rnn")  # the groups that run the step's products, whose GFLOP/s OUT.md shows
 

@@ -353,7 +353,8 @@ Library library_for(at::ScalarType operands, at::ScalarType out, Use use) {
   }
   if (nested) return kAten;  // never probed outside: no timing from inside a region
   // outside the lock: the probe runs GEMMs. Hysteresis: a measurement within 8 % of the margin is repeated (twice
-  // at most) and the rates averaged, so that the choice, and with it float32 bits, does not flip on noise.
+  // at most) and the rates averaged; then a library must beat ATen by the margin and 8 % more, so that a ratio near
+  // the margin does not flip the choice, and with it float32 bits, on noise.
   std::array<double, kNumLibraries> rates = probe_rates(operands, out, use);
   const double margin = use == kStep ? kStepMargin : kMargin;
   auto near_margin = [&] {
@@ -369,6 +370,12 @@ Library library_for(at::ScalarType operands, at::ScalarType out, Use use) {
   for (int extra = 1; extra <= 2 && near_margin(); ++extra) {
     const auto again = probe_rates(operands, out, use);
     for (int l = 0; l < kNumLibraries; ++l) rates[l] = (rates[l] * extra + again[l]) / (extra + 1);
+  }
+  // Still within 8 % of the margin after three measurements: a library that is not clearly faster than ATen is
+  // not taken (a true ratio near the margin would otherwise flip the choice, and float32 bits, from process to
+  // process; on the Zen 3 EPYC the float32 step sits at 1.1-1.25x with the LSTM itself a tie either way).
+  for (int l = 1; l < kNumLibraries; ++l) {
+    if (rates[l] > 0 && rates[kAten] > 0 && rates[l] < margin * 1.08 * rates[kAten]) rates[l] = 0.0;
   }
   return select(operands, out, rates, use);
 }
