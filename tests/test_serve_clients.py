@@ -454,3 +454,24 @@ def test_admission_units():
     assert units("/eta", size=320 * 1024) == 10.0
     assert units("/eta", size=50 << 20) == 32.0  # a body over the limit is refused unread: charged up to it
     assert units("/healthz", "GET") == 0.1 and units("/nowhere", "GET") == 0.1 and units("/coverage", "GET") == 1.0
+
+
+def test_a_port_in_use_is_one_line_naming_the_flag(trained, capsys):
+    """Issue 62: ``stfast serve --port P`` with P taken by another program: one ``stfast: error:`` line naming
+    --port, exit 2, before the model is read (before: uvicorn's raw ``[Errno 98] error while attempting to bind``
+    log line and exit 3)."""
+    import socket
+
+    from conftest import one_line_error
+
+    from stfast.cli import main
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        err = one_line_error(capsys, main(["serve", "--checkpoint", str(trained), "--port", str(port)]))
+    finally:
+        busy.close()
+    assert f"--port {port}" in err and "in use" in err, err

@@ -29,11 +29,13 @@ its batch-mates. A request whose client has gone leaves the queue before its pas
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import ipaddress
 import logging
 import math
 import re
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -569,6 +571,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     from ..train.trained import load_model
 
     setup_logging(log_level)
+    sock = listening_socket(host, port)  # first: a port in use is said before the model is read
 
     token = None
     if token_file is not None:
@@ -585,7 +588,26 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
                            body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
                            max_connections=max_connections, drain_s=drain_s, log_level=log_level,
                            max_connections_per_client=max_connections_per_client, write_timeout_s=write_timeout_s)
-    ReadyServer(config, describe(model)).run()
+    ReadyServer(config, describe(model)).run(sockets=[sock])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (``host``, ``port``) for uvicorn (as its own binding does: SO_REUSEADDR, IPv6 for an
+    address with a colon). Raises ValueError naming the flags: the port in use by another program (uvicorn's own
+    message was a raw ``[Errno 98]`` log line and exit 3), or no such address here."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(f"--port {port}: {host}:{port} is in use by another program (another stfast serve?); "
+                             "give another --port, or stop that program") from None
+        raise ValueError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
