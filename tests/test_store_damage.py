@@ -341,3 +341,14 @@ def test_checks_not_started_when_one_fails_are_not_run(monkeypatch):
     with pytest.raises(DamagedError, match="lng.npy"):
         store_checks._in_order(tasks)
     assert len(ran) < 5, ran
+
+
+def test_verify_of_a_missing_path_says_there_is_none(tmp_path, capsys):
+    """Issue 62: `stfast data verify` of a path that does not exist says so (before: "is not a trips store (no
+    manifest.json)", as if a folder were there); a folder that is not a store still gets that line."""
+    from conftest import one_line_error
+
+    err = one_line_error(capsys, main(["data", "verify", str(tmp_path / "nowhere.store")]))
+    assert "nowhere.store: no such file or folder" in err and MANIFEST not in err, err
+    err = one_line_error(capsys, main(["data", "verify", str(tmp_path)]))
+    assert f"not a trips store (no {MANIFEST})" in err, err

@@ -413,6 +413,8 @@ def verify_store(path: str | os.PathLike) -> tuple[int, int]:
     from .store_checks import verify_files
 
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder: give the folder `stfast data convert --out` wrote")
     if not is_store(path):
         raise ValueError(f"{path} is not a trips store (no {MANIFEST}): give the folder `stfast data convert --out` wrote")
     m = read_manifest(path)
