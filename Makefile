@@ -20,12 +20,15 @@ NATIVE_SRC := CMakeLists.txt $(shell find csrc -type f 2>/dev/null)
 # Demo environment: a regular (non-editable) install, so its extension (built against $(TORCH)) does
 # not collide with the editable test environment's extension in the source tree.
 $(VENV)/.stfast-installed: pyproject.toml setup.py $(NATIVE_SRC)
+	@echo "stfast: setting up $(VENV): $(TORCH) and stfast's dependencies (a few minutes, once) ..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "setuptools>=64" wheel "$(TORCH)"
+	@echo "stfast: building stfast's CPU kernels and installing it (about 2 minutes) ..."
 	$(PY) -m pip install -q --no-build-isolation ".[test]"
 	touch $@
 
 $(TEST_VENV)/.stfast-installed: pyproject.toml setup.py $(NATIVE_SRC)
+	@echo "stfast: setting up $(TEST_VENV): $(TEST_TORCH) and the test dependencies, then building the kernels ..."
 	test -x $(TEST_PY) || $(PYTHON) -m venv $(TEST_VENV)
 	$(TEST_PY) -m pip install -q "setuptools>=64" wheel "$(TEST_TORCH)"
 	mkdir -p build

@@ -66,3 +66,18 @@ def test_readme_commands_have_stfast_on_path_after_the_setup_it_gives():
     activate = [i for i, ln in enumerate(lines) if re.match(rf"(\.|source) {re.escape(venv)}/bin/activate\b", ln)]
     commands = [i for i, ln in enumerate(lines) if ln.startswith("stfast ")]
     assert commands and activate and activate[0] < commands[0], lines[:commands[0] + 1] if commands else lines
+
+
+def test_setup_says_what_it_installs_before_the_silent_minutes(tmp_path):
+    """Issue 62: `make demo` / `make setup` announce the installs and the build before pip runs quietly for
+    minutes (before: nothing was printed for ~3 minutes)."""
+    out = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'v'}"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert any("pip install" in ln for ln in out), out
+    announced = False
+    for ln in out:  # each quiet install is announced by a line of its own saying what comes
+        if ln.startswith('echo "stfast: '):
+            announced = True
+        elif "pip install" in ln:
+            assert announced, out
+            announced = False
