@@ -118,6 +118,19 @@ def test_resume_to_more_epochs_averages_the_weights_as_a_fresh_run(trips_file, t
         assert torch.equal(a[k], b[k]), k
 
 
+def test_resume_with_fewer_epochs_says_when_the_average_starts(trips_file, tmp_path, capsys, caplog):
+    """Issue 62: a 20-epoch run with --swa-start 0.5 stopped in epoch 4, resumed with --epochs 4 (whose average
+    starts at epoch 3, already passed), says the average starts now (before: a warning that the average "began at
+    epoch 11 of 20" and "continues the average it holds", in a run that never reached epoch 11)."""
+    kw = dict(dtype="float64", swa_start=0.5, select="last")
+    Trainer(cfg(trips_file, tmp_path / "r", epochs=20, max_steps=20, **kw)).fit()  # 6 steps an epoch: in epoch 4
+    capsys.readouterr()
+    Trainer(cfg(trips_file, tmp_path / "r", epochs=4, resume=True, **kw)).fit()
+    said = capsys.readouterr().out + caplog.text
+    assert "began at epoch" not in said and "average it holds" not in said, said
+    assert "the weight average starts now, in epoch 4 of 4" in said, said
+
+
 def test_resume_refuses_another_preset(trips_file, tmp_path):
     out = tmp_path / "r"
     Trainer(cfg(trips_file, out, preset="real", max_steps=2)).fit()

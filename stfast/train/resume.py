@@ -98,6 +98,11 @@ def _restart_average(tr, state: dict) -> bool:
     if was == now:
         return False
     epoch, batch = state["epoch"], state.get("epoch_batch", 0)
+    if epoch < was and (epoch > now or (epoch == now and batch > 0)):  # passed the new start, averaged nothing yet
+        tr.say(f"the weight average starts now, in epoch {epoch + 1} of {tr.cfg.epochs}: a fresh run of --epochs "
+               f"{tr.cfg.epochs} starts it at epoch {now + 1}, which this run passed before its own start (epoch "
+               f"{was + 1} of {saved['epochs']})")
+        return True
     if epoch < now or (epoch == now and batch == 0):
         tr.say(f"the weight average starts at epoch {now + 1} of {tr.cfg.epochs} (it started at {was + 1} of "
                f"{saved['epochs']}): it starts afresh there, as in a fresh run")
