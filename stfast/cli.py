@@ -135,6 +135,25 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
                               "run's --precision)"}})
 
 
+def _compare_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("candidate", help="checkpoint.pt of the new model")
+    c.add_argument("incumbent", help="checkpoint.pt of the model it would replace")
+    c.add_argument("--data", required=True, help="recent trips to score both on (file or folder)")
+    c.add_argument("--format", default="auto", help="format of --data (default: auto, recognized by content)")
+    c.add_argument("--on-error", default="raise", choices=("raise", "skip"),
+                   help="bad records of --data: stop naming file and line, or skip and count them")
+    c.add_argument("--min-gain", type=float, default=0.0,
+                   help="MAPE points the candidate must gain at the low end of the 95 %% interval (default: 0, "
+                        "better at all)")
+    c.add_argument("--promote", default=None, metavar="PATH",
+                   help="when the candidate is better, copy it over PATH atomically (the served model file)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    c.add_argument("--allow-outside", action="store_true",
+                   help="score the data even when most of its trips lie outside a model's training area")
+    c.add_argument("--device", default="cpu", help="device of the forward passes")
+    c.add_argument("--threads", type=int, default=None, help="torch threads of the forward passes")
+
+
 def _bench_args(b: argparse.ArgumentParser) -> None:
     from .train.config import add_arguments
 
@@ -187,6 +206,7 @@ COMMANDS = {
     "train": ("train DeepTTE (default data: the synthetic city)", _train_args),
     "evaluate": ("score a checkpoint on data", lambda p: _checkpoint_args(p, predict=False)),
     "predict": ("write predicted travel times", lambda p: _checkpoint_args(p, predict=True)),
+    "compare": ("score two checkpoints on the same trips; exit 0 when the first is better", _compare_args),
     "serve": ("HTTP service: the ETA of planned routes (needs the stfast[serve] extra)", _serve_args),
     "bench": ("benchmarks on your data and hardware", _bench_args),
     "report": ("render a training run as report.png and report.html", _report_args),
@@ -438,6 +458,33 @@ DROPPED_HEADER = ("trip_id", "segment", "reason")
 """The columns of the trips preprocessing dropped, which ``stfast predict`` writes beside its CSV."""
 
 
+def cmd_compare(a) -> int:
+    """Exit 0: the candidate is better by --min-gain (and promoted with --promote); 1: it is not; 2: bad input."""
+    from .data.coverage import check_inside
+    from .train.compare import compare, promote
+    from .train.trained import load_model
+
+    _set_threads(a)
+    if a.min_gain < 0 or a.min_gain >= 100:
+        raise ValueError(f"--min-gain must be in [0, 100) MAPE points, got {a.min_gain:g}")
+    cand, inc = load_model(a.candidate, a.device), load_model(a.incumbent, a.device)
+    if cand.data_options() != inc.data_options():  # both must see the same trips, preprocessed one way
+        diff = {k: (v, inc.data_options()[k]) for k, v in cand.data_options().items() if v != inc.data_options()[k]}
+        raise ValueError(f"{a.candidate} preprocesses trips otherwise than {a.incumbent} (" + ", ".join(
+            f"{k} {c!r} against {i!r}" for k, (c, i) in diff.items()) + "): they would not score the same trips")
+    trips = inc.load_trips(a.data, a.format, a.on_error)
+    if not a.allow_outside:
+        for m, path in ((cand, a.candidate), (inc, a.incumbent)):
+            check_inside(m.training_area(), m.outside(trips), trips, str(path), "--allow-outside")
+    result = compare(cand.predict(trips), inc.predict(trips), trips.time, a.min_gain / 100.0, a.seed)
+    for line in result.lines((f"candidate {a.candidate}", f"incumbent {a.incumbent}")):
+        print(line)
+    if result.better and a.promote is not None:
+        promote(a.candidate, a.promote)
+        print(f"promoted: {a.promote} is now {a.candidate}")
+    return 0 if result.better else 1
+
+
 def cmd_predict(a) -> int:
     if a.split is None:
         a.split = "all"
@@ -642,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     from .data.errors import TrajectoryFormatError
 
     cmds = {"train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict, "report": cmd_report,
-            "bench": cmd_bench, "serve": cmd_serve}
+            "bench": cmd_bench, "serve": cmd_serve, "compare": cmd_compare}
     fn = {"convert": cmd_data_convert, "verify": cmd_data_verify}[a.data_command] if a.command == "data" \
         else cmds[a.command]
     failed: tuple = ()  # the errors of a run that failed (not of its arguments): none where nothing trains
