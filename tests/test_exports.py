@@ -17,7 +17,8 @@ import stfast
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {  # package → its submodules
     "stfast.parallel": ("slicer", "comm", "data_parallel", "components"),
-    "stfast.accum": ("noise", "goodput", "window", "schedulers", "agent", "controller", "env", "profile", "registration"),
+    "stfast.accum": ("noise", "goodput", "window", "schedulers", "agent", "controller", "micro_batches", "env", "profile",
+                     "registration"),
 }
 # public but not package API: the `stfast train --nproc` launcher and the profile module's command line
 NOT_EXPORTED = {"stfast.parallel.data_parallel": {"launch"}, "stfast.accum.profile": {"main", "measure"}}
