@@ -1,24 +1,56 @@
-"""Gradient accumulation chosen by a scheduler (goodput or RL) in a hand-written training loop.
+"""Gradient accumulation chosen by a scheduler (goodput or RL) in a hand-written training loop, in one line.
 
     python examples/accumulation_loop.py --scheduler goodput
     python examples/accumulation_loop.py --scheduler rl
 
-The loop uses stfast's AccumulationController, the object stfast's own trainer uses: every window of W
-optimizer steps it hands the scheduler what it measured (stfast.accum.WindowStats: k, trips, wall time,
-gradient noise scale), takes the next k and sets the learning rate for the effective batch k·B (the sqrt
-rule for Adam). The gradient noise scale comes from the micro-steps' gradients (stfast.accum.noise),
-without extra backward passes; at k = 1 in one process from consecutive steps.
+The loop iterates over ``ctl.micro_batches(...)`` (stfast.accum.AccumulationController, the object stfast's
+own trainer uses) and writes forward and backward as in plain PyTorch, with ``micro.backward(loss)`` for
+``loss.backward()`` (as Accelerate's ``accelerator.backward``). The iterator groups the micro-batches k at a
+time, steps the optimizer after each group, and every window of W optimizer steps hands the scheduler what it
+measured (stfast.accum.WindowStats: k, trips, wall time, gradient noise scale), takes the next k and sets the
+learning rate for the effective batch k·B (the sqrt rule for Adam). The gradient noise scale comes from the
+micro-steps' gradients (stfast.accum.noise), without extra backward passes; at k = 1 in one process from
+consecutive steps.
 """
 from __future__ import annotations
 
 import argparse
-import time
+from collections.abc import Iterable, Iterator
 
 import torch
 from _sequences import SeqRegressor, make_sequences
 
 from stfast.accum.controller import AccumulationController
 from stfast.accum.schedulers import make_scheduler
+
+
+def random_micro_batches(seqs: list[torch.Tensor], target: torch.Tensor, micro_batch: int,
+                         gen: torch.Generator) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
+    """Endless micro-batches of ``micro_batch`` sequences drawn at random: (sequences [L_i, F], targets [b])."""
+    while True:
+        idx = torch.randint(0, len(seqs), (micro_batch,), generator=gen)
+        yield [seqs[i] for i in idx], target[idx]
+
+
+def train(model: torch.nn.Module, ctl: AccumulationController, data: Iterable, windows: int) -> list[int]:
+    """Train ``model`` on the micro-batches of ``data`` ((sequences, targets [b]) pairs) for ``windows``
+    windows of ``ctl.window`` optimizer steps, k micro-batches each as ``ctl``'s scheduler decides; the loss is
+    the mean squared error. Returns k per window."""
+    chosen = [ctl.k]
+
+    def report(row: dict) -> None:  # each window's metrics (row["noise_scale"]: its lower confidence bound)
+        print(f"window: k={row['k']:2d}  {row['samples_per_s']:7.1f} trips/s  loss EMA {row['loss_ema']:8.3f}  "
+              f"noise scale {row['noise_scale_point'] or float('nan'):9.1f} trips "
+              f"(lower bound {row['noise_scale'] or float('nan'):9.1f})", flush=True)
+        chosen.append(row["k_next"])
+
+    for micro in ctl.micro_batches(data, budget_used=lambda: (ctl.n_windows + 1) / windows,
+                                   size=lambda b: len(b[1]), on_window=report):
+        if ctl.n_windows == windows:
+            break
+        seqs, y = micro.batch
+        micro.backward((model(seqs) - y).square().mean())
+    return chosen[:windows]
 
 
 def main(argv=None) -> dict:
@@ -32,38 +64,15 @@ def main(argv=None) -> dict:
     seqs, target = make_sequences(2000)
     model = SeqRegressor()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    # one process: nothing to reduce over ranks (give reduce=, world_size=, rank= under torch.distributed);
-    # the plain noise scale B_simple, which needs no Adam warm-up
+    # one process; the plain noise scale B_simple, which needs no Adam warm-up
     ctl = AccumulationController(make_scheduler(a.scheduler, seed=0), model.parameters(), a.micro_batch, a.window,
                                  opt, noise_scale="plain", lr_scaling="sqrt")
-    gen = torch.Generator().manual_seed(1)
-    chosen, step_loss = [], float("nan")
-    ctl.start_clock()
-    for w in range(a.windows):
-        chosen.append(ctl.k)
-        while not ctl.window_due():
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            ctl.begin_step()
-            n_total, step_loss = ctl.k * a.micro_batch, 0.0
-            for j in range(ctl.k):  # micro-steps: sum of squared errors / all trips of the optimizer step
-                idx = torch.randint(0, len(seqs), (a.micro_batch,), generator=gen)
-                loss = (model([seqs[i] for i in idx]) - target[idx]).square().sum() / n_total
-                loss.backward()
-                ctl.after_micro_step(len(idx), n_total, last=j == ctl.k - 1)
-                step_loss += loss.item()
-            reduced = ctl.extra(step_loss)  # what an all-reduce would sum with the gradients
-            opt.step()
-            ctl.end_step(reduced, n_total, step_s=time.perf_counter() - t0, sync_s=0.0)
-        budget_used = (w + 1) / a.windows
-        stats = ctl.window_stats(budget_used)  # the scheduler steers by the noise scale's lower confidence bound
-        print(f"window: k={ctl.k:2d}  {stats.samples_per_s:7.1f} trips/s  loss {step_loss:8.3f}  "
-              f"noise scale {ctl.noise.value:9.1f} trips (lower bound {ctl.noise.lower_confidence():9.1f})", flush=True)
-        ctl.end_window(budget_used, out_of_time=False)  # the next k, and the learning rate for it
+    chosen = train(model, ctl, random_micro_batches(seqs, target, a.micro_batch, torch.Generator().manual_seed(1)),
+                   a.windows)
     print(f"k per window: {chosen}")
     # noise scale: nan while the |G|² estimate is not positive (the estimate's noise exceeds the signal)
     noise = ctl.noise
-    return {"k": chosen, "final_loss": step_loss, "noise_scale": noise.value, "noise_updates": noise.n,
+    return {"k": chosen, "final_loss": ctl.loss_ema, "noise_scale": noise.value, "noise_updates": noise.n,
             "g2": noise.g2, "trace": noise.trace, "noise_scale_bound": noise.lower_confidence()}
 
 

@@ -347,7 +347,7 @@ def cmd_train(a) -> int:
 
         result = train_ensemble(cfg)
     else:
-        result = train(cfg)
+        result = train(cfg, keyboard_interrupt=False)
     # SIGINT/SIGTERM: last.pt is written, the run is not finished (a rank exits 0: its launcher reports it)
     if "stopped_by" in result and not launched_by_torchrun():
         import signal

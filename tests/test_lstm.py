@@ -739,6 +739,26 @@ def test_bad_arguments():
         LSTM(4, 8, dropout=1.5)
 
 
+def test_a_wrong_input_size_is_named_as_torch_names_it():
+    """Issue 62: the input's last dimension, in torch.nn.LSTM's words and exception type (before, the op blamed
+    the weight: "weight_ih_l0 must be (32, 7), got [32, 4]"), for padded, unbatched, packed and CSR input."""
+    mod, ref = LSTM(4, 8), torch.nn.LSTM(4, 8)
+    words = "input.size(-1) must be equal to input_size. Expected 4, got 7"
+    for x in (torch.randn(3, 5, 7), torch.randn(5, 7)):
+        with pytest.raises(RuntimeError) as theirs:
+            ref(x)
+        with pytest.raises(RuntimeError) as ours:
+            mod(x)
+        assert str(ours.value) == str(theirs.value) == words
+    with pytest.raises(RuntimeError) as ours:  # (torch's own says "mat1 and mat2 shapes cannot be multiplied")
+        mod(pack_padded_sequence(torch.randn(5, 3, 7), torch.tensor([5, 4, 2])))
+    assert str(ours.value) == words
+    with pytest.raises(RuntimeError, match=r"^input.size\(-1\) must be equal to input_size. Expected 4, got 3$"):
+        mod.forward_packed(torch.randn(7, 3), torch.tensor([0, 3, 7]))
+    with pytest.raises(ValueError, match="Expected input to be 2D or 3D, got 4D instead"):
+        mod(torch.randn(3, 5, 4, 1))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_offsets_checked_on_every_device(device):
     """Issue 24, one validation path: offsets not starting at 0 are refused on the host copy for any device

@@ -33,7 +33,7 @@ def _train_config(argv):
 
     seen, real_train = {}, trainer.train
 
-    def fake_train(c):
+    def fake_train(c, **_):
         seen["cfg"] = c
         return {}  # train's result: a summary dict
 

@@ -234,6 +234,33 @@ def test_stop_signal_finishes_the_step_writes_last_pt_and_exits_128_plus_it(trip
         assert_bitwise(ckpt.load(out / "last.pt"), reference)
 
 
+def test_ctrl_c_in_the_python_api_writes_last_pt_then_raises_keyboard_interrupt(trips_file, tmp_path, reference):
+    """Issue 62: Ctrl-C inside train(TrainConfig(...)) saves what the CLI saves, then raises KeyboardInterrupt
+    naming resume=True (before, it returned {'stopped_by': 'SIGINT', ...} and the script carried on), and
+    resume=True continues the run to the uninterrupted one's end."""
+    out = tmp_path / "run"
+    code = (f"from stfast.train.config import TrainConfig\n"
+            f"from stfast.train.trainer import train\n"
+            f"train(TrainConfig(data={trips_file!r}, out={str(out)!r}, checkpoint_every=7, **{ARGS!r}))\n"
+            f"print('the script carried on')\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), cwd=tmp_path)
+    _wait_for_checkpoint(out / "last.pt", proc, lambda s: s["step"] >= 7)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGINT, stderr[-3000:]  # Python's end for an uncaught KeyboardInterrupt
+    raised = stderr.strip().splitlines()[-1]
+    assert raised.startswith("KeyboardInterrupt: stopped after ") and "(SIGINT)" in raised, stderr[-3000:]
+    assert "TrainConfig(..., resume=True)" in raised and "--resume" not in raised and str(out / "last.pt") in raised
+    step = int(raised.split()[3])
+    st = ckpt.load(out / "last.pt")  # written at the stop, before the exception
+    assert st["step"] == step and 7 <= step < N_STEPS
+    assert "the script carried on" not in stdout and "test split (" not in stdout
+    from stfast.train.trainer import train
+    train(TrainConfig(data=trips_file, out=str(out), resume=True, **ARGS))
+    assert_bitwise(ckpt.load(out / "last.pt"), reference)
+
+
 # ---------------------------------------------------------------- non-finite loss or gradient
 def _poison(monkeypatch, bad_calls, kind="loss"):
     """Make models.deeptte.combine_loss's n-th call (1-based, in bad_calls) give a NaN loss, or a finite loss whose

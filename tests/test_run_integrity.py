@@ -254,6 +254,11 @@ def test_load_model_returns_a_model_ready_to_predict(jsonl, tmp_path):
     assert main(["train", "--data", jsonl, *FAST, "--out", str(out)]) == 0
     m = stfast.load_model(out / "checkpoint.pt")
     assert not m.model.training and len(m.drivers) > 1 and m.norm_stats.time_std > 0
+    # issue 62: its repr is one short line (what model, trained on what), not the modules, config and coverage
+    text = repr(m)
+    assert text == str(m) and "\n" not in text and len(text) < 400, text
+    assert text.startswith("TrainedModel(DeepTTE, ") and f"trained on {jsonl} (" in text and "1 epoch," in text
+    assert f"{sum(p.numel() for p in m.model.parameters()):,} parameters" in text and str(out) in text
     trips = m.load_trips(jsonl)
     pred = m.predict(trips)
     assert pred.shape == (len(trips),) and pred.dtype == np.float64 and np.all(pred > 0)

@@ -1,9 +1,9 @@
 """Gradient accumulation whose step count k a scheduler chooses: the gradient noise scale (noise),
 goodput and the LR rule (goodput), what a window measures, observes and earns (window), schedulers (Fixed,
 Goodput; schedulers), the RL agent and its scheduler (agent), gymnasium environments (env), the
-trainer-side controller (controller) and the simulator's compute profile (profile). Every name is
-importable from here (``from stfast.accum import WindowStats``); a submodule is imported when one of its
-names is first used.
+controller any training loop uses (controller; in one line of it: ``for micro in controller.micro_batches(
+loader)``, micro_batches) and the simulator's compute profile (profile). Every name is importable from here
+(``from stfast.accum import WindowStats``); a submodule is imported when one of its names is first used.
 
 Importing it registers the gymnasium environments (``gymnasium.make("stfast/AccumulationSim-v0")``, the
 simulated cluster; ``"stfast/AccumulationLive-v0"``, live training; see registration)."""
@@ -18,6 +18,7 @@ __all__, __getattr__, __dir__ = lazy_exports(__name__, {
     "schedulers": ("FixedScheduler", "GoodputScheduler", "check_start", "make_scheduler", "parse_spec"),
     "agent": ("Agent", "RLScheduler", "goodput_model_q", "pretrained_agent", "residual_agent", "train_offline"),
     "controller": ("AccumulationController", "rescale_second_moments"),
+    "micro_batches": ("MicroBatch",),
     "env": ("SimConfig", "SimulatedTrainingEnv", "default_sim_config", "randomized_config", "ring_allreduce_s",
             "rollout"),
     "registration": ("register_environments",),

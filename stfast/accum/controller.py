@@ -3,20 +3,24 @@ units, loss, time in the all-reduce), windows of W optimizer steps, the schedule
 rank 0 and summed over ranks by the caller's reduce function so that every rank takes the same number
 of micro-steps (ranks that disagree would hang in the all-reduce), and the learning rate for k.
 
-A loop calls it at five places: before the first micro-step (begin_step), after each micro-step's
-backward (after_micro_step), around the gradient all-reduce (extra, end_step), and after a window
-(window_due, end_window); stfast's Trainer and examples/accumulation_loop.py do just that.
+In one line of a loop: ``for micro in controller.micro_batches(loader): micro.backward(loss_of(micro.batch))``
+(:meth:`AccumulationController.micro_batches`, examples/accumulation_loop.py) makes all its calls. Underneath,
+a loop calls it at five places: before the first micro-step (begin_step), after each micro-step's backward
+(after_micro_step), around the gradient all-reduce (extra, end_step), and after a window (window_due,
+end_window); stfast's Trainer does just that (with its own gradient all-reduce over ranks).
 """
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from .goodput import lr_scale
+from .micro_batches import MicroBatch, _accumulate
 from .noise import GradientNoiseScale, UnitGradients, adam_preconditioner, adam_trace_scale, noise_kind
 from .schedulers import FixedScheduler, make_scheduler
 from .window import AccumulationScheduler, WindowStats
@@ -80,6 +84,7 @@ class AccumulationController:
         self.n_windows = 0
         self.wall_before = 0.0  # training wall time of earlier invocations (resume), s
         self._t0 = time.perf_counter()
+        self.clock_started = False  # start_clock called (micro_batches calls it on its first use)
         self._last_end = None  # perf_counter at the end of the last optimizer step (None: not counting)
         self.reset_window()
         self.apply_lr()  # the learning rate for the first k
@@ -98,13 +103,45 @@ class AccumulationController:
         return cls(sched, params, micro_batch, window, optimizer, noise_scale, world_size=world_size, rank=rank, **kw)
 
     def start_clock(self) -> None:
+        """Training starts now: :meth:`elapsed` (and so a time budget) counts from here, added to the wall time
+        of earlier invocations a resumed run recorded. Call it once, before the first step."""
         self._t0 = time.perf_counter()
+        self.clock_started = True
+
+    def micro_batches(self, batches: Iterable, budget_used: Callable[[], float] | None = None,
+                      size: Callable[[Any], int] = len,
+                      on_window: Callable[[dict], None] | None = None) -> Iterator[MicroBatch]:
+        """Gradient accumulation in one line of a training loop (one process): iterate over ``batches``' items
+        as :class:`MicroBatch`es, k to an optimizer step, k being this controller's (the scheduler's, updated
+        every ``window`` steps), and call ``micro.backward(loss)`` with each micro-batch's mean loss::
+
+            for micro in ctl.micro_batches(loader, size=lambda b: len(b[0])):
+                x, y = micro.batch
+                micro.backward(F.mse_loss(model(x), y))
+
+        The iterator zeroes the gradients before a step's first micro-batch, and after its last backward steps
+        the optimizer (this controller's), then closes the window when it is due (the scheduler's next k, the
+        learning rate for it). Its decisions and parameters are those of the eight calls made by hand
+        (stfast.accum.micro_batches). An epoch that ends mid-step (``batches`` runs out after j < k items):
+        the last step takes those j micro-batches, weighted over their own samples; the window continues into
+        the next call. Call it once per epoch, or once over an endless stream and ``break``.
+
+        batches: any iterable (a DataLoader: one item = one micro-batch of about ``micro_batch`` samples).
+        budget_used: the fraction of the training budget spent, in [0, 1], when a window closes (what the
+        schedulers read; None: 0). size: the samples (trips) of an item, what weights its loss and the noise
+        scale's units (``len``; a DataLoader's ``[x, y]`` batches have len 2: pass ``lambda b: len(b[0])``).
+        on_window: called with each closed window's metrics (a dict: WindowStats' fields, ``loss_ema``,
+        ``k_next``, ``noise_scale_point``).
+        Raises ValueError (on first use): no optimizer, or several ranks (use the five calls there, around
+        your gradient all-reduce); RuntimeError: an item not backpropagated through ``micro.backward``."""
+        return _accumulate(self, batches, budget_used, size, on_window)
 
     def elapsed(self) -> float:
         """Wall time of training so far (s), over resumed invocations too (what --time-budget counts)."""
         return self.wall_before + time.perf_counter() - self._t0
 
     def reset_window(self) -> None:
+        """A new window: its step, trip and time counters at zero, its loss start at the loss EMA."""
         self.w_steps, self.w_trips, self.w_wall, self.w_comm, self.w_compute = 0, 0, 0.0, 0.0, 0.0
         self.w_loss_start = self.loss_ema
 
@@ -120,6 +157,8 @@ class AccumulationController:
         return self.noise_kind == "plain" or self._precond is not None
 
     def begin_step(self) -> None:
+        """Before an optimizer step's first micro-step (after ``optimizer.zero_grad()``): the step's unit
+        statistics start afresh, under Adam's preconditioner, re-read every PRECOND_REFRESH_STEPS steps."""
         if self.noise_kind == "adam" and (self._precond is None or self._precond_age >= PRECOND_REFRESH_STEPS):
             self._precond, self._precond_age = adam_preconditioner(self.optimizer, self.params), 0
         self._precond_age += 1
@@ -177,6 +216,7 @@ class AccumulationController:
 
     # ------------------------------------------------------------ per window
     def window_due(self) -> bool:
+        """Whether the window has its ``window`` optimizer steps (then :meth:`end_window`)."""
         return self.w_steps >= self.window
 
     def end_window(self, budget_used: float, out_of_time: bool, imbalance: float = 1.0) -> tuple[bool, dict | None]:
@@ -266,6 +306,8 @@ class AccumulationController:
                 "wall_before": self.elapsed(), "window": {f: getattr(self, f) for f in self.WINDOW_FIELDS}}
 
     def load_state_dict(self, s: dict) -> None:
+        """Continue from :meth:`state_dict`'s ``s``: k, the scheduler (rank 0), the noise statistics (when of
+        this controller's noise kind) and the open window's counters."""
         self.k, self.loss_ema, self.n_windows = s["k"], s["loss_ema"], s["n_windows"]
         self.wall_before = s["wall_before"]
         if self.is_main:

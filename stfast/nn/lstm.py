@@ -128,6 +128,13 @@ class LSTM(nn.Module):
                 x = F.dropout(x, self.dropout, training=True)
         return x, torch.cat(h_n), torch.cat(c_n)
 
+    def _check_input(self, input: Tensor) -> None:
+        """torch.nn.LSTM's check of the input's feature dimension, before the op (whose own check would name
+        the layer-0 weight that does not fit the input, not the input)."""
+        if input.size(-1) != self.input_size:
+            raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                               f"got {input.size(-1)}")
+
     @staticmethod
     def _states(hx, batched: bool):
         if hx is None:
@@ -140,8 +147,12 @@ class LSTM(nn.Module):
     def forward(self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None,
                 lengths: Tensor | None = None):
         """torch.nn.LSTM's forward (padded, unbatched or PackedSequence input), plus optional ``lengths`` (B,)
-        integer, for padded input. Raises ValueError for bad lengths/shapes (see :func:`stfast.ops.lstm_padded`)."""
+        integer, for padded input. Raises, as torch.nn.LSTM does, RuntimeError when the input's last dimension
+        is not ``input_size`` ("input.size(-1) must be equal to input_size. Expected I, got …") and ValueError
+        when it is not 2-D or 3-D; ValueError for bad lengths or state shapes (see
+        :func:`stfast.ops.lstm_padded`)."""
         if isinstance(input, PackedSequence):
+            self._check_input(input.data)
             if lengths is not None:
                 raise ValueError("stfast.nn.LSTM: lengths is for padded input; a PackedSequence carries its own")
             h0, c0 = self._states(hx, True)
@@ -153,7 +164,9 @@ class LSTM(nn.Module):
                 h_n, c_n = h_n.index_select(1, input.unsorted_indices), c_n.index_select(1, input.unsorted_indices)
             return PackedSequence(out, input.batch_sizes, input.sorted_indices, input.unsorted_indices), (h_n, c_n)
         if input.dim() not in (2, 3):
-            raise ValueError(f"stfast.nn.LSTM: input must be 2-D (unbatched) or 3-D, got shape {tuple(input.shape)}")
+            raise ValueError(f"LSTM: Expected input to be 2D or 3D, got {input.dim()}D instead (shape "
+                             f"{tuple(input.shape)})")
+        self._check_input(input)
         batched = input.dim() == 3
         h0, c0 = self._states(hx, batched)
         x = input if batched else input.unsqueeze(1)
@@ -172,7 +185,9 @@ class LSTM(nn.Module):
 
     def forward_packed(self, input: Tensor, offsets: Tensor, hx: tuple[Tensor, Tensor] | None = None):
         """Packed (CSR) sequences: ``input`` (N, I), ``offsets`` (B + 1,) int64 (as the geo-conv op emits).
-        Returns ``output`` (N, H) in the same rows and ``(h_n, c_n)`` (L, B, H) in sequence order."""
+        Returns ``output`` (N, H) in the same rows and ``(h_n, c_n)`` (L, B, H) in sequence order. Raises
+        RuntimeError when ``input``'s last dimension is not ``input_size`` (as :meth:`forward`)."""
+        self._check_input(input)
         h0, c0 = self._states(hx, True)
         out, h_n, c_n = self._stack(lambda x, w, L, h, c: lstm_packed(x, offsets, w, L, h, c), input, h0, c0)
         return out, (h_n, c_n)

@@ -57,7 +57,7 @@ def train_ensemble(cfg) -> dict:
         print(f"ensemble member {k + 1}/{cfg.ensemble}: seed {seed} → {mcfg.out}", flush=True)
         kept = json.loads(done.read_text()) if cfg.resume and done.is_file() else None
         # a finished member is kept unless --epochs now asks for more (then it resumes, as a single run does)
-        result = kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg)
+        result = kept if kept is not None and kept.get("epochs", 0) >= cfg.epochs else train(mcfg, keyboard_interrupt=False)
         if "stopped_by" in result:  # SIGINT/SIGTERM: the rest waits for --resume
             return result
         members.append(result)

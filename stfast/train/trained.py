@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._plural import counted
 from ..data.coverage import TrainingArea, check_inside, trips_outside
 from ..data.dataset import DriverVocab, NormStats, TripDataset
 from ..data.drops import describe as describe_dropped
@@ -68,6 +69,17 @@ class TrainedModel:
     tz: str | None = None
     route_profile: dict | None = None
     precision: str = "32"
+
+    def __repr__(self) -> str:
+        """One line: the model (its class, parameter count and members), what it was trained on (the data, its
+        format, the drivers it knows, epochs and seed), the precision it predicts in and the checkpoint
+        file; the network's modules are ``print(m.model)``, the full configuration ``m.config``."""
+        cfg = self.config
+        data = f"{cfg.data} ({cfg.format})" if cfg.data else f"a synthetic city of {cfg.n_synthetic:,} trips"
+        epochs = f"{counted(cfg.epochs, 'epoch')}, " if cfg.epochs else ""
+        return (f"TrainedModel({type(self.model).__name__}, {members.describe(self.model)}; trained on {data}, "
+                f"{counted(len(self.drivers), 'driver', spec=',')}, {epochs}seed {cfg.seed}; "
+                f"precision {self.precision} on {self.device}; {self.path})")
 
     @property
     def dtype(self):

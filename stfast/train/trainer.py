@@ -48,11 +48,14 @@ class Trainer:
     stfast.train.run_log: epoch, window, step and bad_step rows), summary.json, checkpoint.pt (best
     validation MAPE) and last.pt (the latest epoch or step, what ``--resume`` continues from; both atomic).
     Construction sets everything up (reads the data, builds the model, restores a checkpoint on --resume);
-    ``fit()`` trains; ``train_step()`` is one optimizer step (used by fit and the live RL environment)."""
+    ``fit()`` trains; ``train_step()`` is one optimizer step (used by fit and the live RL environment).
+    ``resume_hint``: how the line of a run stopped by a signal tells to continue it (the CLI's ``--resume``;
+    :func:`train` names :data:`RESUME_IN_PYTHON`)."""
 
-    def __init__(self, cfg: TrainConfig):
+    def __init__(self, cfg: TrainConfig, resume_hint: str = "--resume"):
         cfg.validate()
         self.cfg = cfg
+        self.resume_hint = resume_hint
         self.info = dp.init_from_env(cfg.device, timeout_s=cfg.timeout_s)
         if cfg.threads or self.info.distributed:
             torch.set_num_threads(cfg.threads or max(1, usable_cores() // self.info.world_size))
@@ -179,8 +182,10 @@ class Trainer:
         return lambda out, b: training_loss(self.model, out, b, n_trips, n_local, use_local)
 
     def fit(self) -> dict:
-        """Train (see the class doc). SIGTERM/SIGINT stop after the current step with last.pt written;
-        a failed collective is reported naming the ranks that stopped responding (guards)."""
+        """Train (see the class doc) and return the run's summary (:meth:`finish`). SIGTERM/SIGINT stop after the
+        current step with last.pt written and return ``{"stopped_by": "SIGINT" or "SIGTERM", "steps", "epochs",
+        "message"}`` (the line said: the step, last.pt, ``resume_hint``), without the test evaluation; a failed
+        collective is reported naming the ranks that stopped responding (guards)."""
         with self.guards.signals, guards.naming_rank_failures(self.info, self.cfg.timeout_s, lambda: self.step):
             return self._fit()
 
@@ -202,10 +207,12 @@ class Trainer:
         if stopped:
             ckpt.save_last(self)
             why = self.guards.signals.received or ("--time-budget" if out_of_time else "--max-steps")
-            self.say(f"stopped after {counted(self.step, 'step')} ({why}); state in {self.out / 'last.pt'}"
-                     + ("; continue with --resume" if self.guards.signals.received else ""))
+            line = (f"stopped after {counted(self.step, 'step')} ({why}); state in {self.out / 'last.pt'}"
+                    + (f"; continue with {self.resume_hint}" if self.guards.signals.received else ""))
+            self.say(line)
             if self.guards.signals.received:  # exit promptly: no test evaluation (a scheduler's grace period is short)
-                return {"stopped_by": self.guards.signals.received, "steps": self.step, "epochs": self.epoch}
+                return {"stopped_by": self.guards.signals.received, "steps": self.step, "epochs": self.epoch,
+                        "message": line}
         return self.finish()
 
     def _train_epoch(self) -> tuple[bool, bool, bool]:
@@ -278,11 +285,35 @@ class Trainer:
         return finish(self)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train per ``cfg`` in this process (a rank of a job when torchrun's variables are set)."""
+RESUME_IN_PYTHON = "TrainConfig(..., resume=True)"  # what continues a run stopped inside train()
+
+
+def train(cfg: TrainConfig, *, keyboard_interrupt: bool = True) -> dict:
+    """Train per ``cfg`` in this process (a rank of a job when torchrun's variables are set), writing into
+    ``cfg.out`` (see :class:`Trainer`), and return the run's summary (summary.json's dict: MAPE as a fraction,
+    MAE and RMSE in seconds, both baselines).
+
+    Ctrl-C (SIGINT) and SIGTERM: the first ends the run after the current optimizer step with last.pt written
+    (what the CLI saves; a second one stops at once). Then SIGINT raises :class:`KeyboardInterrupt`, as Ctrl-C
+    does anywhere in Python, its message naming the step, last.pt and ``TrainConfig(..., resume=True)``, which
+    continues the run; SIGTERM (a scheduler's request to stop) returns ``{"stopped_by": "SIGTERM", "steps": S,
+    "epochs": E, "message": ...}``. ``keyboard_interrupt=False`` (``stfast train``, whose exit code is then
+    128 + the signal's number): SIGINT returns such a dict too, its message naming ``--resume``.
+
+    Raises: KeyboardInterrupt (above); ValueError for an invalid ``cfg`` (naming the option's flag) or data
+    the run refuses; :class:`stfast.train.guards.TrainingDiverged` after ``max_bad_steps`` non-finite steps in
+    a row."""
+    result = _run(cfg, RESUME_IN_PYTHON if keyboard_interrupt else "--resume")
+    if keyboard_interrupt and result.get("stopped_by") == "SIGINT":  # after the process group is left
+        raise KeyboardInterrupt(result["message"])
+    return result
+
+
+def _run(cfg: TrainConfig, resume_hint: str) -> dict:
+    """:func:`train`'s run: a Trainer's fit, then its out folder, gradient hooks and process group released."""
     finished, tr = False, None
     try:
-        tr = Trainer(cfg)
+        tr = Trainer(cfg, resume_hint)
         result = tr.fit()
         finished = True
         return result
