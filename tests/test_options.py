@@ -370,3 +370,16 @@ def test_a_field_of_the_wrong_type_is_named(field, value, text):
     with pytest.raises(ValueError, match=re.escape(text)):
         TrainConfig(n_synthetic=600, out="x", **{field: value}).validate()
     TrainConfig(n_synthetic=600, out="x", lr=1, epochs=3).validate()  # an int where a float is expected is a number
+
+
+def test_train_config_docstring_names_every_flag_not_of_its_fields_name():
+    """Issue 62: TrainConfig's docstring said every field is the flag of its name; the fields whose flag differs
+    are named there with their flags."""
+    from stfast._options import options
+    from stfast.train.config import TrainConfig
+
+    doc = TrainConfig.__doc__
+    for name, opt in options(TrainConfig).items():
+        flag = getattr(opt, "flag", None)
+        if flag and flag != "--" + name.replace("_", "-"):
+            assert f"``{name}``" in doc and f"``{flag}``" in doc, (name, flag)

@@ -72,7 +72,10 @@ def _check_accumulation(spec: str) -> None:
 
 @dataclass
 class TrainConfig:
-    """Everything a training run depends on (each field is the `stfast train` flag of its name)."""
+    """Everything a training run depends on. Each field is the `stfast train` flag of its name (``batch_size``:
+    ``--batch-size``), but three, whose flags take another unit or sense: ``gap_s`` (seconds) is ``--gap-min``
+    (minutes), ``time_budget_s`` is ``--time-budget``, ``progress`` is ``--no-progress`` (its negation).
+    ``stfast train --help`` lists them all with their defaults; :func:`stfast.train.trainer.train` runs one."""
 
     # ---- data (DATA_OPTIONS: what evaluate/predict take from a checkpoint)
     data: str | None = same_option(DataOptions, "data")
