@@ -86,7 +86,7 @@ def _only_store_files(folder: Path) -> bool:
         return False
 
 
-_TMP_FILE = re.compile(r"^(_lengths\.npy|_(driver|trip_id)\.\d+\.npy)$")
+_TMP_FILE = re.compile(r"^(_lengths\.npy|_(driver|trip_id)\.\d+\.npy|\.checked\.json\.tmp\d+)$")
 _SPILL_FILE = re.compile(r"^\d+\.bin$")
 
 
