@@ -231,11 +231,20 @@ class _Parser(argparse.ArgumentParser):
         a, extras = self.parse_known_args(args, namespace)
         if extras:
             self._chosen(a).error(f"unrecognized arguments: {' '.join(extras)}")
+        words = [w.split("=", 1)[0] for w in _Parser._argv]
+        for act in self._chosen(a)._actions:  # --compile --no-compile: refused, not the last one winning
+            given = list(dict.fromkeys(w for w in words if w in act.option_strings))
+            if isinstance(act, argparse.BooleanOptionalAction) and len(given) > 1:
+                self.error(f"argument {given[1]}: not allowed with argument {given[0]}")
         return a
 
     def error(self, message):
         """argparse's error (this parser's usage, exit 2), with the closest flag to each word given that is not
-        one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too)."""
+        one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too). A
+        flag's value refused (argparse's "argument --epochs: invalid int value: 'x'") or two flags that exclude
+        each other: one line, ``stfast: error:`` and the message naming the flag, without the usage block."""
+        if re.match(r"argument [^:]+: (invalid .* value: |not allowed with argument )", message):
+            self.exit(2, f"stfast: error: {message}\n")
         flags = [s for act in self._actions for s in act.option_strings if s not in ("-h", "--help")]
         hints = []
         for word in dict.fromkeys(w.split("=", 1)[0] for w in _Parser._argv if w.startswith("--")):

@@ -229,6 +229,7 @@ def test_stop_signal_finishes_the_step_writes_last_pt_and_exits_128_plus_it(trip
     st = ckpt.load(out / "last.pt")
     assert st["step"] == step and 7 <= step < N_STEPS
     assert "test split (" not in stdout  # exited promptly, without the test evaluation
+    assert not (out / ".stfast.lock").exists()  # the run ended: its folder is free, and holds no lock file
     if sig == signal.SIGTERM:  # and the run continues from there to the same end
         assert main(["train", "--data", trips_file, *CLI_ARGS, "--resume", "--out", str(out)]) == 0
         assert_bitwise(ckpt.load(out / "last.pt"), reference)
@@ -443,6 +444,28 @@ def test_a_second_run_into_a_folder_in_use_is_refused(trips_file, tmp_path, caps
     a.release_out_dir()
     b.release_out_dir()
     assert main(["train", "--data", trips_file, *CLI_ARGS, "--out", str(out), "--resume"]) == 0
+
+
+@pytest.mark.parametrize("end", ["finished", "failed", "ctrl-c"])
+def test_a_run_that_ended_leaves_no_lock_file(trips_file, tmp_path, monkeypatch, end):
+    """.stfast.lock is there while a run writes into its folder, not after: a run that finished, failed or was
+    interrupted (KeyboardInterrupt) removes it (before: it stayed in every run folder)."""
+    out = tmp_path / "run"
+    out.mkdir()  # a folder the run did not create: kept, with what the run wrote
+    args = ["train", "--data", trips_file, *CLI_ARGS, "--epochs", "1", "--out", str(out)]
+    if end == "finished":
+        assert main(args) == 0
+    else:
+        def stop(self, *a, **k):
+            assert (out / ".stfast.lock").is_file()  # held while the run writes
+            raise KeyboardInterrupt if end == "ctrl-c" else RuntimeError("a failure mid-run")
+
+        monkeypatch.setattr(Trainer, "_after_step", stop)
+        with pytest.raises(KeyboardInterrupt if end == "ctrl-c" else RuntimeError):
+            main(args)
+    assert out.is_dir() and ".stfast.lock" not in os.listdir(out)
+    if end == "finished":
+        assert "summary.json" in os.listdir(out)
 
 
 def test_input_refused_after_the_folder_is_claimed_leaves_no_folder(tmp_path, capsys):

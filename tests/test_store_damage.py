@@ -176,6 +176,50 @@ def test_store_that_cannot_be_written_is_hashed_once(store, monkeypatch, tmp_pat
     assert hashed[n:] == ["lat.npy"]
 
 
+def test_a_read_only_store_without_a_writable_cache_is_hashed_once(store, monkeypatch, tmp_path, caplog):
+    """A store that cannot be written, and a user's cache that cannot either (a read-only home, as in many
+    containers): its check is kept in this user's own folder of the temporary folder, so the next open hashes
+    nothing (before: every open hashed every file again)."""
+    import stat
+    import tempfile
+
+    import stfast.data.store as st
+    import stfast.data.store_checks as sc
+
+    _refuse_writes_into(store, monkeypatch)
+    (store / st.CHECKED).unlink()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    hashed = []
+    real = sc.file_checksum
+    monkeypatch.setattr(sc, "file_checksum", lambda p: hashed.append(p.name) or real(p))
+    open_store(store)
+    n = len(hashed)
+    assert n == len(st.read_manifest(store)["files"])
+    open_store(store)
+    assert len(hashed) == n
+    mine = tmp_path / "tmp" / f"stfast-{os.getuid()}"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700 and len(list((mine / "checked").iterdir())) == 1
+    os.chmod(mine, 0o777)  # a folder others may write into is not trusted: its records are not read
+    open_store(store)
+    assert len(hashed) == 2 * n
+
+
+def test_files_whose_stamps_changed_but_not_their_contents_are_not_said_changed(store, caplog):
+    """A file touched, copied or given other permissions has another stamp, so it is checked again; found intact,
+    its contents did not change, and the log does not say it did (before: "1 files changed since last
+    checked")."""
+    open_store(store)
+    os.utime(store / "lat.npy")
+    with caplog.at_level(logging.INFO, logger="stfast.data"):
+        open_store(store)
+    assert "changed" not in caplog.text
+    assert "1 files checked again, their stamps not those of their last check" in caplog.text
+    assert "intact" in caplog.text
+
+
 def test_a_check_kept_nowhere_is_warned_once_and_a_relative_cache_home_ignored(store, monkeypatch, tmp_path,
                                                                                 caplog):
     """Where neither the store nor the cache folder can be written, every open checks the store again: a warning
@@ -183,11 +227,14 @@ def test_a_check_kept_nowhere_is_warned_once_and_a_relative_cache_home_ignored(s
     ignored: ~/.cache is used (before: a folder made in the working directory)."""
     import stfast.data.store as st
 
+    import tempfile
+
     _refuse_writes_into(store, monkeypatch)
     monkeypatch.setattr(st, "_warned_unrecorded", set())
     (store / st.CHECKED).unlink()
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "a-file"))  # no temporary folder to keep it in either
     with caplog.at_level(logging.WARNING, logger="stfast.data"):
         open_store(store)
         open_store(store)
@@ -195,7 +242,7 @@ def test_a_check_kept_nowhere_is_warned_once_and_a_relative_cache_home_ignored(s
     monkeypatch.setenv("XDG_CACHE_HOME", "relative-cache")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
-    assert st._checked_records(store)[-1].parent == tmp_path / "home" / ".cache" / "stfast" / "checked"
+    assert st._checked_records(store, temp=False)[-1].parent == tmp_path / "home" / ".cache" / "stfast" / "checked"
     open_store(store)
     assert not (tmp_path / "relative-cache").exists()
     assert len(list((tmp_path / "home" / ".cache" / "stfast" / "checked").iterdir())) == 1

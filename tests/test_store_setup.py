@@ -68,6 +68,31 @@ def test_derive_again_computes_nothing_and_times_each_value(tmp_path, capsys, mo
     assert all(s >= 0 for s in secs.values())
 
 
+def test_values_a_run_derives_again_are_the_bytes_convert_kept(tmp_path, capsys):
+    """A default run on a store whose derived values are gone (removed by hand, or damaged and removed by `stfast
+    data verify`) derives each again, bit for bit what convert kept: the same functions over the same pieces of the
+    same split, so nothing a run computes from them changes (issue 61: a test MAPE that moved in its 9th digit
+    after a rebuilt route profile came from the run's GEMM library, chosen by timing: stfast.train.gemm_plan)."""
+    import shutil
+
+    import torch
+
+    from stfast.train.run_data import RunData
+
+    store, _ = _convert(tmp_path, 90, capsys)
+
+    def files():
+        return {str(p.relative_to(store)): p.read_bytes() for p in sorted((store / "derived").rglob("*"))
+                if p.is_file()}
+
+    kept = files()
+    assert len(kept) == 4 + 5 + 3  # split (3 arrays, arrays.json), sub-trips (4, arrays.json), 3 JSON values
+    shutil.rmtree(store / "derived")
+    data = RunData.load(TrainConfig(data=str(store), out=str(tmp_path / "run")), torch.float32)
+    assert data.route_profile  # derived at the first checkpoint's save
+    assert files() == kept
+
+
 def test_a_store_too_small_to_split_converts_and_its_run_derives_later(tmp_path, capsys, caplog):
     with caplog.at_level(logging.INFO, logger="stfast.data"):
         store, out = _convert(tmp_path, 5, capsys)  # 5 trips: the default 0.7/0.15/0.15 leaves a split empty

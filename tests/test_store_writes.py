@@ -113,6 +113,25 @@ def test_leftovers_of_killed_conversions_are_removed_by_the_next(tmp_path, jsonl
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", alive.name, foreign.name])
 
 
+def test_the_temporaries_of_a_killed_convert_not_yet_waited_for_are_removed_by_the_next(tmp_path, jsonl, capsys):
+    """A convert killed while writing ``.k.store.tmpPID``, its exit not yet collected by its parent (a zombie: the
+    pid still answers a signal), is dead: the next convert into the same parent, under another store's name,
+    removes its temporary folder (before: it stayed beside ``small.store``)."""
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed.kill()
+        os.waitid(os.P_PID, killed.pid, os.WEXITED | os.WNOWAIT)  # ended, not collected: a zombie
+        os.kill(killed.pid, 0)  # its pid is still there
+        tmp = tmp_path / f".k.store.tmp{killed.pid}"
+        tmp.mkdir()
+        for name in ("lng.npy", "_lengths.npy", "_trip_id.0.npy", f".checked.json.tmp{killed.pid}"):
+            (tmp / name).write_bytes(b"x")
+        assert _convert(jsonl, tmp_path / "small.store", capsys)[0] == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["small.store"]
+    finally:
+        killed.wait()
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EBUSY])
 def test_os_errors_are_one_line_naming_the_path(tmp_path, jsonl, capsys, monkeypatch, code):
     real = durable.os.replace

@@ -92,7 +92,9 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (on this machine). A process of another user counts as alive."""
+    """Whether a process ``pid`` exists (on this machine) and has not ended. A process of another user counts as
+    alive; one that ended and waits for its parent to collect its exit status (a zombie: a killed convert whose
+    parent has not waited for it yet) does not, where ``/proc`` tells."""
     if pid == os.getpid():
         return True
     try:
@@ -100,8 +102,23 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not _ended(pid)
+
+
+def _ended(pid: int) -> bool:
+    """Whether every thread of process ``pid`` has ended (state Z or X in ``/proc/PID/task/*/stat``); False where
+    that cannot be read (no ``/proc``, the process gone meanwhile)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for t in tasks:
+            with open(f"/proc/{pid}/task/{t}/stat", "rb") as f:
+                stat = f.read()
+            states.append(stat[stat.rfind(b")") + 2:][:1])  # after the command name, which may hold ") "
+    except OSError:
+        return False
+    return bool(states) and all(st in (b"Z", b"X") for st in states)
 
 
 def replace_folder(new: Path, out: Path) -> None:

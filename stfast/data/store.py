@@ -41,7 +41,9 @@ import logging
 import os
 import re
 import shutil
+import stat
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +88,7 @@ def _only_store_files(folder: Path) -> bool:
         return False
 
 
-_TMP_FILE = re.compile(r"^(_lengths\.npy|_(driver|trip_id)\.\d+\.npy)$")
+_TMP_FILE = re.compile(r"^(_lengths\.npy|_(driver|trip_id)\.\d+\.npy|\.checked\.json\.tmp\d+)$")
 _SPILL_FILE = re.compile(r"^\d+\.bin$")
 
 
@@ -312,29 +314,56 @@ def _write_json(path: Path, obj) -> None:
         os.fsync(f.fileno())
 
 
-def _checked_records(folder: Path) -> list[Path]:
+def _checked_records(folder: Path, temp: bool = True) -> list[Path]:
     """Where the stamps of ``folder``'s files as last found intact are kept: its ``checked.json``, and for a store
     this user cannot write into (a read-only mount, another user's folder) a file in the user's cache
     (``$XDG_CACHE_HOME`` or ``~/.cache``, ``stfast/checked/``) named by the store's absolute path; without one a
-    read-only store of 10 M trips was hashed again (~2 s) at every open."""
+    read-only store of 10 M trips was hashed again (~2 s) at every open. Last, where neither can be written, this
+    user's own folder in the temporary folder (:func:`_private_temp`), when it exists (and ``temp``)."""
     places = [folder / CHECKED]
     given = os.environ.get("XDG_CACHE_HOME", "")
     try:  # a relative XDG_CACHE_HOME is invalid (the XDG spec): ignored
         base = Path(given) if os.path.isabs(given) else Path.home() / ".cache"
     except RuntimeError:  # no home directory to find
-        return places
-    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]
-    return places + [base / "stfast" / "checked" / f"{key}.json"]
+        base = None
+    if base is not None:
+        places.append(base / "stfast" / "checked" / _record_name(folder))
+    temp = _private_temp(create=False) if temp else None
+    return places + ([temp / "checked" / _record_name(folder)] if temp is not None else [])
+
+
+def _record_name(folder: Path) -> str:
+    return f"{hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:32]}.json"
+
+
+def _private_temp(create: bool) -> Path | None:
+    """This user's own folder in the system's temporary folder (``stfast-UID``, mode 0700; made when ``create``),
+    the last place a store's check is kept: None where it is missing, not a folder, or not this user's alone
+    (another user could write records there that skip the checks)."""
+    d = Path(tempfile.gettempdir()) / f"stfast-{os.getuid()}"
+    try:
+        if create:
+            d.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return None
+    return d if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077 else None
 
 
 def _record_checked(folder: Path, files: dict) -> None:
     """Keep the stamps of ``folder``'s ``files`` now (found intact) in the first of :func:`_checked_records` that
-    can be written. Best effort: where none can, the store is checked again at its next open."""
+    can be written (this user's temporary folder made for it where the others cannot). Best effort: where none
+    can, the store is checked again at its next open."""
     from .integrity import stamp
 
     stamps = {n: stamp(folder / n) for n in files}
-    places = _checked_records(folder)
-    for place in places:
+    places = _checked_records(folder, temp=False)
+    for place in [*places, None]:
+        if place is None:  # the last resort, made now: a store and a cache that cannot be written
+            temp = _private_temp(create=True)
+            if temp is None:
+                break
+            place = temp / "checked" / _record_name(folder)
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(place, "w") as f:

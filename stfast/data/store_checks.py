@@ -190,7 +190,9 @@ def check_changed(folder: Path, m: dict, trips, records: list[Path], record: Cal
     check_files(folder, trips, m, changed)
     record(folder, files)
     size = sum(files[n]["bytes"] for n in changed)
-    why = "changed since last checked" if seen else "checked (no earlier check recorded)"
+    # found intact, so their contents did not change: only their stamps did (a copy, a move, a touch, a chmod -R)
+    why = "checked again, their stamps not those of their last check" if seen else \
+        "checked (no earlier check recorded)"
     log.info("%s: %d files %s (%.2f GB): intact (%.1f s)", folder, len(changed), why, size / 1e9,
              time.perf_counter() - t0)
 

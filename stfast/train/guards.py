@@ -122,15 +122,19 @@ def lock_out_dir(out) -> str:
     if key in _held:
         _held[key][1] += 1
         return key
-    f = open(out / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
-        raise ValueError(f"--out {out} is in use by another stfast run (pid {holder}): wait for it to end, or "
-                         "choose another --out") from None
+    for attempt in range(50):
+        f = open(out / LOCK_FILE, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise ValueError(f"--out {out} is in use by another stfast run (pid {holder}): wait for it to end, or "
+                             "choose another --out") from None
+        if _is_lock_file(f, out) or attempt == 49:  # (a file system whose inodes cannot tell: as it is)
+            break
+        f.close()  # its holder ended and removed the file between our open and our lock: lock the one there now
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
@@ -139,9 +143,18 @@ def lock_out_dir(out) -> str:
     return key
 
 
+def _is_lock_file(f, out) -> bool:
+    """Whether the open file ``f`` is still ``out``'s lock file (not one its holder removed when it ended)."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(os.path.join(out, LOCK_FILE)))
+    except OSError:
+        return False
+
+
 def unlock_out_dir(key: str) -> None:
-    """Release one hold of :func:`lock_out_dir`; the last one unlocks. A folder the lock created and that
-    holds nothing else (the run failed before writing) is removed again, so bad input leaves no folder."""
+    """Release one hold of :func:`lock_out_dir`; the last one removes the lock file and unlocks, so a run that
+    ended (finished, failed or stopped) leaves no ``.stfast.lock``. A folder the lock created and that holds
+    nothing else (the run failed before writing) is removed again, so bad input leaves no folder."""
     from pathlib import Path
 
     entry = _held.get(key)
@@ -154,8 +167,9 @@ def unlock_out_dir(key: str) -> None:
     f, _, created = entry
     out = Path(key)
     with contextlib.suppress(OSError):  # the folder may be gone already (removed by its owner)
-        if created and [p.name for p in out.iterdir()] == [LOCK_FILE]:
-            (out / LOCK_FILE).unlink(missing_ok=True)
+        if _is_lock_file(f, out):  # removed while locked: a run that opened it meanwhile retries (lock_out_dir)
+            (out / LOCK_FILE).unlink()
+        if created and not any(out.iterdir()):
             out.rmdir()
     f.close()  # closing the file releases the flock
 
