@@ -239,8 +239,10 @@ class _Parser(argparse.ArgumentParser):
         return a
 
     def error(self, message):
-        """argparse's error (this parser's usage, exit 2), with the closest flag to each word given that is not
-        one of this parser's flags (a misspelt --checkpoint is named beside "--checkpoint is required" too). A
+        """argparse's error (this parser's usage, exit 2); where a word given is close to one of this parser's flags,
+        commands or choices, one line instead: the error and "did you mean ..." (a misspelt --checkpoint is named
+        beside "--checkpoint is required" too), then where --help lists them (issue 62: the hint came after 33 lines
+        of usage). A
         flag's value refused (argparse's "argument --epochs: invalid int value: 'x'") or two flags that exclude
         each other: one line, ``stfast: error:`` and the message naming the flag, without the usage block."""
         if re.match(r"argument [^:]+: (invalid .* value: |not allowed with argument )", message):
@@ -255,7 +257,9 @@ class _Parser(argparse.ArgumentParser):
         if bad:
             near = difflib.get_close_matches(bad[1], re.findall(r"'([^']*)'", bad[2]), n=1)
             hints += [f"did you mean {near[0]}?"] if near else []
-        super().error(message + ("; " + "; ".join(hints) if hints else ""))
+        if hints:  # a misspelling: the error and its fix on one line, not after the command's whole usage block
+            self.exit(2, f"stfast: error: {message}; {'; '.join(hints)} (`{self.prog} --help` lists them)\n")
+        super().error(message)
 
     def _chosen(self, a) -> argparse.ArgumentParser:
         """The deepest (sub)command parser that ``a``'s values chose (``stfast data convert``: convert's)."""

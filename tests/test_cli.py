@@ -363,12 +363,16 @@ def test_a_few_trips_outside_are_scored_counted_and_flagged(trained, tmp_path, c
 def test_an_unknown_flag_is_refused_under_its_commands_usage_with_the_closest_flag(argv, usage, hint, tmp_path,
                                                                                    capsys, monkeypatch):
     """Issue 52: `--epcohs 2` was refused under the top-level usage without a suggestion, and `--epoch 1` was taken
-    as --epochs (argparse's prefix matching); abbreviations are off in every parser."""
+    as --epochs (argparse's prefix matching); abbreviations are off in every parser. Issue 62: the refusal and its
+    "did you mean" are one line, naming the command whose --help lists the flags (before: after 33 usage lines)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as ei:
         main(argv)
     err = capsys.readouterr().err
-    assert ei.value.code == 2 and err.startswith(usage) and hint in err, err
+    # issue 62: one line with the fix in it and where --help lists the flags, no usage block before it
+    prog = usage.removeprefix("usage: ").strip()
+    assert ei.value.code == 2 and err.startswith("stfast: error: ") and hint in err, err
+    assert len(err.strip().splitlines()) == 1 and f"`{prog} --help` lists them" in err, err
     assert "Traceback" not in err and list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit):
         given_dests(["train", "--batch", "32"])  # --batch is not --batch-size
