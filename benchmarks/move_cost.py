@@ -1,7 +1,7 @@
 """What a move of the accumulation steps k costs in accuracy, free of timing: the validation MAPE per epoch of one
 process at fixed k = 1, at fixed k = 4, and of runs that move from k = 1 to 4 after N optimizer steps, with and
 without the rescale of Adam's second moments on the move (stfast.accum.controller.rescale_second_moments;
-docs/accumulation.md §14).
+docs/accumulation.md, "A change of k rescales Adam's second moments").
 
     python benchmarks/move_cost.py --data ../shared/data/chengdu_deeptte_sample/test --seeds 10 11 12 13 14 15 \\
         --arms 1 4 move16 move60 move16:no-rescale move60:no-rescale --epochs 10 --out runs/move_cost

@@ -1,6 +1,6 @@
 """Can the gradient noise scale measured in a run's first optimizer steps tell a data set that wants k = 4 from
 the first step (the Chengdu sample at 2 ranks) from one that wants k = 1 (the synthetic city)? The start of an
-adaptive accumulation scheduler (--accum-start) would need that (docs/accumulation.md §16–§17).
+adaptive accumulation scheduler (--accum-start) would need that (docs/accumulation.md, "The start").
 
 One process, `--preset paper`, batch 32, fixed k = 1 (the trainer's own steps). At optimizer steps 0, 8, 16, 32,
 50 and 100 the training pauses, and M probe micro-batches (drawn from another shuffle of the training trips)
@@ -15,7 +15,7 @@ stfast.accum.noise.noise_parameters) and their mean g (M·b trips), McCandlish e
     python benchmarks/noise_scale_early.py --data synthetic --seeds 4 5
     python benchmarks/noise_scale_early.py --data ../shared/data/chengdu_deeptte_sample/test --seeds 10 11
 
-Prints one line per seed and step. Measured (2026-12-03, docs/accumulation.md §17): the ranges of the two data
+Prints one line per seed and step. Measured (2026-12-03, docs/accumulation.md, "The start"): the ranges of the two data
 sets overlap at every step, so neither estimate chooses the start.
 """
 from __future__ import annotations

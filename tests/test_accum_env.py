@@ -215,7 +215,7 @@ def test_rl_reads_and_rewards_each_window_against_its_own_k1_pace_so_machine_spe
     """A machine that runs every part of a window 3x slower (a 2-core VM's drift within one run: k = 1
     windows at 150-750 trips/s) gives the same observation and the same reward as the fast window; a
     window at k = 1 earns exactly 0. Against a fixed first-window pace the slow window read as a loss of
-    ln 3 = 1.1 in goodput, and the agent learned to flee whatever k it ran (docs/accumulation.md §15)."""
+    ln 3 = 1.1 in goodput, and the agent learned to flee whatever k it ran (docs/accumulation.md, "The schedulers")."""
     rng = np.random.default_rng(11)
     for _ in range(20):
         k = int(rng.choice([1, 2, 4, 8, 16]))

@@ -310,7 +310,7 @@ class RLScheduler(AccumulationScheduler):
     (``k_greedy``), so after a probe the next window returns to it unless the agent's Q now prefers another k
     by the margin. (Protecting whatever k ran last turned probes into stays: on the Chengdu sample, where the
     predicted gains of k = 2…8 differ by less than the margin, a probe to 8 or 2 held for 3–10 windows;
-    docs/accumulation.md §10.)"""
+    docs/accumulation.md, "The schedulers".)"""
 
     def __init__(self, agent, choices=DEFAULT_CHOICES, k0: int = 1, online: bool = True, update_every: int = 8):
         super().__init__(choices, k0)
@@ -328,7 +328,7 @@ class RLScheduler(AccumulationScheduler):
         if not (math.isfinite(stats.noise_scale) or math.isfinite(self.noise_scale)):
             # no estimate yet (Adam's warm-up, the estimator's first steps): keep k, as GoodputScheduler does.
             # The observation would read the unknown scale as φ = B, where k = 1 is best: a run started at
-            # --accum-start 4 fell to k = 1 after its first window (docs/accumulation.md §11)
+            # --accum-start 4 fell to k = 1 after its first window (docs/accumulation.md, "The schedulers")
             return self.k
         # a window without a finite estimate keeps the last one, for the observation and the reward alike
         # (as GoodputScheduler does): an unknown noise scale must not read as "large batches are free"
@@ -337,7 +337,8 @@ class RLScheduler(AccumulationScheduler):
         elif math.isfinite(self.noise_scale):
             stats = replace(stats, noise_scale=self.noise_scale)
         # observation and reward against the k = 1 pace this same window implies, not a fixed first window's:
-        # the machine's speed drifts (docs/accumulation.md §15) and would read as a gain or loss of the k it ran
+        # the machine's speed drifts (docs/accumulation.md, "The schedulers") and would read as a gain or loss of
+        # the k it ran
         obs = observation(stats, None, self.choices)
         if self._pending is not None and self.online:
             self.last_reward = log_goodput_gain(stats)

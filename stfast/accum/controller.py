@@ -260,7 +260,8 @@ class AccumulationController:
         none). Adam's v̂ averages E[g²] over ~1/(1 − β₂) = 1,000 steps, far more than the tens a live run takes
         after a move: without this, after 1 → 4 its v̂ still held the k = 1 gradients' noise and its steps were
         too short (Chengdu, one process, six seeds: 0.95 point of validation MAPE behind fixed k = 4 over
-        epochs 3–8, 0.49 with v̂ × 1/4; docs/accumulation.md §14). 1.0 when k does not change."""
+        epochs 3–8, 0.49 with v̂ × 1/4; docs/accumulation.md, "A change of k rescales Adam's second moments").
+        1.0 when k does not change."""
         if k_old == k_new:
             return 1.0
         phi = self.noise.lower_confidence() / self.micro_batch

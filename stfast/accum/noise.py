@@ -84,9 +84,10 @@ def noise_parameters(model) -> list:
 # What the Pollux efficiency model needs is the noise scale the runs' statistical efficiency shows, φ_eff (E(kB)
 # = (φ + B)/(φ + kB) fitted to the epochs to a target at fixed k = 1, 2, 4, 8). The B_adam bound, normalized to
 # k = 1, reads it low by the same order on both data sets measured (benchmarks/accumulation.py --live --calibrate,
-# seeds 1–3, docs/accumulation.md §6): bound/φ_eff = 0.17 on the synthetic city, 0.068 on Chengdu; the schedulers
-# read the bound × 1/√(0.17 · 0.068) = 9.3, their geometric mean (within 2.5× of either). Before the warm-up,
-# the normalization and the embeddings' exclusion the two data sets' biases differed 15×, and no one factor fitted.
+# seeds 1–3, docs/accumulation.md, "The noise scale"): bound/φ_eff = 0.17 on the synthetic city, 0.068 on
+# Chengdu; the schedulers read the bound × 1/√(0.17 · 0.068) = 9.3, their geometric mean (within 2.5× of either).
+# Before the warm-up, the normalization and the embeddings' exclusion the two data sets' biases differed 15×, and
+# no one factor fitted.
 ADAM_BOUND_CALIBRATION = 9.3
 
 

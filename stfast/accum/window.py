@@ -107,7 +107,7 @@ def observation(stats: WindowStats, ref_samples_per_s: float | None = None, choi
     (WindowStats.k1_samples_per_s), so the throughput entry is the window's own gain over k = 1 and a
     machine whose speed drifts during a run does not move it (a fixed first-window ref read a 2-core VM's
     drift, k = 1 windows at 150–750 trips/s within one 45 s run, as a loss of 0.7–1.0 in ln goodput;
-    docs/accumulation.md §15)."""
+    docs/accumulation.md, "The schedulers")."""
     k = stats.k
     if ref_samples_per_s is None:
         ref_samples_per_s = stats.k1_samples_per_s

@@ -7,8 +7,9 @@ the whole set of runs being compared (all seeds, and all arms that share the key
 to the throughput (k = 4 takes fewer optimizer steps and all-reduces per trip than k = 1, and keeps that pace)
 and what the run does statistically (its validation curve per optimizer step); it removes when each run
 happened to be made, and the time validation takes. Why it is needed here: on the 2-core VM of
-docs/accumulation.md one process at k = 1 ran at 150–750 trips/s within one 45 s run (§15), and a fixed arm's
-time to target varied ±10 % per seed, more than the 5 % comparisons the benchmarks make (§16, §17).
+docs/accumulation.md one process at k = 1 ran at 150–750 trips/s within one 45 s run, and a fixed arm's
+time to target varied ±10 % per seed, more than the 5 % comparisons the benchmarks make (docs/accumulation.md,
+"Results (paced clock)").
 
 What it hides: a difference in time per window between runs with the same key (a scheduler's own cost, a
 slower code path). Benchmarks print the wall clock beside it, and measure such costs side by side
