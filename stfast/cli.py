@@ -28,6 +28,7 @@ def _add_data_args(p: argparse.ArgumentParser, required: bool = False, from_chec
                            "help": help["format"] + "; default: auto with --data, else the checkpoint's"},
                 "on_error": {"default": None,
                              "help": help["on_error"] + "; default: the checkpoint's without --data, else raise"},
+                "columns": {"help": help["columns"] + "; without --data: the checkpoint's"},
                 **{k: {"default": None, "help": help[k] + ck} for k in PREPROCESS_OPTIONS}}
     add_arguments(p, DataOptions, None, over)  # the flags TrainConfig takes from DataOptions
 
@@ -136,22 +137,23 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
 
 
 def _compare_args(c: argparse.ArgumentParser) -> None:
+    from ._options import add_arguments as add_declared
+    from .data.options import DataOptions
+    from .train.config import add_arguments
+
     c.add_argument("candidate", help="checkpoint.pt of the new model")
     c.add_argument("incumbent", help="checkpoint.pt of the model it would replace")
-    c.add_argument("--data", required=True, help="recent trips to score both on (file or folder)")
-    c.add_argument("--format", default="auto", help="format of --data (default: auto, recognized by content)")
-    c.add_argument("--on-error", default="raise", choices=("raise", "skip"),
-                   help="bad records of --data: stop naming file and line, or skip and count them")
+    add_declared(c, DataOptions, ["data", "format", "on_error", "columns"],
+                 {"data": {"required": True, "help": "recent trips to score both on (file or folder)"}})
     c.add_argument("--min-gain", type=float, default=0.0,
                    help="MAPE points the candidate must gain at the low end of the 95 %% interval (default: 0, "
                         "better at all)")
     c.add_argument("--promote", default=None, metavar="PATH",
                    help="when the candidate is better, copy it over PATH atomically (the served model file)")
-    c.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling")
+    c.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap resampling of trips")
     c.add_argument("--allow-outside", action="store_true",
                    help="score the data even when most of its trips lie outside a model's training area")
-    c.add_argument("--device", default="cpu", help="device of the forward passes")
-    c.add_argument("--threads", type=int, default=None, help="torch threads of the forward passes")
+    add_arguments(c, ["device", "threads"])
 
 
 def _bench_args(b: argparse.ArgumentParser) -> None:
@@ -391,7 +393,7 @@ def _predict(a):
     given = data_options_from_args(a)
     for m in models[1:]:  # an ensemble is read one way: every member must have been trained on it
         m.resolve_data_options(**models[0].data_options())
-    trips = models[0].load_trips(a.data, a.format, a.on_error, **given)
+    trips = models[0].load_trips(a.data, a.format, a.on_error, a.columns, **given)
     parts = [m.split(trips, a.split) for m in models]
     for m, part in zip(models[1:], parts[1:]):
         _same_split(a.split, models[0], parts[0], m, part)
@@ -485,11 +487,11 @@ def cmd_compare(a) -> int:
         diff = {k: (v, inc.data_options()[k]) for k, v in cand.data_options().items() if v != inc.data_options()[k]}
         raise ValueError(f"{a.candidate} preprocesses trips otherwise than {a.incumbent} (" + ", ".join(
             f"{k} {c!r} against {i!r}" for k, (c, i) in diff.items()) + "): they would not score the same trips")
-    trips = inc.load_trips(a.data, a.format, a.on_error)
+    trips = inc.load_trips(a.data, a.format, a.on_error, a.columns)
     if not a.allow_outside:
         for m, path in ((cand, a.candidate), (inc, a.incumbent)):
             check_inside(m.training_area(), m.outside(trips), trips, str(path), "--allow-outside")
-    result = compare(cand.predict(trips), inc.predict(trips), trips.time, a.min_gain / 100.0, a.seed)
+    result = compare(cand.predict(trips), inc.predict(trips), trips.time, a.min_gain / 100.0, a.bootstrap_seed)
     for line in result.lines((f"candidate {a.candidate}", f"incumbent {a.incumbent}")):
         print(line)
     if result.better and a.promote is not None:
@@ -575,13 +577,25 @@ def _check_jsonl_out(out: Path) -> None:
 
 
 def cmd_data_convert(a) -> int:
-    from .data.load import load_trips, require_trips
     from .data.options import preprocess_options_from_args, trip_filters_from_args
 
     opts = preprocess_options_from_args(a)
     kw = dict(on_error=a.on_error, modes=set(opts["modes"]) or None, min_spacing_km=opts["min_spacing_km"],
               gap_s=opts["gap_s"], tz=opts["tz"], **trip_filters_from_args(a))
     store = not str(a.out).endswith(".jsonl")
+    from .data.readers.columns import mapped
+
+    with mapped(a.columns):  # --columns: a CSV of another layout
+        trips, what = _convert(a, kw, store)
+    _said_converted(a, trips, what, store)
+    return 0
+
+
+def _convert(a, kw: dict, store: bool):
+    """The trips of ``stfast data convert`` written to --out (DeepTTE JSON lines or a trips store) and what they
+    were written as."""
+    from .data.load import load_trips, require_trips
+
     if not store:
         from .data.durable import os_error_line
 
@@ -597,6 +611,11 @@ def cmd_data_convert(a) -> int:
 
         trips = convert_to_store(a.data, a.out, a.format, **kw)
         what = f"a trips store (fingerprint {trips.fingerprint[:12]})"
+    return trips, what
+
+
+def _said_converted(a, trips, what: str, store: bool) -> None:
+    """convert's report: what it wrote, what preprocessing dropped, and the default run's values it derived."""
     from .data.drops import describe
 
     # said before deriving: the derive step's warnings (a value not kept) follow the line of what they are about
@@ -614,7 +633,6 @@ def cmd_data_convert(a) -> int:
                 done += (f", but could not keep {', '.join(missed)} (see the warnings above): each `stfast "
                          f"train` on {a.out} computes them again")
             print(done)
-    return 0
 
 
 def cmd_bench(a) -> int:

@@ -25,6 +25,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
         'format': (('--format',), 'auto', ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv', 'porto', 'tdrive', 'parquet'), None, 'StoreAction', False, None),
         'on_error': (('--on-error',), 'raise', ('raise', 'skip'), None, 'StoreAction', False, None),
+        'columns': (('--columns',), None, None, None, 'StoreAction', False, None),
         'modes': (('--modes',), '', None, None, 'StoreAction', False, None),
         'min_spacing_km': (('--min-spacing-km',), 0.2, None, 'float', 'StoreAction', False, None),
         'gap_min': (('--gap-min',), 20.0, None, 'float', 'StoreAction', False, None),
@@ -90,11 +91,12 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'data': (('--data',), None, None, None, 'StoreAction', False, None),
         'format': (('--format',), None, ('auto', 'synthetic', 'deeptte', 'geolife', 'didi', 'csv', 'porto', 'tdrive', 'parquet'), None, 'StoreAction', False, None),
         'on_error': (('--on-error',), None, ('raise', 'skip'), None, 'StoreAction', False, None),  # the run's, or raise
+        'columns': (('--columns',), None, None, None, 'StoreAction', False, None),
         'modes': (('--modes',), None, None, None, 'StoreAction', False, None),
         'min_spacing_km': (('--min-spacing-km',), None, None, 'float', 'StoreAction', False, None),
         'gap_min': (('--gap-min',), None, None, 'float', 'StoreAction', False, None),
         'tz': (('--tz',), None, None, None, 'StoreAction', False, None),
-        'split': (('--split',), 'all', ('all', 'train', 'val', 'test'), None, 'StoreAction', False, None),
+        'split': (('--split',), None, ('all', 'train', 'val', 'test'), None, 'StoreAction', False, None),  # evaluate: test without --data
         # issue 52: data mostly outside the training area is refused without it
         'allow_outside': (('--allow-outside',), False, None, None, 'StoreTrueAction', False, 0),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
@@ -155,7 +157,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
 }
 PARSERS["predict"] = {**PARSERS["evaluate"],
                       'out': (('--out',), None, None, None, 'StoreAction', True, None)}
-PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_error", "modes", "min_spacing_km", "gap_min",
+PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_error", "columns", "modes", "min_spacing_km", "gap_min",
                                                                 "tz")},
                            'data': (('--data',), None, None, None, 'StoreAction', True, None),
                            # the trip filters: convert's alone (a store keeps them); None: PreprocessConfig's default
@@ -164,12 +166,24 @@ PARSERS["data convert"] = {**{k: PARSERS["train"][k] for k in ("format", "on_err
                            'min_dist_km': (('--min-dist-km',), None, None, 'float', 'StoreAction', False, None),
                            'out': (('--out',), None, None, None, 'StoreAction', True, None)}
 PARSERS["data verify"] = {'store': (None, None, None, None, 'StoreAction', True, None)}
+PARSERS["compare"] = {
+    'candidate': (None, None, None, None, 'StoreAction', True, None),
+    'incumbent': (None, None, None, None, 'StoreAction', True, None),
+    'data': (('--data',), None, None, None, 'StoreAction', True, None),
+    **{k: PARSERS["train"][k] for k in ("format", "on_error", "columns")},
+    'min_gain': (('--min-gain',), 0.0, None, 'float', 'StoreAction', False, None),
+    'promote': (('--promote',), None, None, None, 'StoreAction', False, None),
+    'bootstrap_seed': (('--bootstrap-seed',), 0, None, 'int', 'StoreAction', False, None),
+    'allow_outside': (('--allow-outside',), False, None, None, 'StoreTrueAction', False, 0),
+    **{k: PARSERS["train"][k] for k in ("device", "threads")},
+}
 
 TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'data': None,
     'format': 'auto',
     'n_synthetic': 20000,
     'on_error': 'raise',
+    'columns': None,
     'modes': (),
     'min_spacing_km': 0.2,
     'gap_s': 1200.0,
@@ -241,7 +255,7 @@ EVERY_FLAG = shlex.split(
     "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
     "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2 --subtrips-resample epoch")  # --swa-start: not with --ema-decay (filled: none)
 EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
-    "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "modes": ["car", "bus"],
+    "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "columns": None, "modes": ["car", "bus"],
     "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
     "weight_decay": 0.1, "lr_schedule": "cosine", "ema_decay": 0.9, "alpha": 0.5, "compat": "original",
     "head": "prior", "loss": "log", "dropout": 0.1, "driver_dim": 4, "time_bin_min": 15, "kernels": "reference",

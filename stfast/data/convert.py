@@ -32,7 +32,7 @@ log = logging.getLogger("stfast.data")
 
 TRIPS_PER_BUCKET = 2048  # trips per spill partition; partitions are merged up to MAX_POINTS_PER_PART
 MAX_POINTS_PER_PART = 500_000  # points preprocessed at a time (about 150 MB of working arrays)
-_STREAMED = ("didi", "csv", "parquet", "porto", "tdrive")  # point readers that stream through the spill
+_STREAMED = ("didi", "csv", "parquet", "porto", "tdrive", "polyline")  # point readers that stream through the spill
 _COLUMNS = (("code", "<i8"), ("t", "<f8"), ("lng", "<f8"), ("lat", "<f8"), ("state", "<f4"), ("off", "<f8"))
 
 
@@ -173,7 +173,14 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
     from .readers import detect_format
 
     kw = dict(on_error=on_error, modes=modes, min_spacing_km=min_spacing_km, gap_s=gap_s, tz=tz, **options)
-    if data is not None and fmt != "synthetic":
+    from .readers.columns import current as mapped_columns
+
+    cmap = mapped_columns()
+    if cmap is not None and data is not None:  # --columns: a CSV of another layout (readers.columns)
+        if fmt not in ("auto", "csv"):
+            raise ValueError(f"--columns reads a CSV: give --format csv or auto, not {fmt}")
+        fmt = "polyline" if cmap.layout == "polyline" else "csv"
+    elif data is not None and fmt != "synthetic":
         fmt = detect_format(data) if fmt == "auto" else fmt
     if data is not None and fmt == "deeptte":
         refuse_record_filters(data, options)
@@ -186,6 +193,7 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
     from .readers.csv_points import iter_csv_blocks
     from .readers.didi_gaia import iter_didi_blocks
     from .readers.parquet_points import iter_parquet_blocks
+    from .readers.polyline_csv import iter_polyline_blocks
     from .readers.porto import iter_porto_blocks
     from .readers.tdrive import iter_tdrive_blocks
 
@@ -205,7 +213,7 @@ def _convert(data, out: Path, fmt: str, *, on_error: str, modes, min_spacing_km,
             else:
                 meta = {}
                 it = {"csv": iter_csv_blocks, "parquet": iter_parquet_blocks, "porto": iter_porto_blocks,
-                      "tdrive": iter_tdrive_blocks}[fmt]
+                      "tdrive": iter_tdrive_blocks, "polyline": iter_polyline_blocks}[fmt]
                 blocks = it(data, probs, codes, meta)
             for b in blocks:
                 sp.add(b)

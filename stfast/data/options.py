@@ -17,6 +17,12 @@ from .readers import FORMATS
 PREPROCESS_OPTIONS = ("modes", "min_spacing_km", "gap_s", "tz")
 
 
+def _check_columns(spec: str) -> None:
+    from .readers.columns import parse_columns
+
+    parse_columns(spec)  # ValueError naming --columns
+
+
 def _check_tz(tz: str) -> None:
     from .tz import check_tz
 
@@ -34,6 +40,10 @@ class DataOptions:
     format: str = option("auto", "input format (auto: recognized by content)", choices=("auto", "synthetic", *FORMATS))
     on_error: str = option("raise", "bad records: stop with an error naming file and line, or skip and count them",
                            choices=("raise", "skip"))
+    columns: str | None = option(None, "a CSV of another layout, its columns named: trip_id=…,time=…,lng=…,lat=…"
+                                       "[,driver_id=…][,state=…] (a point per row) or polyline=…,time=…,"
+                                       "interval_s=…[,trip_id=…][,driver_id=…] (a trip per row, [[lng, lat], …])",
+                                 check=_check_columns, unset="(none: the format's own names)")
     modes: tuple = option((), "GeoLife transport modes to keep, e.g. car,taxi,bus (empty: all)", cli=CommaList(),
                           unset="(all)")
     min_spacing_km: float = option(0.2, "raw traces: resample to points at least this far apart (0: keep every point)",

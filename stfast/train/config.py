@@ -82,6 +82,7 @@ class TrainConfig:
     format: str = same_option(DataOptions, "format")
     n_synthetic: int = option(20000, "trips of the synthetic city", ge=1)  # when data is None
     on_error: str = same_option(DataOptions, "on_error")
+    columns: str | None = same_option(DataOptions, "columns")
     modes: tuple = same_option(DataOptions, "modes")
     min_spacing_km: float = same_option(DataOptions, "min_spacing_km")
     gap_s: float = same_option(DataOptions, "gap_s")

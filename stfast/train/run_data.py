@@ -41,9 +41,12 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None, model: str | Non
     """The trips ``cfg`` names (file or synthetic city), read and preprocessed (with
     ``preprocess_config``, a PreprocessConfig, when given: the one of checkpoint ``model``). Raises ValueError when
     preprocessing dropped every trip (see :func:`require_trips`)."""
-    trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
-                       min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz, n_synthetic=cfg.n_synthetic,
-                       seed=cfg.split_seed, preprocess_config=preprocess_config)
+    from ..data.readers.columns import mapped
+
+    with mapped(cfg.columns):  # --columns: a CSV of another layout
+        trips = load_trips(cfg.data, cfg.format, on_error=cfg.on_error, modes=set(cfg.modes) or None,
+                           min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz,
+                           n_synthetic=cfg.n_synthetic, seed=cfg.split_seed, preprocess_config=preprocess_config)
     return require_trips(trips, cfg.data or "the synthetic city", convert_flags=False, model=model)
 
 

@@ -127,11 +127,12 @@ class TrainedModel:
         return saved
 
     def load_trips(self, data: str | os.PathLike | None = None, fmt: str | None = None, on_error: str | None = None,
-                   **given) -> Trips:
+                   columns: str | None = None, **given) -> Trips:
         """Read ``data`` (a file or folder in format ``fmt``, ``auto`` by default; None: the data the run
         was trained on, in its format — the synthetic city included) and preprocess it exactly as the
         training run did. ``on_error`` (raise or skip; None: the run's own setting on its own data, raise on
-        other data). ``given``: data settings the caller set explicitly (see
+        other data). ``columns``: ``--columns`` of ``data`` (a CSV of another layout; the run's own data is read
+        with the run's). ``given``: data settings the caller set explicitly (see
         :meth:`resolve_data_options`). Raises ValueError (a differing setting; preprocessing dropped
         every trip), TrajectoryFormatError (bad input: file, line, field), FileNotFoundError."""
         from ..data.preprocess import PreprocessConfig
@@ -141,7 +142,8 @@ class TrainedModel:
         if data is None:
             cfg = replace(self.config, on_error=on_error or self.config.on_error, format=fmt or self.config.format)
         else:
-            cfg = replace(self.config, data=str(data), format=fmt or "auto", on_error=on_error or "raise")
+            cfg = replace(self.config, data=str(data), format=fmt or "auto", on_error=on_error or "raise",
+                          columns=columns)
         pre = None if self.preprocess is None else PreprocessConfig.from_dict(self.preprocess)
         trips = load_config_trips(replace(cfg, tz=None) if pre is not None else cfg, pre, str(self.path))
         if any(trips.dropped.values()):  # said once (preprocessing logs only its totals)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import _check_on_error, _is_didi_data_file, _require_file, shown
+from stfast.data.readers.columns import current as mapped_columns
 from stfast.data.readers.csv_points import CSV_REQUIRED, read_csv_points
 from stfast.data.readers.deeptte_json import DEEPTTE_KEYS, deeptte_files, read_deeptte_jsonl
 from stfast.data.readers.didi_gaia import read_didi_gaia
@@ -77,8 +78,11 @@ _RUN_FILES = ("checkpoint.pt", "last.pt", "metrics.jsonl", "summary.json")  # wh
 
 
 def _unrecognized(path, detail: str) -> TrajectoryFormatError:
+    from .columns import EXAMPLE
+
+    hint = "" if Path(path).is_dir() else f"; a CSV of another layout reads with --columns {EXAMPLE}"
     return TrajectoryFormatError(
-        path, None, None, f"could not recognize the format ({detail}); known formats: {', '.join(FORMATS)}"
+        path, None, None, f"could not recognize the format ({detail}); known formats: {', '.join(FORMATS)}{hint}"
     )
 
 
@@ -231,6 +235,16 @@ def read_any(path: str | os.PathLike, format: str = "auto", *, on_error: str = "
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"format must be 'auto' or one of {FORMATS}, not {format!r}")
     _require_file(path)
+    cmap = mapped_columns()
+    if cmap is not None:  # --columns: a CSV of another layout, read through the names it gives
+        if format not in ("auto", "csv"):
+            raise ValueError(f"--columns reads a CSV: give --format csv or auto, not {format}")
+        log.info("%s: reading as a CSV of %s, through --columns", path, "trips" if cmap.layout == "polyline" else "points")
+        if cmap.layout == "polyline":
+            from .polyline_csv import read_polyline_csv
+
+            return read_polyline_csv(path, on_error=on_error)
+        return _READERS["csv"](path, on_error=on_error)
     fmt = detect_format(path) if format == "auto" else format
     log.info("%s: reading as %s%s", path, fmt, " (detected)" if format == "auto" else "")
     with given_format(path, format):

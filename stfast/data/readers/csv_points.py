@@ -30,6 +30,8 @@ import numpy as np
 from stfast.data.errors import TrajectoryFormatError
 from stfast.data.readers._common import (_PARSE_CHUNK, _BadField, _finite, _iter_blocks, _lng_lat, _Problems, shown,
                                          _read_ahead, _require_file, _TripCodes)
+from stfast.data.readers.columns import current as current_columns
+from stfast.data.readers.columns import positions
 from stfast.data.trips import Trajectories, lengths_to_offsets
 from stfast.data.tz import TZ_FROM_TIMESTAMPS
 
@@ -131,6 +133,12 @@ class _Header:
 
     def __init__(self, path, no: int, row: list[str]):
         self.names = [c.strip().lower() for c in row]
+        cmap = current_columns()
+        if cmap is not None:  # --columns: the mapped columns take the point CSV's names, the others none
+            pos = positions(path, no, row, cmap)
+            self.names = [""] * len(row)
+            for key, i in pos.items():
+                self.names[i] = "timestamp" if key == "time" else key
         if not "".join(self.names).isascii():
             try:
                 "".join(self.names).encode("utf-8")
