@@ -163,3 +163,22 @@ def test_the_warm_start_flags_alone_are_refused():
         TrainConfig(refit_stats=True).validate()
     with pytest.raises(ValueError, match="--allow-outside applies to a warm start"):
         TrainConfig(allow_outside=True).validate()
+
+
+def test_a_warm_run_resumes_with_its_lineage_area_and_parent_preprocessing(runs, tmp_path):
+    """--resume of a warm-started run: its parent's preprocessing (here --min-spacing-km 0, not given again), grown
+    area and lineage continue; load_model reads the lineage back."""
+    p0, child = tmp_path / "p0", tmp_path / "child"
+    Trainer(TrainConfig(data=str(runs / "old.jsonl"), out=str(p0), preset="paper", min_spacing_km=0.0, max_steps=1,
+                        **BASE)).fit()
+    first = Trainer(TrainConfig(data=str(runs / "new.jsonl"), out=str(child), init_from=str(p0 / "checkpoint.pt"),
+                                max_steps=1, **{**BASE, "epochs": 2}))
+    assert first.cfg.min_spacing_km == 0.0
+    first.fit()
+    area = ckpt.load(child / "last.pt")["route_profile"]["area"]
+    s = Trainer(TrainConfig(data=str(runs / "new.jsonl"), out=str(child), resume=True, max_steps=2,
+                            **{**BASE, "epochs": 2})).fit()
+    assert s["parent"]["sha256"] == file_sha256(p0 / "checkpoint.pt")
+    last = ckpt.load(child / "last.pt")
+    assert last["step"] == 2 and last["route_profile"]["area"] == area
+    assert load_model(child / "checkpoint.pt").parent == s["parent"]

@@ -104,20 +104,28 @@ def fill(cfg) -> tuple[dict, Path] | None:
         raise ValueError(f"--init-from {path} was trained with --preset {was}, not {cfg.preset}: omit --preset to "
                          "fine-tune it, or train from scratch without --init-from")
     cfg.preset = was
-    from .config import DATA_OPTIONS, MODEL_OPTIONS
+    from .config import MODEL_OPTIONS
 
     model = state.get("model_config", {})
     for k in MODEL_OPTIONS:
         if getattr(cfg, k) is None and model.get(k) is not None:
             setattr(cfg, k, model[k])
-    for k in DATA_OPTIONS:  # a setting left at its default is not given: the checkpoint's
-        if k in saved and _norm(k, getattr(cfg, k)) == _norm(k, _default(k)):
-            setattr(cfg, k, tuple(saved[k] or ()) if k == "modes" else saved[k])
+    keep_preprocessing(cfg, saved)
     if cfg.precision is None and cfg.dtype is None:
         from .precision import of_train_config
 
         cfg.precision = of_train_config(saved)
     return state, path
+
+
+def keep_preprocessing(cfg, saved: dict) -> None:
+    """Each preprocessing setting of TrainConfig ``cfg`` left at its default (not given) takes the value of the
+    checkpoint's ``train_config`` ``saved``, in place (a warm start's; a warm-started run resumed)."""
+    from .config import DATA_OPTIONS
+
+    for k in DATA_OPTIONS:
+        if k in saved and _norm(k, getattr(cfg, k)) == _norm(k, _default(k)):
+            setattr(cfg, k, tuple(saved[k] or ()) if k == "modes" else saved[k])
 
 
 def check(cfg, state: dict, path) -> None:
