@@ -78,10 +78,29 @@ def check_flags(cfg) -> None:
                          "elsewhere first, or train into another --out")
 
 
-def _default(name: str):
-    from .config import TrainConfig
+# TrainConfig's names below come from the config given (type(cfg)): stfast.train.config imports this module
+def _default(cfg, name: str):
+    return type(cfg).__dataclass_fields__[name].default
 
-    return TrainConfig.__dataclass_fields__[name].default
+
+def _flag(cfg, name: str) -> str:
+    from .. import _options
+
+    return _options.flag(type(cfg), name)
+
+
+def _show(cfg, name: str, value) -> str:
+    from .. import _options
+
+    return _options.show(type(cfg), name, value)
+
+
+def _model_options(cfg) -> dict:
+    """The DeepTTEConfig options TrainConfig ``cfg`` sets (stfast.train.config.MODEL_OPTIONS), by field name."""
+    from .. import _options
+    from ..models.deeptte import DeepTTEConfig
+
+    return {k: getattr(cfg, k) for k in _options.names_from(type(cfg), DeepTTEConfig)}
 
 
 def _norm(name: str, v):
@@ -104,10 +123,8 @@ def fill(cfg) -> tuple[dict, Path] | None:
         raise ValueError(f"--init-from {path} was trained with --preset {was}, not {cfg.preset}: omit --preset to "
                          "fine-tune it, or train from scratch without --init-from")
     cfg.preset = was
-    from .config import MODEL_OPTIONS
-
     model = state.get("model_config", {})
-    for k in MODEL_OPTIONS:
+    for k in _model_options(cfg):
         if getattr(cfg, k) is None and model.get(k) is not None:
             setattr(cfg, k, model[k])
     keep_preprocessing(cfg, saved)
@@ -121,10 +138,10 @@ def fill(cfg) -> tuple[dict, Path] | None:
 def keep_preprocessing(cfg, saved: dict) -> None:
     """Each preprocessing setting of TrainConfig ``cfg`` left at its default (not given) takes the value of the
     checkpoint's ``train_config`` ``saved``, in place (a warm start's; a warm-started run resumed)."""
-    from .config import DATA_OPTIONS
+    from ..data.options import PREPROCESS_OPTIONS
 
-    for k in DATA_OPTIONS:
-        if k in saved and _norm(k, getattr(cfg, k)) == _norm(k, _default(k)):
+    for k in PREPROCESS_OPTIONS:
+        if k in saved and _norm(k, getattr(cfg, k)) == _norm(k, _default(cfg, k)):
             setattr(cfg, k, tuple(saved[k] or ()) if k == "modes" else saved[k])
 
 
@@ -134,9 +151,15 @@ def check(cfg, state: dict, path) -> None:
     checkpoint into float32 weights, another preprocessing setting."""
     import dataclasses
 
+    from ..data.options import PREPROCESS_OPTIONS
     from ..models.deeptte import DeepTTEConfig
-    from .config import DATA_OPTIONS, flag, show
     from .precision import PARAM_DTYPE, of_train_config
+
+    def flag(k):
+        return _flag(cfg, k)
+
+    def show(k, v):
+        return _show(cfg, k, v)
 
     saved = state.get("train_config", {})
     was = saved.get("preset", "paper")
@@ -151,8 +174,8 @@ def check(cfg, state: dict, path) -> None:
     if PARAM_DTYPE[had] == "float64" and PARAM_DTYPE[cfg.precision] != "float64":
         raise ValueError(f"--init-from {path} holds float64 weights (--precision {had}): --precision {cfg.precision} "
                          "would round them to float32; omit --precision (the checkpoint's) or give --precision 64")
-    for k in DATA_OPTIONS:
-        have, now = _norm(k, saved.get(k, _default(k))), _norm(k, getattr(cfg, k))
+    for k in PREPROCESS_OPTIONS:
+        have, now = _norm(k, saved.get(k, _default(cfg, k))), _norm(k, getattr(cfg, k))
         if have != now:
             f = flag(k)
             raise ValueError(f"--init-from {path}: {f} {show(k, now)} differs from the checkpoint's {show(k, have)}: "
@@ -203,7 +226,6 @@ def training_stats(parent: Parent, cfg, train, kernel_size: int):
     {drivers_known, drivers_new, refit_stats} of the split's drivers."""
     from ..data.dataset import DriverVocab, NormStats
     from ..models.deeptte import DeepTTEConfig
-    from . import guards
 
     st = parent.state
     old = DriverVocab.from_list(list(st["drivers"]))
@@ -211,7 +233,7 @@ def training_stats(parent: Parent, cfg, train, kernel_size: int):
     new = sorted(d for d in seen if d not in old.index)
     vocab = DriverVocab.from_list(old.to_list() + new)
     stats = (NormStats.of_split(train, kernel_size) if cfg.refit_stats else NormStats.from_dict(st["norm_stats"]))
-    mcfg = DeepTTEConfig.from_dict({**st["model_config"], **guards.model_options(cfg), "n_drivers": len(vocab)})
+    mcfg = DeepTTEConfig.from_dict({**st["model_config"], **_model_options(cfg), "n_drivers": len(vocab)})
     return vocab, stats, mcfg, {"drivers_known": len(seen) - len(new), "drivers_new": len(new),
                                 "refit_stats": bool(cfg.refit_stats)}
 
