@@ -138,11 +138,12 @@ def test_cli_warm_start_records_its_lineage_and_the_report_shows_it(runs, tmp_pa
     (["--resume"], "--init-from starts a new run from another run's checkpoint, --resume continues"),
     (["--data", "far.jsonl"], "lie outside the training area of --init-from"),
     (["--init-from", "parent64/checkpoint.pt", "--precision", "32"], "holds float64 weights (--precision 64)"),
-], ids=["hidden-size", "preset", "driver-dim", "preprocessing", "resume", "outside", "precision"])
+    (["--out", "parent"], "is inside --out"),
+], ids=["hidden-size", "preset", "driver-dim", "preprocessing", "resume", "outside", "precision", "inside-out"])
 def test_what_cannot_be_warm_started_is_refused_in_one_line(runs, tmp_path, capsys, extra, text):
     argv = ["train", "--init-from", str(runs / "parent" / "checkpoint.pt"), "--data", str(runs / "new.jsonl"),
             "--out", str(tmp_path / "o"), *FLAGS]
-    for flag in ("--data", "--init-from"):  # given again: the value, under the runs' folder
+    for flag in ("--data", "--init-from", "--out"):  # given again: the value, under the runs' folder
         if flag in extra:
             i = extra.index(flag)
             argv[argv.index(flag) + 1] = str(runs / extra[i + 1])
