@@ -72,10 +72,10 @@ def _checkpoint_args(e: argparse.ArgumentParser, predict: bool) -> None:
                         "must be the run's: same trips, checked by fingerprint); default: all with --data"
                         + (", else all of the run's own data" if predict else
                            ", else the run's own test split (its other trips were trained on)"))
-    e.add_argument("--allow-outside", action="store_true",
-                   help="score the data even when most of its trips lie outside the model's training area (refused "
-                        "without it; a few outside trips are scored, counted and flagged in any case)")
-    add_arguments(e, ["device", "threads", "precision"], {
+    add_arguments(e, ["allow_outside", "device", "threads", "precision"], {  # --allow-outside: a warm start's rule too
+        "allow_outside": {"help": "score the data even when most of its trips lie outside the model's training area "
+                                  "(refused without it; a few outside trips are scored, counted and flagged in any "
+                                  "case)"},
         "threads": {"help": "torch threads of the forward passes (default: torch's, one per core)"},
         "precision": {"help": "what the model computes in: 32, 64 or bf16-mixed (default: the checkpoint's, its run's "
                               "--precision)"}})
@@ -151,9 +151,8 @@ def _compare_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--promote", default=None, metavar="PATH",
                    help="when the candidate is better, copy it over PATH atomically (the served model file)")
     c.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap resampling of trips")
-    c.add_argument("--allow-outside", action="store_true",
-                   help="score the data even when most of its trips lie outside a model's training area")
-    add_arguments(c, ["device", "threads"])
+    add_arguments(c, ["allow_outside", "device", "threads"], {"allow_outside": {
+        "help": "score the data even when most of its trips lie outside a model's training area"}})
 
 
 def _bench_args(b: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@ Since issue 25 (stfast.train.presets) the options a --preset fills (presets.FIEL
 --select) have the flag default None, "not given", and TrainConfig fills them when it is built; the
 synthetic city's preset is paper, so TrainConfig()'s values are 84bcac9's defaults still. New flags:
 --preset, --swa-start, --select, --week; and the preset fields --hidden-size, --members
-(stfast.models.members) since; --compile (issue 51: off unless given, on --resume the run's), and its --no-compile (off, also on --resume)."""
+(stfast.models.members) since; --compile (issue 51: off unless given, on --resume the run's), and its --no-compile (off, also on --resume); the warm start's --init-from, --refit-stats and --allow-outside
+(issue 63, stfast.train.warm_start)."""
 import argparse
 import dataclasses
 import re
@@ -72,6 +73,9 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'out': (('--out',), 'runs/latest', None, None, 'StoreAction', False, None),
         'resume': (('--resume',), False, None, None, 'StoreTrueAction', False, 0),
         'overwrite': (('--overwrite',), False, None, None, 'StoreTrueAction', False, 0),
+        'init_from': (('--init-from',), None, None, None, 'StoreAction', False, None),
+        'refit_stats': (('--refit-stats',), False, None, None, 'StoreTrueAction', False, 0),
+        'allow_outside': (('--allow-outside',), False, None, None, 'StoreTrueAction', False, 0),
         'no_progress': (('--no-progress',), False, None, None, 'StoreTrueAction', False, 0),
         'accumulation': (('--accumulation',), None, None, None, 'StoreAction', False, None),
         'accum_window': (('--accum-window',), 10, None, 'int', 'StoreAction', False, None),
@@ -229,6 +233,9 @@ TRAIN_CONFIG = {  # TrainConfig's fields, in order, with their defaults
     'out': 'runs/latest',
     'resume': False,
     'overwrite': False,
+    'init_from': None,
+    'refit_stats': False,
+    'allow_outside': False,
     'progress': None,
     'accumulation': None,
     'accum_window': 10,
@@ -253,7 +260,8 @@ EVERY_FLAG = shlex.split(
     "--split-days 1-2/3/4 --max-steps 5 --compile --out o --resume --overwrite --no-progress --accumulation 4 "
     "--accum-window 3 --lr-scaling linear --noise-scale plain --time-budget 60 --checkpoint-every 7 "
     "--max-bad-steps 2 --timeout-s 30 --parallel cp --micro-batches 2 --cp-plan layers "
-    "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2 --subtrips-resample epoch")  # --swa-start: not with --ema-decay (filled: none)
+    "--preset real --select best --week day --hidden-size 32 --members 1 --subtrips 2 --subtrips-resample epoch "
+    "--init-from p.pt --refit-stats --allow-outside")  # --swa-start: not with --ema-decay (filled: none)
 EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.to_dict)
     "data": "x.jsonl", "format": "deeptte", "n_synthetic": 100, "on_error": "skip", "columns": None, "modes": ["car", "bus"],
     "min_spacing_km": 0.5, "gap_s": 1800.0, "tz": "Europe/Lisbon", "epochs": 3, "batch_size": 8, "lr": 0.01,
@@ -265,7 +273,8 @@ EVERY_FLAG_CONFIG = {  # what main's cmd_train made of EVERY_FLAG (TrainConfig.t
     "accumulation": "4", "accum_window": 3, "accum_start": 1, "lr_scaling": "linear", "noise_scale": "plain", "time_budget_s": 60.0,
     "checkpoint_every": 7, "max_bad_steps": 2, "timeout_s": 30.0, "parallel": "cp", "micro_batches": 2,
     "cp_plan": "layers", "preset": "real", "select": "best", "week": "day", "swa_start": "none",
-    "hidden_size": 32, "members": 1, "subtrips": 2, "subtrips_resample": "epoch"}
+    "hidden_size": 32, "members": 1, "subtrips": 2, "subtrips_resample": "epoch",
+    "init_from": "p.pt", "refit_stats": True, "allow_outside": True}
 
 
 def _subparsers(p: argparse.ArgumentParser, prefix: tuple = ()):

@@ -121,6 +121,28 @@ class TrainingArea:
         pos = np.minimum(np.searchsorted(self._covered, keys), len(self._covered) - 1)
         return self._covered[pos] == keys
 
+    def extended(self, chunks) -> "TrainingArea":
+        """This area grown by the cells of the points ``chunks()`` yields ((lng, lat) pairs of [n_i] degrees, read
+        twice), on this area's grid: the same cell size, the origin moved by whole cells to the south-west where
+        the points reach past it, so every cell of this area is a cell of the result (a warm start's area: the
+        union of the model's and the new training split's). Bounded memory, as :meth:`from_point_chunks`."""
+        lo = np.zeros(2, dtype=np.int64)
+        box = list(self.bbox)
+        for lng, lat in chunks():
+            lng, lat = np.asarray(lng, dtype=np.float64), np.asarray(lat, dtype=np.float64)
+            if lng.size:
+                lo = np.minimum(lo, self._cell(lng, lat).min(axis=0))
+                box = [min(box[0], lng.min()), min(box[1], lat.min()), max(box[2], lng.max()), max(box[3], lat.max())]
+        shift = -lo  # whole cells the origin moves west and south: every column and row stays >= 0
+        area = TrainingArea(self.lng0 - shift[0] * self.cell_lng, self.lat0 - shift[1] * self.cell_lat,
+                            self.cell_lng, self.cell_lat, np.zeros((0, 2), np.int64), tuple(float(b) for b in box),
+                            self.cell_km, self.margin_cells)
+        keys = np.unique(area._keys(self.cells + shift))
+        for lng, lat in chunks():  # cells on the old grid, then shifted: the old cells' edges exactly
+            keys = np.union1d(keys, area._keys(self._cell(lng, lat).reshape(-1, 2) + shift))
+        area.cells = np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1).astype(np.int64)
+        return area
+
     def to_dict(self) -> dict:
         """JSON-able (checkpoints, ``GET /healthz``)."""
         return {"lng0": self.lng0, "lat0": self.lat0, "cell_lng": self.cell_lng, "cell_lat": self.cell_lat,
@@ -150,11 +172,12 @@ def trips_outside(area: TrainingArea | None, trips) -> np.ndarray:
     return out
 
 
-def check_inside(area: TrainingArea | None, outside: np.ndarray, trips, whose: str, fix: str) -> None:
+def check_inside(area: TrainingArea | None, outside: np.ndarray, trips, whose: str, fix: str,
+                 anyway: str = "to score them anyway") -> None:
     """Refuse data whose trips lie mostly outside ``area`` (more than :data:`MOST` of them; ``outside`` is
     :func:`trips_outside`'s [T] mask of ``trips``): a model's travel times where it saw no trip have no support.
     ``whose``: the model, as the message names it; ``fix``: how the caller scores them anyway (a flag, an
-    argument). Raises OutsideTrainingArea, one line naming how many, the model's area and the data's."""
+    argument), ``anyway``: what it does then. Raises OutsideTrainingArea, one line naming how many, the model's area and the data's."""
     n, k = len(outside), int(np.count_nonzero(outside))
     if area is None or n == 0 or k <= MOST * n:
         return
@@ -168,7 +191,7 @@ def check_inside(area: TrainingArea | None, outside: np.ndarray, trips, whose: s
         f"{k:,} of {counted(n, 'trip', spec=',')} ({100 * k / n:.0f} %) {lie} outside the training area of {whose} "
         "(its training points: "
         f"{box_text(area.bbox)}, {len(area.cells)} cells of {area.cell_km:g} km; the data's points: {box_text(box)}): "
-        f"its travel times there have no support; give data of its area, or {fix} to score them anyway", k, n)
+        f"its travel times there have no support; give data of its area, or {fix} {anyway}", k, n)
 
 
 def box_text(b) -> str:

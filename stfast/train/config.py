@@ -18,7 +18,7 @@ from ..accum.noise import NOISE_KINDS
 from ..data.options import PREPROCESS_OPTIONS, DataOptions, preprocess_options_from_args
 from ..data.splits import DEFAULT_SPLIT
 from ..models.deeptte import DeepTTEConfig
-from . import compiled, presets, swa
+from . import compiled, presets, swa, warm_start
 from . import precision as prec
 from .resume_options import fill_from_checkpoint
 
@@ -167,6 +167,16 @@ class TrainConfig:
                                  "[preset] options not given")
     overwrite: bool = option(False, "replace the run in a non-empty --out (its metrics, checkpoints, plots are "
                                     "deleted first)")
+    # ---- warm start (stfast.train.warm_start)
+    init_from: str | None = option(None, "start from this checkpoint's weights on --data (a fine-tune, a new run in "
+                                         "--out): its model options, preset, precision, preprocessing and "
+                                         "normalization statistics carried over, new drivers given new embedding "
+                                         "rows, its training area extended; another model shape, preset or "
+                                         "preprocessing is refused")
+    refit_stats: bool = option(False, "with --init-from: recompute the normalization statistics on the new "
+                                      "training split instead of keeping the checkpoint's")
+    allow_outside: bool = option(False, "with --init-from: train even when most trips of --data lie outside the "
+                                        "checkpoint's training area (refused without it)")
     # None: progress bars only on a TTY and rank 0
     progress: bool | None = option(None, "no progress bars", flag="--no-progress", cli=SwitchTo(False))
     # ---- gradient accumulation (stfast.accum); batch_size is then the global MICRO-batch
@@ -206,9 +216,13 @@ class TrainConfig:
         _options.check_value(type(self), "preset", self.preset)
         if self.resume:  # the options not given continue the run's own (its checkpoint's), not the preset's
             fill_from_checkpoint(self)
+        # --init-from: the options not given are the parent checkpoint's model, preset, precision and preprocessing
+        parent = warm_start.fill(self) if self.init_from and not self.resume else None
         presets.fill(self)
         self.precision, self.dtype = prec.resolve(self.precision, self.dtype)
         self.compile = bool(self.compile)  # not given (and not the resumed run's): off
+        if parent is not None:
+            warm_start.check(self, *parent)
 
     @property
     def split_seed(self) -> int:
@@ -228,7 +242,11 @@ class TrainConfig:
         kw = {k: v for k, v in d.items() if k in known}
         kw["modes"] = tuple(kw.get("modes", ()))
         kw.setdefault("preset", "paper")  # written before presets: the paper's defaults were the only ones
-        return cls(**kw)
+        # a warm-started run's config is complete: its parent (which may be gone or replaced since) is not read again
+        init_from = kw.pop("init_from", None)
+        cfg = cls(**kw)
+        cfg.init_from = init_from
+        return cfg
 
     @classmethod
     def from_args(cls, args) -> "TrainConfig":
@@ -263,6 +281,7 @@ class TrainConfig:
         _options.check_options(self)
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the run in --out, --overwrite replaces it: choose one")
+        warm_start.check_flags(self)
         if self.ensemble > 1 and self.nproc > 1:
             raise ValueError("--ensemble trains its members one after another in one process; with --nproc, "
                              "train one run per --seed (same --data-seed) and score them with "

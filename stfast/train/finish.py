@@ -30,6 +30,10 @@ def finish(tr) -> dict:
     summary = d.summary(errors(pred, d.test.time), tr.best, tr.epoch, tr.step, tr.info.world_size)
     # the final evaluation's rate, beside training's (metrics.jsonl): a forward pass is ~1/3 of a step
     summary["test_trips_per_s"] = len(d.test) / max(time.perf_counter() - t0, 1e-9)
+    if getattr(tr, "parent", None) is not None:  # lineage (--init-from): the run's parent checkpoint, what it carried
+        summary["parent"] = tr.parent
+        if tr.data.warm is not None:
+            summary["warm_start"] = tr.data.warm
     if tr.compile_s is not None:  # --compile: this process's compilation (stfast.train.compiled)
         summary["compile_s"] = tr.compile_s
     if tr.info.is_main:  # every trip of the test split beside both baselines: what the report plots

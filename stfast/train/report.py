@@ -101,11 +101,28 @@ def _facts(s: dict | None) -> str:
             facts.append((f"validation MAPE of {name}", f"{100 * s[f'baseline_{key}_val_mape']:.2f} %"))
     if "dropped" in s:
         facts.append(("dropped in reading and preprocessing", describe_dropped(s["dropped"])))
+    if s.get("parent"):
+        facts.append(("parent checkpoint (warm start)", lineage_text(s["parent"])))
+    if s.get("warm_start"):
+        from .warm_start import describe
+
+        facts.append(("carried from the parent", describe(s["warm_start"])))
     if "stfast_version" in s:
         facts.append(("stfast", s["stfast_version"]))
     cells = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
                     for k, v in facts)
     return f"<h2>Run</h2><table>{cells}</table>" if facts else ""
+
+
+def lineage_text(parent: dict) -> str:
+    """A run's ``parent`` (summary.json, stfast.train.warm_start) in words: the checkpoint and its fingerprint, then
+    each earlier ancestor's (``… ← sha256 …``)."""
+    text = f"{parent.get('path')} (sha256 {parent.get('sha256')})"
+    up = parent.get("parent")
+    while isinstance(up, dict):
+        text += f" ← {up.get('path')} (sha256 {up.get('sha256')})"
+        up = up.get("parent")
+    return text
 
 
 def write_outputs(out: Path, summary: dict) -> list[str]:

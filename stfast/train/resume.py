@@ -60,7 +60,9 @@ def trainer_state(tr) -> dict:
             # reliability: the epoch's loss sums so far (mid-epoch checkpoints) and the run log's length
             "epoch_progress": tr.epoch_progress, "metrics_bytes": tr.log.size(),
             "slicer_cost_model": tr.steps.slicer_state(),
-            "gemm_plan": tr.gemm_plan}  # rank 0's coefficients, restored on --resume
+            "gemm_plan": tr.gemm_plan,  # rank 0's coefficients, restored on --resume
+            # --init-from: the checkpoint this run started from (stfast.train.warm_start); None: from scratch
+            "parent": getattr(tr, "parent", None)}
 
 
 def restore(tr, state: dict, path: Path) -> None:

@@ -22,7 +22,8 @@ def fill_from_checkpoint(cfg) -> None:
     place; so do the preset name when ``--preset`` is left at auto (checkpoints before presets: paper) and the
     precision when neither ``--precision`` nor ``--dtype`` is given, and ``--compile`` when not given.
     A resumed run therefore ends where it was going (its --epochs, its averaging start, its width) even where
-    the preset's values differ; options given on the command line still win. Nothing happens when no
+    the preset's values differ; options given on the command line still win. A warm-started run (``--init-from``)
+    keeps the preprocessing settings it took from its parent where they are left at their defaults. Nothing happens when no
     checkpoint loads: :func:`resume_checkpoint` raises then, naming the folder. Called by TrainConfig before
     the preset fills the rest. Raises ValueError when ``--preset`` is given and is not the run's."""
     from .precision import of_train_config
@@ -53,4 +54,8 @@ def fill_from_checkpoint(cfg) -> None:
             cfg.precision = of_train_config(saved)
         if cfg.compile is None:  # a compiled run continues compiled where it can (checkpoints before --compile: not)
             cfg.compile = cfg.compile_inherited = bool(saved.get("compile"))
+        if saved.get("init_from"):  # a warm start's preprocessing was its parent's, not given: left at default, kept
+            from .warm_start import keep_preprocessing
+
+            keep_preprocessing(cfg, saved)
         return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from ..data.trip_view import TripsView
 from ..data.trips import Trips
 from ..models.deeptte import DeepTTE, DeepTTEConfig
 from ..parallel import data_parallel as dp
-from . import guards
+from . import guards, warm_start
 from .config import TrainConfig
 from .metrics import baseline_errors, errors
 from .resume import resume_checkpoint
@@ -48,6 +48,15 @@ def load_config_trips(cfg: TrainConfig, preprocess_config=None, model: str | Non
                            min_spacing_km=cfg.min_spacing_km, gap_s=cfg.gap_s, tz=cfg.tz,
                            n_synthetic=cfg.n_synthetic, seed=cfg.split_seed, preprocess_config=preprocess_config)
     return require_trips(trips, cfg.data or "the synthetic city", convert_flags=False, model=model)
+
+
+def load_parent_trips(cfg: TrainConfig, parent: warm_start.Parent | None) -> Trips:
+    """The trips ``cfg`` names, preprocessed as the warm start's ``parent`` checkpoint was (its PreprocessConfig,
+    time zone included), or as ``cfg`` says without one (:func:`load_config_trips`)."""
+    pre = warm_start.preprocess_of(parent)
+    if pre is None:
+        return load_config_trips(cfg)
+    return load_config_trips(replace(cfg, tz=None), pre, str(parent.path))
 
 
 def run_setup(cfg: TrainConfig) -> Setup:
@@ -114,9 +123,12 @@ def preflight(cfg: TrainConfig) -> None:
     cfg.validate()
     guards.check_out_dir(cfg)
     state, path = resume_checkpoint(cfg)
-    trips = load_config_trips(cfg)
+    parent = warm_start.load_parent(cfg) if state is None and cfg.init_from else None
+    trips = load_parent_trips(cfg, parent)
     if state is not None:
         guards.check_resume_data(state, trips_fingerprint(trips), len(trips), cfg, path)
+    if parent is not None:
+        warm_start.check_area(parent, trips, cfg)
     train = split_trips(trips, cfg)[0]
     guards.check_world_size(len(train), cfg.nproc)
     if state is None and kept(train):  # what the ranks derive first, computed here once and kept with the store
@@ -149,22 +161,36 @@ class RunData:
     # the sets' sizes (empty: every epoch trains on all of train_ds)
     piece_sets: tuple[int, ...] = ()
     n_points: int = 0  # points of all trips (kept after preprocessing), to say "dropped P points of N"
+    # the training split's RouteProfile as recorded (a warm start's area grown from its parent's; a resumed run's),
+    # None: computed from the split (route_profile)
+    profile: dict | None = None
+    # a warm start (--init-from): what it carried (warm_start.describe), else None
+    warm: dict | None = None
 
     @classmethod
     def load(cls, cfg: TrainConfig, dtype: torch.dtype, world_size: int = 1, resume: dict | None = None,
-             resume_path: Path | None = None) -> RunData:
+             resume_path: Path | None = None, parent: warm_start.Parent | None = None) -> RunData:
         """Read, preprocess and split the trips ``cfg`` names. Raises ValueError: no trip left, an empty split,
-        more ranks than training trips, or a ``resume`` checkpoint (read from ``resume_path``) of other data."""
-        trips = load_config_trips(cfg)
+        more ranks than training trips, a ``resume`` checkpoint (read from ``resume_path``) of other data, or data
+        mostly outside the training area of a warm start's ``parent`` (stfast.train.warm_start)."""
+        trips = load_parent_trips(cfg, parent)
         fingerprint = trips_fingerprint(trips)
         if resume is not None:
             guards.check_resume_data(resume, fingerprint, len(trips), cfg, resume_path)
+        if parent is not None:
+            warm_start.check_area(parent, trips, cfg)
         train, val, test = split_trips(trips, cfg)
         guards.check_world_size(len(train), world_size)
         setup = run_setup(cfg)  # what a default run derives here, `stfast data convert` kept (stfast.data.setup)
+        profile, warm = None, None
         if resume is not None:
             stats, vocab = NormStats.from_dict(resume["norm_stats"]), DriverVocab.from_list(resume["drivers"])
             mcfg = DeepTTEConfig.from_dict(resume["model_config"])
+            profile = resume.get("route_profile")  # a warm start's grown area: the run's own, kept
+        elif parent is not None:  # the parent's drivers, statistics and model, its area grown by the split's
+            vocab, stats, mcfg, warm = warm_start.training_stats(parent, cfg, train, setup.kernel_size)
+            profile, area = warm_start.route_profile(parent, train)
+            warm.update(area)
         else:
             vocab = DriverVocab.of_split(train)
             mcfg = DeepTTEConfig(n_drivers=len(vocab), **guards.model_options(cfg))
@@ -178,7 +204,8 @@ class RunData:
         piece_sets = tuple(len(p["m"]) for p in sets) if setup.subtrip_draws > 1 else ()
         train_ds, val_ds, test_ds = (TripDataset(t, vocab, dtype) for t in (fit, val, test))
         return cls(train, val, test, train_ds, val_ds, test_ds, vocab, stats, mcfg, len(trips), fingerprint,
-                   dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets, int(trips.n_points))
+                   dict(trips.dropped), trips.preprocess_config, trips.tz, piece_sets, int(trips.n_points), profile,
+                   warm)
 
     def epoch_batches(self, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
         """The global batches of ``epoch`` (:func:`epoch_batches`) over train_ds: every trip of it, or under
@@ -226,5 +253,6 @@ class RunData:
 
     @cached_property
     def route_profile(self) -> dict:
-        """:class:`~stfast.data.routes.RouteProfile` of the training split (recorded trips), as a dict."""
-        return RouteProfile.of_split(self.train)
+        """:class:`~stfast.data.routes.RouteProfile` of the training split (recorded trips), as a dict; a warm
+        start's area is its parent's grown by the split's (stfast.train.warm_start.route_profile)."""
+        return self.profile if self.profile is not None else RouteProfile.of_split(self.train)

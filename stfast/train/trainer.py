@@ -29,7 +29,7 @@ from ..models.deeptte import DeepTTE, local_count, training_loss
 from ..parallel import data_parallel as dp
 from ..parallel.comm import GradientSync, make_communicator
 from . import checkpoint as ckpt
-from . import compiled, gemm_plan, guards, steps, swa
+from . import compiled, gemm_plan, guards, steps, swa, warm_start
 from .config import TrainConfig
 from .precision import cpu_bf16_note, weight_casts
 from .resume import restore, resume_state, trainer_state
@@ -85,9 +85,13 @@ class Trainer:
         resume, resume_path = resume_state(cfg, self.log, self.say)  # before the data: a mismatch fails fast
         # the CPU GEMM library per dtype pair: probed once (rank 0) for a new run, the recorded one on --resume
         self.gemm_plan = gemm_plan.for_run(resume, cfg.precision, self.device, self.info)
-        self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path)
+        # --init-from (not a resumed run): the parent checkpoint, checked, its data and weights carried (warm_start)
+        parent = warm_start.load_parent(cfg) if resume is None and cfg.init_from else None
+        self.data = RunData.load(cfg, self.dtype, self.info.world_size, resume, resume_path, parent)
         torch.manual_seed(cfg.seed)
         self.model = members.build(self.data.model_config, self.data.stats).to(self.device, self.dtype)
+        # the lineage recorded in the checkpoints and summary.json: the parent's, or the resumed run's own
+        self.parent = warm_start.init_model(self, parent) if parent is not None else (resume or {}).get("parent")
         # fused: one kernel for all parameters (0.45 ms a step, not 3.5 ms, on this 2-core CPU); same update
         self.opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         # --swa-start / --ema-decay: an average of the weights (stfast.train.swa), what validation,
