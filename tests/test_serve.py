@@ -310,7 +310,7 @@ def test_serve_precision_override(model, monkeypatch):
         def __init__(self, config, model_line):
             seen["app"] = config.app
 
-        def run(self):
+        def run(self, sockets=None):
             pass
 
     monkeypatch.setattr(app_mod, "ReadyServer", _Server)

@@ -157,7 +157,7 @@ CHECKPOINT_KEYS = sorted(['accumulation', 'accumulation.k', 'accumulation.loss_e
  'preprocess_config.stay_min_s', 'preprocess_config.stay_radius_m', 'preprocess_config.tz', 'rng',
  'slicer_cost_model', 'gemm_plan', 'parent', 'step', 'stfast_version', 'train_config', 'train_config.allow_outside', 'train_config.init_from', 'train_config.refit_stats', 'train_config.accum_start', 'train_config.accum_window',
  'train_config.accumulation', 'train_config.alpha', 'train_config.batch_size', 'train_config.checkpoint_every',
- 'train_config.comm', 'train_config.compat', 'train_config.compile', 'train_config.cp_plan', 'train_config.data', 'train_config.data_seed',
+ 'train_config.columns', 'train_config.comm', 'train_config.compat', 'train_config.compile', 'train_config.cp_plan', 'train_config.data', 'train_config.data_seed',
  'train_config.device', 'train_config.driver_dim', 'train_config.dropout', 'train_config.dtype',
  'train_config.ema_decay', 'train_config.ensemble', 'train_config.epochs', 'train_config.format',
  'train_config.gap_s', 'train_config.head', 'train_config.hidden_size', 'train_config.kernels', 'train_config.loss', 'train_config.lr',
