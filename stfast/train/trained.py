@@ -57,6 +57,7 @@ class TrainedModel:
             (:meth:`route_defaults` then computes it from the run's training data, once).
         precision: what :meth:`predict` and :meth:`eta` compute in (stfast.train.precision: 32, 64 or
             bf16-mixed): the training run's unless :func:`load_model` was told another.
+        parent: the checkpoint's ``parent`` entry (the model a warm start began from), None when it records none.
     """
 
     model: DeepTTE  # or DeepTTEMembers (several members, stfast.models.members)
@@ -69,6 +70,7 @@ class TrainedModel:
     tz: str | None = None
     route_profile: dict | None = None
     precision: str = "32"
+    parent: object = None
 
     def __repr__(self) -> str:
         """One line: the model (its class, parameter count and members), what it was trained on (the data, its
@@ -309,4 +311,4 @@ def load_model(path: str | os.PathLike, device: str = "cpu", precision: str | No
     gemm_plan.apply(state.get("gemm_plan"))  # the run's GEMM libraries: its numbers, not a new probe's
     return TrainedModel(model.eval(), stats, DriverVocab.from_list(state["drivers"]), TrainConfig.from_dict(state.get("train_config", {})),
                         state.get("data_fingerprint"), path, state.get("preprocess_config"), state.get("tz"),
-                        state.get("route_profile"), precision)
+                        state.get("route_profile"), precision, state.get("parent"))
