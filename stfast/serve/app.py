@@ -16,8 +16,12 @@ nested too deep), 401 a missing or wrong token (``--token-file``), 403 a cross-o
 by ``--cors-origin``, 404 / 405 an unknown path or method, 408 a body that did not arrive in time, 413 a body,
 route, request or batch over its limit (the message names it), 422 a request that is JSON but wrong (naming the
 route and field), 429 over the client's rate limit or a full queue (with ``Retry-After``), 500 a fault of ours
-(that request's alone), 503 over the connection limit. A request names no file: the service reads the checkpoint
-once at start and nothing a request sends reaches the file system.
+(that request's alone), 503 over the connection limit. A request names no file: nothing a request sends reaches the
+file system.
+
+* ``POST /admin/reload`` (a service with a token only; 403 otherwise): reload the checkpoint now (:mod:`.swap`; also
+  on SIGHUP, and with ``--watch`` when the file changes). Each ``/eta`` answer names the model that computed it:
+  ``"model"`` in the body and the ``X-Model-Version`` header (its checkpoint file's SHA-256, 12 hex digits).
 
 The path of a request (docs/serve.md): charged to its client's rate limit on arrival (a body by its
 ``Content-Length``, before it is read), its body is read with a size cap (:mod:`.protocol` times it), parsed and
@@ -402,7 +406,8 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
                build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True,
-               checkpoint: str | None = None, precision: str | None = None, watch_s: float | None = None):
+               checkpoint: str | None = None, precision: str | None = None, watch_s: float | None = None,
+               version: str | None = None):
     """The ASGI app serving ``model`` (module docstring), which it replaces without a restart on ``POST
     /admin/reload`` (with a ``token`` only), on SIGHUP (:func:`serve`) and with ``watch_s`` (:mod:`.swap`).
 
@@ -428,6 +433,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             reloaded model computes in (None: its checkpoint's).
         watch_s: look at the checkpoint file's status every ``watch_s`` seconds and reload it when it changes
             (``--watch``); None: only on request.
+        version: ``model``'s version (:func:`~.swap.load_versioned`'s); None: the SHA-256 of ``model.path`` now.
 
     ``app.state.reloader`` is the :class:`~.swap.Reloader` (its ``current`` model, ``swaps``, ``last_refusal``).
     """
@@ -435,7 +441,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
                          f"({max_request_points}) ≤ per batch ({max_batch_points})")
     # no CDN-served docs; no redirect of /eta/ to /eta (its Location would echo the client's Host header)
-    reloader = Reloader(ServedModel.of(model), checkpoint or model.path, str(model.device), precision, watch_s)
+    reloader = Reloader(ServedModel.of(model, version), checkpoint or model.path, str(model.device), precision, watch_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -640,7 +646,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`.
     ``log_level``: debug, info, warning or error, of the service's log on stderr (the ready line and the access log
     are info); ``access_log``: one line per request (:func:`access_line`)."""
-    from ..train.trained import load_model
+    from .swap import load_versioned
 
     setup_logging(log_level)
     sock = listening_socket(host, port)  # first: a port in use is said before the model is read
@@ -651,12 +657,12 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
             token = f.readline().strip()
         if len(token) < 16:
             raise ValueError(f"{token_file}: the token must be at least 16 characters on the first line")
-    model = load_model(checkpoint, device, precision)
+    model, version = load_versioned(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
                      cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts),
                      access_log=access_log, checkpoint=checkpoint, precision=precision,
-                     watch_s=WATCH_INTERVAL_S if watch else None)
+                     watch_s=WATCH_INTERVAL_S if watch else None, version=version)
     config = server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips, header_timeout_s=header_timeout_s,
                            body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
                            max_connections=max_connections, drain_s=drain_s, log_level=log_level,

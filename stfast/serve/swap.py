@@ -143,6 +143,25 @@ def smoke_route(served_area, kernel_size: int) -> np.ndarray:
     return np.stack([np.full(n, lng), lat + np.arange(n) * 0.05 / 111.195], 1)
 
 
+def load_versioned(path: str | os.PathLike, device: str = "cpu", precision: str | None = None,
+                   tries: int = 3) -> tuple[TrainedModel, str]:
+    """(:func:`~stfast.train.trained.load_model` of ``path``, its version): the file is hashed before and after it is
+    loaded, and read again when it was replaced meanwhile (up to ``tries`` times), so the version is that of the
+    bytes loaded. Raises what ``load_model`` raises; ValueError when the file kept changing."""
+    from ..train.trained import load_model
+
+    for _ in range(tries):
+        try:
+            version, sig = file_version(path)
+        except OSError:
+            load_model(path, device, precision)  # raises in its own words: no such file, a folder, …
+            raise
+        model = load_model(path, device, precision)
+        if file_version(path)[1] == sig:
+            return model, version
+    raise ValueError(f"the checkpoint file changed {tries} times while it was read")
+
+
 def load_served(path: str | os.PathLike, running: ServedModel | None, device: str = "cpu",
                 precision: str | None = None, tries: int = 3) -> ServedModel:
     """The checkpoint at ``path`` loaded and checked to replace ``running`` (None: nothing to compare with): the
@@ -154,25 +173,17 @@ def load_served(path: str | os.PathLike, running: ServedModel | None, device: st
     Raises:
         Refused: why, in one line that names no path.
     """
-    from ..train.trained import load_model
-
     path = Path(path)
-    for _ in range(tries):
-        try:
-            version, sig = file_version(path)
-            model = load_model(path, device, precision)
-            if file_version(path)[1] != sig:
-                continue  # replaced while it was read: read the newer one
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, EOFError) as e:
-            raise Refused(_no_path(f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e),
-                                   path)) from None
-        break
-    else:
-        raise Refused(f"the checkpoint file changed {tries} times while it was read")
+    try:
+        model, version = load_versioned(path, device, precision, tries)
+    except Exception as e:  # noqa: BLE001 - anything: the running model keeps answering
+        raise Refused(_no_path(str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}", path)) from None
     try:
         profile, spacing = model.route_defaults(), model.densify_spacing_km()
-    except Exception as e:  # noqa: BLE001 - anything: the running model keeps answering
-        raise Refused(_no_path(f"no route profile: {e}", path)) from None
+    except Exception as e:  # noqa: BLE001
+        text = str(e).replace(str(model.config.data), "its training data") if model.config.data else str(e)
+        raise Refused(_no_path(f"it records no route profile and its training data cannot give one: {text}",
+                               path)) from None
     if running is not None:
         why = contract_difference(running, model, profile)
         if why is not None:
