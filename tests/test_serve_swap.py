@@ -335,3 +335,41 @@ def test_a_batch_of_two_models_items_is_predicted_each_by_its_own(models):
     for k, (s, r) in enumerate(zip(served, rows)):
         want = info["a" if s is sa else "b"][1][k]
         assert abs(round(float(r[0, 0]), 1) - want) <= 0.3, (k, r[0, 0], want)
+
+
+def test_admin_reload_in_process_names_the_parent_and_refuses_a_missing_file(models, tmp_path):
+    """POST /admin/reload on the ASGI app: a checkpoint that records its parent swaps in and /healthz names the
+    parent, version and load time (no path); the same file again is "unchanged"; a missing file is refused (409)
+    with the old model still answering; the answers carry the model in body and header."""
+    from fastapi.testclient import TestClient
+
+    from stfast.serve.app import create_app
+    from stfast.train import checkpoint as ckpt
+
+    ck, info = models
+    (va, etas_a), _ = info["a"], info["b"]
+    served = tmp_path / "model.pt"
+    shutil.copyfile(ck["a"], served)
+    child = tmp_path / "child.pt"
+    state = ckpt.load(ck["b"])
+    state["parent"] = {"version": va}
+    ckpt.save_atomic(state, child)
+    vc = hashlib.sha256(child.read_bytes()).hexdigest()[:12]
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    c = TestClient(create_app(load_model(served), token=TOKEN), base_url="http://127.0.0.1")
+    r = c.post("/eta", json={"route": ROUTES[0], "departure": DEP}, headers=auth)
+    assert r.json()["model"] == va == r.headers["x-model-version"] and r.json()["eta_s"] == etas_a[0]
+    assert c.post("/admin/reload", headers=auth).json()["outcome"] == "unchanged"
+    _replace(child, served)
+    r = c.post("/admin/reload", headers=auth)
+    assert r.status_code == 200 and r.json() == {"outcome": "swapped", "model": vc, "was": va, "swaps": 1}, r.text
+    h = c.get("/healthz").json()
+    assert h["model"]["version"] == vc and h["model"]["parent"] == va and h["model"]["loaded_at"].endswith("+00:00")
+    r = c.post("/eta", json={"routes": [{"route": ROUTES[1], "departure": DEP}]}, headers=auth)
+    assert r.json()["model"] == vc and abs(r.json()["etas"][0]["eta_s"] - info["b"][1][1]) <= 0.3
+    served.unlink()
+    r = c.post("/admin/reload", headers=auth)
+    assert r.status_code == 409 and r.json()["outcome"] == "refused" and r.json()["model"] == vc, r.text
+    h = c.get("/healthz")
+    assert h.json()["reload"]["refusals"] == 1 and str(tmp_path) not in h.text and "model.pt" not in h.text
+    assert c.post("/eta", json={"route": ROUTES[2], "departure": DEP}, headers=auth).json()["model"] == vc
