@@ -38,6 +38,7 @@ TOKEN = "swap-" + "t0ken" * 4
 LOAD_S = float(os.environ.get("STFAST_SWAP_LOAD_S", "20"))  # seconds of load while swapping (the issue: 60)
 CLIENTS = int(os.environ.get("STFAST_SWAP_CLIENTS", "32"))  # concurrent clients (the issue: 64)
 RELOAD_EVERY_S = 2.5
+QUIET_S = 5.0  # seconds of the same load without swaps before them: the p99 latency to compare with
 
 
 def _route(k: int) -> list:
@@ -209,6 +210,8 @@ def test_swaps_under_load_lose_no_request_and_bad_models_are_refused(models, tmp
                 h = await _healthz(c)
                 assert h["model"]["version"] == va and h["reload"]["swaps"] == 0 and h["model"]["parent"] is None
                 assert (await c.post("/admin/reload")).status_code == 401  # the token, as on every other path
+                await asyncio.sleep(QUIET_S)  # latency without swaps first
+                t_quiet = time.monotonic()
                 t_end, n = time.monotonic() + LOAD_S, 0
                 await asyncio.sleep(RELOAD_EVERY_S / 2)
                 while time.monotonic() < t_end - RELOAD_EVERY_S / 2:
@@ -228,9 +231,16 @@ def test_swaps_under_load_lose_no_request_and_bad_models_are_refused(models, tmp
                     await asyncio.sleep(max(0.0, t0 + RELOAD_EVERY_S - time.monotonic()))
                 load.stop()
                 await running
-            return load, swaps
+            return load, swaps, t_quiet
 
-        load, swaps = asyncio.run(scenario())
+        load, swaps, t_quiet = asyncio.run(scenario())
+        quiet = [r[1] - r[0] for r in load.results if r[1] < t_quiet]
+        busy = [r[1] - r[0] for r in load.results if r[0] > t_quiet]
+        p99 = (np.percentile(quiet, 99), np.percentile(busy, 99))
+        print(f"{CLIENTS} clients: {len(quiet)} answers in {QUIET_S:g} s without swaps, p99 {1000 * p99[0]:.0f} ms; "
+              f"{len(busy)} answers in {LOAD_S:g} s with {len(swaps)} swaps, p99 {1000 * p99[1]:.0f} ms")
+        if os.environ.get("STFAST_SWAP_P99_RATIO"):  # the issue's ≤ 2×, on a quiet machine only
+            assert p99[1] <= float(os.environ["STFAST_SWAP_P99_RATIO"]) * p99[0], p99
         load.check(info, {va, vb})
         assert len(swaps) >= 5 and len(load.results) > 20 * len(swaps), (len(swaps), len(load.results))
         assert {r[3] for r in load.results} == {va, vb}

@@ -74,7 +74,8 @@ request never waits behind a heavy one's building or pass (the two passes then s
 LARGE_BODY_BYTES = 64 * 1024
 """Bodies larger than this (room for more than about 2,700 points) are parsed and checked in the thread that builds
 large requests (``stfast-build-large``), so that a burst of them does not hold up small requests' checks."""
-KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/", "/admin/reload")  # the access log names these; any other path is "?"
+# the access log names these; any other path is "?"
+KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/", "/admin/reload")
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
