@@ -127,6 +127,11 @@ def _serve_args(v: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, how long requests in flight may take to be answered")
     v.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the service's log on stderr (the ready line and the access log are info)")
+    v.add_argument("--watch", action="store_true",
+                   help="reload --checkpoint whenever the file changes (its status looked at every second); SIGHUP "
+                        "reloads it in any case, and POST /admin/reload with --token-file. A new model is checked "
+                        "first (file, preprocessing, area, a smoke prediction); a refused one is logged and the "
+                        "running one keeps answering")
     v.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="no access log (by default one line per request: client address, method, path, status, "
                         "latency, batch size)")
@@ -678,7 +683,7 @@ def cmd_serve(a) -> int:
           idle_timeout_s=a.idle_timeout_s, max_connections=a.max_connections,
           max_connections_per_client=a.max_connections_per_client, write_timeout_s=a.write_timeout_s, drain_s=a.drain_s,
           precision=a.precision, allowed_hosts=tuple(a.allowed_host), log_level=a.log_level,
-          access_log=a.access_log)
+          access_log=a.access_log, watch=a.watch)
     return 0
 
 

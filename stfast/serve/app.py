@@ -16,8 +16,12 @@ nested too deep), 401 a missing or wrong token (``--token-file``), 403 a cross-o
 by ``--cors-origin``, 404 / 405 an unknown path or method, 408 a body that did not arrive in time, 413 a body,
 route, request or batch over its limit (the message names it), 422 a request that is JSON but wrong (naming the
 route and field), 429 over the client's rate limit or a full queue (with ``Retry-After``), 500 a fault of ours
-(that request's alone), 503 over the connection limit. A request names no file: the service reads the checkpoint
-once at start and nothing a request sends reaches the file system.
+(that request's alone), 503 over the connection limit. A request names no file: nothing a request sends reaches the
+file system.
+
+* ``POST /admin/reload`` (a service with a token only; 403 otherwise): reload the checkpoint now (:mod:`.swap`; also
+  on SIGHUP, and with ``--watch`` when the file changes). Each ``/eta`` answer names the model that computed it:
+  ``"model"`` in the body and the ``X-Model-Version`` header (its checkpoint file's SHA-256, 12 hex digits).
 
 The path of a request (docs/serve.md): charged to its client's rate limit on arrival (a body by its
 ``Content-Length``, before it is read), its body is read with a size cap (:mod:`.protocol` times it), parsed and
@@ -29,14 +33,17 @@ its batch-mates. A request whose client has gone leaves the queue before its pas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hmac
 import ipaddress
 import logging
 import math
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -56,6 +63,7 @@ from .batcher import DynamicBatcher, QueueFull
 from .densify import densify_many
 from .ratelimit import BODY_BYTES_PER_UNIT, LIGHT_UNITS, POINTS_PER_UNIT, RateLimit
 from .request import MAX_ROUTES_PER_REQUEST, ApiError, Checked, check_body, parse_json
+from .swap import WATCH_INTERVAL_S, Reloader, ServedModel
 
 log = logging.getLogger("stfast.serve")
 access = logging.getLogger("stfast.serve.access")
@@ -66,7 +74,8 @@ request never waits behind a heavy one's building or pass (the two passes then s
 LARGE_BODY_BYTES = 64 * 1024
 """Bodies larger than this (room for more than about 2,700 points) are parsed and checked in the thread that builds
 large requests (``stfast-build-large``), so that a burst of them does not hold up small requests' checks."""
-KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/")  # the access log names these; any other path is "?"
+# the access log names these; any other path is "?"
+KNOWN_PATHS = ("/eta", "/healthz", "/coverage", "/", "/admin/reload")
 OPEN_PATHS = ("/healthz", "/")  # answered without a token: health checks, and the page (it sends the token)
 PAGE_HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
                 "X-Content-Type-Options": "nosniff"}
@@ -149,13 +158,40 @@ def _route_trips(model: TrainedModel, pts, departures, drivers, states) -> Trips
         raise ApiError(413 if e.too_large else 422, e.problem, e.index, e.field) from None
 
 
-def route_batcher(model: TrainedModel, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
-                  max_batch_points: int | None = None, thread_name: str = "stfast-forward") -> DynamicBatcher:
-    """The service's :class:`DynamicBatcher`. An item is one built request (:func:`build_items`: a Trips and its
-    routes' rows there); the rows of a batch's items go through one ``predict`` (passes of at most ``max_batch``
-    routes) in the worker thread. Each request's result: [n_i, 3] float64 rows of (eta_s, km, points)."""
+def build_served(items: list[tuple[ServedModel, list[Checked]]]) -> list:
+    """:func:`build_items` of items (served model, checked requests), each group of items of one served model built
+    with that model (its route profile and spacing), the results in the order of ``items``."""
+    groups: dict[int, tuple] = {}
+    for i, (served, reqs) in enumerate(items):
+        groups.setdefault(id(served), (served, []))[1].append(i)
+    out = [None] * len(items)
+    for served, idx in groups.values():
+        for i, r in zip(idx, build_items(served.model, [items[i][1] for i in idx])):
+            out[i] = r
+    return out
 
-    def forward(items: list[tuple[Trips, np.ndarray]]) -> list[np.ndarray]:
+
+def route_batcher(model: TrainedModel | None, max_batch: int, max_wait_s: float, max_queue_points: int = 1_000_000,
+                  max_batch_points: int | None = None, thread_name: str = "stfast-forward") -> DynamicBatcher:
+    """The service's :class:`DynamicBatcher`. An item is one built request: (served model, Trips, its routes' rows
+    there) as the service submits it, or (Trips, rows) predicted by ``model``; the items of a batch are grouped by
+    the model they were built with, and each group's rows go through one ``predict`` of that model (passes of at
+    most ``max_batch`` routes) in the worker thread, so a request is predicted by the model that built it, whatever
+    model is current meanwhile (hot swap, :mod:`.swap`). Each request's result: [n_i, 3] float64 rows of (eta_s,
+    km, points)."""
+
+    def forward(items: list[tuple]) -> list[np.ndarray]:
+        groups: dict[int, tuple] = {}
+        for i, it in enumerate(items):
+            m = it[0].model if len(it) == 3 else model
+            groups.setdefault(id(m), (m, []))[1].append(i)
+        out = [None] * len(items)
+        for m, idx in groups.values():
+            for i, r in zip(idx, forward_one(m, [items[i][-2:] for i in idx])):
+                out[i] = r
+        return out
+
+    def forward_one(model: TrainedModel, items: list[tuple[Trips, np.ndarray]]) -> list[np.ndarray]:
         shared: dict[int, list] = {}  # items built together share a Trips: each Trips once, its rows taken
         for t, pos in items:
             shared.setdefault(id(t), [t, []])[1].append(pos)
@@ -370,8 +406,11 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                rate_limit: float = 0.0, max_queue_points: int = 1_000_000, *,
                max_route_points: int = MAX_ROUTE_POINTS, max_request_points: int = 20_000,
                max_batch_points: int = 20_000, token: str | None = None, cors_origins: tuple[str, ...] = (),
-               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True):
-    """The ASGI app serving ``model`` (module docstring).
+               build_threads: int = 1, allowed_hosts: tuple[str, ...] | None = None, access_log: bool = True,
+               checkpoint: str | None = None, precision: str | None = None, watch_s: float | None = None,
+               version: str | None = None):
+    """The ASGI app serving ``model`` (module docstring), which it replaces without a restart on ``POST
+    /admin/reload`` (with a ``token`` only), on SIGHUP (:func:`serve`) and with ``watch_s`` (:mod:`.swap`).
 
     Args:
         max_batch: routes per forward pass; the oldest waiting request waits at most ``max_wait_ms`` for requests
@@ -391,23 +430,38 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             :data:`SMALL_REQUEST_POINTS` points (together, one batch at a time); larger ones are built in a thread of
             their own. One by default: these steps are Python under the GIL, and every extra thread taking turns
             with the forward pass's thread slows it (measured in docs/serve.md).
+        checkpoint: the file a reload reads (default: the file ``model`` was loaded from); ``precision``: what a
+            reloaded model computes in (None: its checkpoint's).
+        watch_s: look at the checkpoint file's status every ``watch_s`` seconds and reload it when it changes
+            (``--watch``); None: only on request.
+        version: ``model``'s version (:func:`~.swap.load_versioned`'s); None: the SHA-256 of ``model.path`` now.
+
+    ``app.state.reloader`` is the :class:`~.swap.Reloader` (its ``current`` model, ``swaps``, ``last_refusal``).
     """
     if max_batch_points < max_request_points or max_request_points < max_route_points:
         raise ValueError(f"the limits must nest: points per route ({max_route_points}) ≤ per request "
                          f"({max_request_points}) ≤ per batch ({max_batch_points})")
     # no CDN-served docs; no redirect of /eta/ to /eta (its Location would echo the client's Host header)
-    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
-    batcher = route_batcher(model, max_batch, max_wait_ms / 1000.0, max_queue_points, max_batch_points)
-    large = route_batcher(model, max_batch, 0.0, max_queue_points, max_batch_points, "stfast-forward-large")
+    reloader = Reloader(ServedModel.of(model, version), checkpoint or model.path, str(model.device), precision, watch_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        reloader.start()
+        yield
+        await reloader.stop()
+
+    app = FastAPI(title="stfast ETA", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False,
+                  lifespan=lifespan)
+    # no default model: every item carries its served model (a replaced one is freed once its requests are answered)
+    batcher = route_batcher(None, max_batch, max_wait_ms / 1000.0, max_queue_points, max_batch_points)
+    large = route_batcher(None, max_batch, 0.0, max_queue_points, max_batch_points, "stfast-forward-large")
     limit = RateLimit(rate_limit, max(rate_limit, 1.0)) if rate_limit > 0 else None
-    profile = model.route_defaults()
-    spacing_km = model.densify_spacing_km()
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
     pool = ThreadPoolExecutor(build_threads, thread_name_prefix="stfast-build")  # parse, check, build
     heavy = ThreadPoolExecutor(1, thread_name_prefix="stfast-build-large")
-    builder = DynamicBatcher(lambda items: build_items(model, items), 1024, 0.0, max_queue_points,
+    builder = DynamicBatcher(build_served, 1024, 0.0, max_queue_points,
                              max_batch_points=8 * SMALL_REQUEST_POINTS, padding=False, pool=pool)
-    app.state.batcher, app.state.large_batcher = batcher, large
+    app.state.batcher, app.state.large_batcher, app.state.reloader = batcher, large, reloader
     stats = app.state.stats = {"abandoned": 0}  # requests whose client left before its answer
 
     @app.exception_handler(StarletteHTTPException)
@@ -432,16 +486,19 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             if not message.get("more_body", False):
                 return bytes(body)
 
-    def check(body: bytes):
+    def check(body: bytes, spacing_km: float):
         return check_body(parse_json(body), spacing_km=spacing_km, max_route_points=max_route_points,
                           max_request_points=max_request_points)
 
-    async def answer(scope, receive) -> Response:
+    async def answer(scope, receive, served: ServedModel) -> Response:
+        """The answer of one POST /eta, all of it with ``served``: checked with its spacing, built with its route
+        profile, predicted by it (its items carry it into the batcher)."""
         loop = asyncio.get_running_loop()
         body = await read_body(scope, receive)  # admitted: Service charged it from its Content-Length
         with batcher.arriving():  # from here it is on its way (a slow body does not hold batches back)
             # a body that can hold a large request is parsed beside the small ones, not before them
-            reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body)
+            reqs, many = await loop.run_in_executor(pool if len(body) <= LARGE_BODY_BYTES else heavy, check, body,
+                                                    served.spacing_km)
             points = sum(r.points for r in reqs)
             if limit is not None and (wait := limit.top_up(client_of(scope), scope.get("stfast", {}).get("paid", 0.0),
                                                            max(1.0, points / POINTS_PER_UNIT))) > 0:
@@ -449,14 +506,14 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
             lane = batcher if points <= SMALL_REQUEST_POINTS else large
             lane.reserve(points)
             if points <= SMALL_REQUEST_POINTS:
-                built = await builder.submit(reqs, len(reqs), points)
+                built = await builder.submit((served, reqs), len(reqs), points)
             else:
-                built = (await loop.run_in_executor(heavy, build_items, model, [reqs]))[0]
+                built = (await loop.run_in_executor(heavy, build_items, served.model, [reqs]))[0]
             if isinstance(built, ApiError):
                 raise built
             trips, pos = built
         lengths = trips.lengths[pos]
-        job = asyncio.ensure_future(lane.submit((trips, pos), len(reqs), int(lengths.sum()), int(lengths.max()),
+        job = asyncio.ensure_future(lane.submit((served, trips, pos), len(reqs), int(lengths.sum()), int(lengths.max()),
                                                 scope.get("stfast")))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -470,12 +527,14 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         rows = job.result()
         # rounded to what the model can tell: 0.1 s and 1 m (float32 noise such as 711.2550048828125 is not data)
         out = [{"eta_s": round(float(t), 1), "km": round(float(d), 3), "points": int(n)} for t, d, n in rows.tolist()]
-        return json_response({"etas": out} if many else out[0])
+        return json_response({"etas": out, "model": served.version} if many else {**out[0], "model": served.version})
 
     async def eta(scope, receive, send):
-        """POST /eta: a plain ASGI handler (no dependency solving, no response model), orjson both ways."""
+        """POST /eta: a plain ASGI handler (no dependency solving, no response model), orjson both ways. The served
+        model is read once, here: the request is answered by it (``model`` in the body, ``X-Model-Version``)."""
+        served = reloader.current
         try:
-            response = await answer(scope, receive)
+            response = await answer(scope, receive, served)
         except ApiError as e:
             response = error_response(e)
         except QueueFull as e:
@@ -487,6 +546,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
         except Exception:
             log.exception("error answering POST /eta")
             response = error_response(ApiError(500, "internal error while answering this request; it was logged"))
+        response.headers["X-Model-Version"] = served.version
         await response(scope, receive, send)
 
     async def eta_405(request: Request):  # FastAPI routes /eta too, so that a GET /eta gets its 405
@@ -494,14 +554,28 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
 
     app.router.add_route("/eta", eta_405, methods=["POST"])
 
+    @app.post("/admin/reload")
+    async def admin_reload():
+        """Reload the checkpoint file now (:meth:`Reloader.reload`): 200 swapped or unchanged, 409 refused (the
+        running model keeps answering); 403 when the service has no token (``--token-file``)."""
+        if token is None:
+            return error_response(ApiError(403, "POST /admin/reload needs a service started with --token-file (send "
+                                                "SIGHUP, or use --watch, to reload without one)"))
+        result = await reloader.reload("POST /admin/reload")
+        return json_response(result, 409 if result["outcome"] == "refused" else 200,
+                             {"X-Model-Version": reloader.current.version})
+
     @app.get("/healthz")
     async def healthz():
+        served = reloader.current  # once: every field below is of one model
+        model, profile, spacing_km = served.model, served.profile, served.spacing_km
         cfg, mc = model.config, model.model
         inner = getattr(mc, "members", None)
         first = inner[0] if inner is not None else mc
         a = profile.area
         return {"status": "ok",
-                "model": {"dtype": str(model.dtype).replace("torch.", ""), "precision": model.precision, "members": len(inner) if inner else 1,
+                "model": {"version": served.version, "parent": served.parent, "loaded_at": served.loaded_iso(),
+                          "dtype": str(model.dtype).replace("torch.", ""), "precision": model.precision, "members": len(inner) if inner else 1,
                           "kernel_size": model.norm_stats.kernel_size, "hidden_size": first.cfg.hidden_size,
                           "known_drivers": len(model.drivers) - 1, "device": str(model.device)},
                 "data": {"format": model.data_format, "time_zone": model.tz or cfg.tz,
@@ -520,6 +594,9 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
                              "build_busy_s": round(builder.busy_s, 3),
                              "queued_points": batcher.queued_points + large.queued_points},
                 "requests": {"abandoned": stats["abandoned"]},
+                "reload": {"swaps": reloader.swaps, "refusals": reloader.refusals,
+                           "last_refusal": reloader.last_refusal,
+                           "watch_s": reloader.watch_s, "admin": token is not None},
                 "limits": {"max_body_bytes": max_body_bytes, "max_routes_per_request": MAX_ROUTES_PER_REQUEST,
                            "max_route_points": max_route_points, "max_request_points": max_request_points,
                            "max_batch_points": max_batch_points, "max_queue_points": max_queue_points,
@@ -528,7 +605,7 @@ def create_app(model: TrainedModel, max_batch: int = 64, max_wait_ms: float = 5.
 
     @app.get("/coverage")
     async def coverage():
-        return json_response(profile.area.to_dict())
+        return json_response(reloader.current.profile.area.to_dict())
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -555,8 +632,10 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
           header_timeout_s: float = 10.0, body_timeout_s: float = 30.0, idle_timeout_s: float = 30.0,
           max_connections: int = 1000, drain_s: float = 30.0, precision: str | None = None,
           allowed_hosts: tuple[str, ...] = (), log_level: str = "info", access_log: bool = True,
-          max_connections_per_client: int | None = None, write_timeout_s: float = 30.0) -> None:
+          max_connections_per_client: int | None = None, write_timeout_s: float = 30.0, watch: bool = False) -> None:
     """Load ``checkpoint`` and serve it with uvicorn on ``host``:``port`` until interrupted (see :func:`create_app`).
+    SIGHUP reloads ``checkpoint`` (:mod:`.swap`: loaded and checked in a thread, made current only when it passes);
+    ``watch``: also whenever the file changes (its status looked at every second).
 
     uvicorn runs it with :mod:`.protocol`'s connection (header / body / write timeouts, connection caps in all and
     per client address, header limits, pipelining backpressure, JSON 503s when the drain ends), keep-alive
@@ -568,7 +647,7 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
     ``allowed_hosts``: names the ``Host`` header may give, besides the defaults of :func:`default_hosts`.
     ``log_level``: debug, info, warning or error, of the service's log on stderr (the ready line and the access log
     are info); ``access_log``: one line per request (:func:`access_line`)."""
-    from ..train.trained import load_model
+    from .swap import load_versioned
 
     setup_logging(log_level)
     sock = listening_socket(host, port)  # first: a port in use is said before the model is read
@@ -579,11 +658,12 @@ def serve(checkpoint: str, host: str = "127.0.0.1", port: int = 8000, max_batch:
             token = f.readline().strip()
         if len(token) < 16:
             raise ValueError(f"{token_file}: the token must be at least 16 characters on the first line")
-    model = load_model(checkpoint, device, precision)
+    model, version = load_versioned(checkpoint, device, precision)
     app = create_app(model, max_batch, max_wait_ms, max_body_bytes, rate_limit, max_route_points=max_route_points,
                      max_request_points=max_request_points, max_batch_points=max_batch_points, token=token,
                      cors_origins=cors_origins, allowed_hosts=default_hosts(host, allowed_hosts),
-                     access_log=access_log)
+                     access_log=access_log, checkpoint=checkpoint, precision=precision,
+                     watch_s=WATCH_INTERVAL_S if watch else None, version=version)
     config = server_config(app, host, port, forwarded_allow_ips=forwarded_allow_ips, header_timeout_s=header_timeout_s,
                            body_timeout_s=body_timeout_s, idle_timeout_s=idle_timeout_s,
                            max_connections=max_connections, drain_s=drain_s, log_level=log_level,
@@ -628,16 +708,29 @@ def setup_logging(level: str) -> None:
 
 class ReadyServer(uvicorn.Server):
     """uvicorn's server, saying where it listens and what it serves once it does (the ready line, logged on
-    ``stfast.serve`` at info)."""
+    ``stfast.serve`` at info). When the app has a reloader (``app.state.reloader``, :func:`create_app`'s) and it runs
+    in the main thread, SIGHUP reloads the model (a SIGHUP that came while it started reloads once it has)."""
 
     def __init__(self, config: uvicorn.Config, model_line: str):
         super().__init__(config)
         self.model_line = model_line
+        reloader = self.reloader = getattr(getattr(config.app, "state", None), "reloader", None)
+        self._early_hup = False
+        if reloader is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, self._hup_before_start)  # not the default: SIGHUP ends a process
+
+    def _hup_before_start(self, signum, frame) -> None:
+        self._early_hup = True
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if not self.started:
             return
+        if self.reloader is not None and threading.current_thread() is threading.main_thread():
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self.reloader.trigger, "SIGHUP")
+            if self._early_hup:
+                self.reloader.trigger("SIGHUP")
         cfg = self.config
         port = self.servers[0].sockets[0].getsockname()[1] if self.servers and self.servers[0].sockets else cfg.port
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
