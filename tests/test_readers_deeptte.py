@@ -245,3 +245,19 @@ def test_blocks_are_parsed_side_by_side(shared_data, chengdu, tmp_path, monkeypa
     for k in ("offsets", "lng", "lat", "state", "time_gap", "dist_gap", "dist", "time", "driver", "week_id",
               "time_id", "date_id", "trip_id", "segment"):
         assert np.array_equal(getattr(got, k), getattr(chengdu, k)), k
+
+
+def test_a_folder_with_a_pretty_printed_config_reads_its_records(shared_data, tmp_path):
+    """Issue 62: a folder of DeepTTE records beside a pretty-printed config.json (the statistics, as the original
+    DeepTTE keeps them) reads the records and leaves the config out (before: "config.json:1: invalid JSON"); a file
+    of several lines that is not one JSON document is still read as records, and its bad line named."""
+    src = shared_data / "chengdu_deeptte_sample"
+    lines = (src / "test").read_text().splitlines()[:30]
+    (tmp_path / "trips").write_text("\n".join(lines) + "\n")
+    (tmp_path / "config.json").write_text(json.dumps(json.loads((src / "config.json").read_text()), indent=2))
+    t = read_deeptte_jsonl(tmp_path)
+    assert len(t) == 30
+    broken = tmp_path / "broken"  # a file of several lines that is not one JSON document is still read, and named
+    broken.write_text("{\n  \"lngs\": [1,\n")
+    with pytest.raises(TrajectoryFormatError, match="broken:1"):
+        read_deeptte_jsonl(tmp_path)

@@ -141,8 +141,32 @@ def _parse_record(rec, tol: float) -> tuple:
 
 def deeptte_files(folder: Path) -> list[Path]:
     """The files a folder of DeepTTE JSON-lines files is read from: its regular, non-hidden files (not its
-    subfolders), in name order (the original DeepTTE data is such a folder: ``train_00`` … ``train_04``)."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    subfolders), in name order (the original DeepTTE data is such a folder: ``train_00`` … ``train_04``), but a
+    file that is one pretty-printed JSON document (a ``config.json`` of statistics beside the records: issue 62;
+    it was read as records and failed as invalid JSON at its line 1)."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not _json_document(p))
+
+
+def _json_document(path: Path, limit: int = 1 << 20) -> bool:
+    """Whether ``path`` is one JSON document over several lines (not JSON lines): at most ``limit`` bytes, its first
+    non-blank line not a whole JSON value, the whole text one."""
+    try:
+        if path.stat().st_size > limit:
+            return False
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    try:
+        json.loads(first)
+        return False  # a whole value on its first line: JSON lines (records), or one compact document
+    except ValueError:
+        pass
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def read_deeptte_jsonl(
