@@ -12,6 +12,21 @@ __version__ = "0.1.0"
 _REBUILD = "pip install --no-build-isolation -e ."
 
 
+def native_missing(module: str, error: Exception) -> str:
+    """What to do about a native module (``_C``, ``_prep``) that does not import: where stfast is imported from
+    its source tree with no built module in it (a checkout's root is Python's working folder, which shadows a
+    regular install such as ``make setup``'s), say so; else how to build it here."""
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parent
+    if (pkg.parent / "setup.py").is_file() and not any(pkg.glob(f"{module}.*.so")):
+        return (f"stfast's native module stfast.{module} is missing ({error}): this stfast is the source tree at "
+                f"{pkg.parent}, not built in place, which Python takes before an installed stfast from this folder; "
+                f"run Python from another folder, or build here: {_REBUILD}")
+    return (f"stfast's native module stfast.{module} is missing or does not load ({error}); build it in this "
+            f"environment: run {_REBUILD} (from the stfast checkout)")
+
+
 def _load_extension():
     import importlib
 
@@ -20,9 +35,7 @@ def _load_extension():
     try:
         _C = importlib.import_module(f"{__name__}._C")
     except ImportError as e:  # missing, or built against another torch (unresolved symbols)
-        raise ImportError(
-            f"stfast's native extension stfast._C is missing or does not load under torch {torch.__version__} "
-            f"({e}). Build it in this environment: run {_REBUILD} (from the stfast checkout)") from e
+        raise ImportError(native_missing("_C", f"{e}; torch {torch.__version__}")) from e
     if _C.torch_version != torch.__version__:
         raise ImportError(
             f"stfast was built against torch {_C.torch_version} but torch {torch.__version__} is imported; "

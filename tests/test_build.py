@@ -67,3 +67,25 @@ def test_every_data_file_of_the_package_is_installed():
         package, name = path.rsplit("/", 1)
         assert any(fnmatch.fnmatch(name, pat) for pat in patterns.get(package.replace("/", "."), [])), path
     assert "stfast/accum/profile_deeptte_cpu.json" in data
+
+
+def test_a_source_tree_without_its_native_modules_says_so(tmp_path):
+    """Issue 62: Python run from a checkout's root imports its source tree (no compiled modules there with a
+    regular install), and the error advised rebuilding; it says now that this stfast is the source tree, and to
+    run from another folder or build in place."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tree = tmp_path / "checkout"
+    shutil.copytree(root / "stfast", tree / "stfast", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (tree / "setup.py").write_text("# a checkout's setup.py\n")
+    # as in an environment where stfast is a regular install: no editable finder mapping its modules to a checkout
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+            "import stfast.data.resample")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "is the source tree at" in last and "run Python from another folder" in last, last

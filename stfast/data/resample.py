@@ -20,9 +20,10 @@ from stfast.data.geo import haversine_km, path_km
 
 try:
     from stfast._prep import resample_keep
-except ImportError as e:  # pragma: no cover (the package is built with its native modules)
-    raise ImportError(f"stfast's native preprocessing module stfast._prep is missing ({e}); rebuild stfast: "
-                      "pip install -e . (or make setup)") from e
+except ImportError as e:  # a source tree not built in place, or a build against another Python
+    from stfast import native_missing
+
+    raise ImportError(native_missing("_prep", e)) from e
 
 
 def _trip_bounds(trip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
