@@ -9,22 +9,8 @@ saying how to rebuild otherwise).
 """
 __version__ = "0.1.0"
 
-_REBUILD = "pip install --no-build-isolation -e ."
-
-
-def native_missing(module: str, error: Exception) -> str:
-    """What to do about a native module (``_C``, ``_prep``) that does not import: where stfast is imported from
-    its source tree with no built module in it (a checkout's root is Python's working folder, which shadows a
-    regular install such as ``make setup``'s), say so; else how to build it here."""
-    from pathlib import Path
-
-    pkg = Path(__file__).resolve().parent
-    if (pkg.parent / "setup.py").is_file() and not any(pkg.glob(f"{module}.*.so")):
-        return (f"stfast's native module stfast.{module} is missing ({error}): this stfast is the source tree at "
-                f"{pkg.parent}, not built in place, which Python takes before an installed stfast from this folder; "
-                f"run Python from another folder, or build here: {_REBUILD}")
-    return (f"stfast's native module stfast.{module} is missing or does not load ({error}); build it in this "
-            f"environment: run {_REBUILD} (from the stfast checkout)")
+from ._native import REBUILD as _REBUILD
+from ._native import native_missing as _native_missing
 
 
 def _load_extension():
@@ -35,7 +21,7 @@ def _load_extension():
     try:
         _C = importlib.import_module(f"{__name__}._C")
     except ImportError as e:  # missing, or built against another torch (unresolved symbols)
-        raise ImportError(native_missing("_C", f"{e}; torch {torch.__version__}")) from e
+        raise ImportError(_native_missing("_C", f"{e}; torch {torch.__version__}")) from e
     if _C.torch_version != torch.__version__:
         raise ImportError(
             f"stfast was built against torch {_C.torch_version} but torch {torch.__version__} is imported; "

@@ -154,6 +154,7 @@ PARSERS = {  # subcommand → {dest: (option strings, default, choices, type, ac
         'max_connections_per_client': (('--max-connections-per-client',), None, None, 'int', 'StoreAction', False,
                                        None),
         'write_timeout_s': (('--write-timeout-s',), 30.0, None, 'float', 'StoreAction', False, None),
+        'watch': (('--watch',), False, None, None, 'StoreTrueAction', False, 0),
         'device': (('--device',), 'cpu', None, None, 'StoreAction', False, None),
         'threads': (('--threads',), None, None, 'int', 'StoreAction', False, None),
         'precision': (('--precision',), None, ('32', '64', 'bf16-mixed'), None, 'StoreAction', False, None),

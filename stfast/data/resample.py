@@ -21,7 +21,7 @@ from stfast.data.geo import haversine_km, path_km
 try:
     from stfast._prep import resample_keep
 except ImportError as e:  # a source tree not built in place, or a build against another Python
-    from stfast import native_missing
+    from stfast._native import native_missing
 
     raise ImportError(native_missing("_prep", e)) from e
 
