@@ -97,3 +97,28 @@ def test_promote_refuses_a_missing_folder_and_the_candidate_itself(tmp_path):
         promote(ck, tmp_path / "nowhere" / "s.pt")
     with pytest.raises(ValueError, match="the candidate itself"):
         promote(ck, ck)
+
+
+def test_a_kill_during_promote_leaves_the_old_file_or_the_new(tmp_path):
+    """Issue 63: `--promote` killed (SIGKILL) while it copies leaves the served file whole and old, never a part;
+    one left to finish leaves it new."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    old, new, served = tmp_path / "old.pt", tmp_path / "new.pt", tmp_path / "served.pt"
+    old.write_bytes(b"o" * (1 << 20))
+    new.write_bytes(os.urandom(1 << 20) * 256)  # 256 MiB: the copy takes long enough to be caught in it
+    code = f"from stfast.train.compare import promote; promote({str(new)!r}, {str(served)!r})"
+    served.write_bytes(old.read_bytes())
+    p = subprocess.Popen([sys.executable, "-c", code])
+    t0 = time.monotonic()
+    while not [f for f in tmp_path.iterdir() if f.name.startswith(".served.pt.")] and time.monotonic() - t0 < 60:
+        time.sleep(0.001)
+    p.send_signal(signal.SIGKILL)  # mid-copy: its temporary exists
+    p.wait()
+    assert served.read_bytes() == old.read_bytes()
+    p = subprocess.run([sys.executable, "-c", code], check=True)  # undisturbed: the new file, whole
+    assert served.read_bytes() == new.read_bytes()
