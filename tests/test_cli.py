@@ -130,7 +130,8 @@ import sys
 from stfast.cli import main
 rc = main(["data", "convert", "--data", {str(raw)!r}, "--out", {str(tmp_path / out)!r}, "--gap-min", "10"])
 above = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "stfast") and not m.startswith(
-    ("stfast.data", "stfast.cli", "stfast._options", "stfast._lazy", "stfast._prep", "stfast._plural")) and m != "stfast")
+    ("stfast.data", "stfast.cli", "stfast._options", "stfast._lazy", "stfast._prep", "stfast._plural",
+     "stfast._native")) and m != "stfast")
 print(rc, above)
 """
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
